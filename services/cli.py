@@ -1,0 +1,57 @@
+"""The ``meshserve`` command: run the whole mesh, one service, a request, or a benchmark."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import sys
+
+from services import config
+
+# `meshserve serve NAME` -> (config class, module whose async `main(cfg)` runs the service).
+SERVICES: dict[str, tuple[type, str]] = {
+    "gateway": (config.GatewayConfig, "gateway.server"),
+    "router": (config.RouterConfig, "router.server"),
+    "cache": (config.CacheConfig, "cache_service.server"),
+    "worker": (config.WorkerConfig, "worker.server"),
+}
+
+# Other subcommands live in their own modules, each with `add_arguments(parser)` and `main(args)`.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "up": ("services.launcher", "start the whole mesh locally (Valkey, cache, router, workers, gateway, Envoy)"),
+    "generate": ("services.client", "stream a completion through Envoy"),
+    "bench": ("services.bench", "load-test the mesh or one worker (like `vllm bench serve`)"),
+    "make-model": ("worker.tiny_model", "build the project's tiny LLaMA model and tokenizer"),
+    "envoy-config": ("deploy.envoy", "print the generated Envoy config"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="meshserve", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run one service (what Kubernetes runs)")
+    serve_sub = serve.add_subparsers(dest="service", required=True)
+    for name, (cls, _) in SERVICES.items():
+        config.add_arguments(serve_sub.add_parser(name, help=(cls.__doc__ or "").strip()), cls)
+    for name, (module, help_text) in COMMANDS.items():
+        importlib.import_module(module).add_arguments(sub.add_parser(name, help=help_text))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        cls, module = SERVICES[args.service]
+        cfg = config.from_args(cls, args)
+        from services.server import configure_logging
+
+        configure_logging(cfg.log_level)
+        asyncio.run(importlib.import_module(module).main(cfg))
+        return 0
+    module, _ = COMMANDS[args.command]
+    return int(importlib.import_module(module).main(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

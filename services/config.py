@@ -1,0 +1,159 @@
+"""Typed configuration for every meshserve service: defaults live here and nowhere else.
+
+Each service has a dataclass; every field carries its help text, from which the CLI flags are
+derived (``add_arguments`` / ``from_args``). Environment variables are read once, by the CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def _f(default: Any, help: str, **kw: Any) -> Any:
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"help": help, **kw})
+    return field(default=default, metadata={"help": help, **kw})
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("MESHSERVE_CACHE_DIR", Path.home() / ".cache" / "meshserve"))
+
+
+@dataclass
+class ServerConfig:
+    """What every gRPC service shares: where it listens and how it stops."""
+
+    host: str = _f("127.0.0.1", "address to bind the gRPC server to")
+    port: int = _f(0, "gRPC port (0 picks a free port)")
+    metrics_port: int = _f(0, "Prometheus metrics HTTP port (0 picks a free port, -1 disables)")
+    grace_seconds: float = _f(10.0, "on SIGTERM, how long in-flight streams may finish")
+    log_level: str = _f("INFO", "log level")
+    ready_file: str = _f("", "write 'host:port metrics_port' here once serving (used by the launcher)")
+
+
+@dataclass
+class WorkerConfig(ServerConfig):
+    """A worker: one inference engine behind the Worker gRPC service."""
+
+    port: int = _f(50061, "gRPC port (0 picks a free port)")
+    worker_id: str = _f("", "name reported to the router (default: host:port)")
+    engine: str = _f("vllm", "engine: vllm (real), sim (latency simulator) or transformers (baseline)")
+    model: str = _f("", "model path (default: the project's tiny model, built on first use)")
+    tensor_parallel_size: int = _f(1, "tensor-parallel degree of the vLLM engine")
+    max_model_len: int = _f(2048, "context length (prompt + completion) in tokens")
+    max_num_seqs: int = _f(256, "most requests in one running batch")
+    block_size: int = _f(16, "KV-cache block size in tokens")
+    kv_cache_memory_bytes: int = _f(256 * 2**20, "KV-cache memory for the vLLM engine, bytes")
+    gpu_memory_utilization: float = _f(0.9, "fraction of GPU memory vLLM may use (GPU only)")
+    enable_prefix_caching: bool = _f(True, "reuse KV blocks of shared prompt prefixes")
+    swap_space_gib: float = _f(0.0, "CPU swap space for preempted sequences, GiB (GPU only)")
+    dtype: str = _f("auto", "model dtype (auto, float32, bfloat16, float16)")
+    max_queue: int = _f(1024, "most requests admitted to the worker at once; beyond: RESOURCE_EXHAUSTED")
+    load_report_interval_s: float = _f(0.1, "longest gap between two load reports")
+    # Simulator parameters; defaults approximate an 8B model on one H100 (see docs/operations.md).
+    sim_prefill_ms_per_token: float = _f(0.06, "sim: prefill cost per uncached prompt token, ms")
+    sim_itl_base_ms: float = _f(7.0, "sim: inter-token latency of a batch of one, ms")
+    sim_itl_per_seq_ms: float = _f(0.05, "sim: added inter-token latency per running sequence, ms")
+    sim_num_kv_blocks: int = _f(30000, "sim: KV-cache blocks in the pool")
+    sim_seed: int = _f(0, "sim: seed of the simulated token stream")
+
+
+@dataclass
+class RouterConfig(ServerConfig):
+    """The router: picks a worker per request from live load and prefix affinity."""
+
+    port: int = _f(50052, "gRPC port (0 picks a free port)")
+    workers: list[str] = _f([], "worker addresses host:port (static discovery)", nargs="*")
+    policy: str = _f("least-load", "routing policy name")
+    stale_after_s: float = _f(2.0, "a worker with no load report for this long is not picked")
+
+
+@dataclass
+class CacheConfig(ServerConfig):
+    """The response cache: finished deterministic completions in Redis/Valkey."""
+
+    port: int = _f(50053, "gRPC port (0 picks a free port)")
+    redis_url: str = _f("redis://127.0.0.1:6379/0", "Redis/Valkey URL")
+    ttl_seconds: int = _f(3600, "how long a cached completion lives")
+    key_prefix: str = _f("meshserve:cache:", "prefix of every cache key")
+
+
+@dataclass
+class GatewayConfig(ServerConfig):
+    """The gateway: cache lookup -> route -> stream from a worker -> store."""
+
+    port: int = _f(50051, "gRPC port (0 picks a free port)")
+    router: str = _f("127.0.0.1:50052", "router address host:port")
+    cache: str = _f("127.0.0.1:50053", "cache address host:port ('' disables the cache)")
+    model: str = _f("meshserve-tiny", "model name clients may send (requests naming another model are refused)")
+    max_in_flight: int = _f(2048, "most streams the gateway serves at once; beyond: RESOURCE_EXHAUSTED")
+    cache_timeout_s: float = _f(0.5, "give up on a cache call after this long (serve uncached)")
+    first_token_timeout_s: float = _f(60.0, "a worker that sends nothing for this long counts as failed")
+
+
+@dataclass
+class EnvoyConfig:
+    """The Envoy front proxy generated by deploy/envoy.py."""
+
+    listen_host: str = _f("127.0.0.1", "Envoy listener address")
+    listen_port: int = _f(8080, "Envoy listener port (gRPC and HTTP/JSON)")
+    admin_port: int = _f(9901, "Envoy admin port (loopback only)")
+    gateways: list[str] = _f(["127.0.0.1:50051"], "gateway addresses host:port", nargs="*")
+    max_connections: int = _f(1024, "circuit breaker: most connections to the gateways")
+    max_pending_requests: int = _f(1024, "circuit breaker: most requests waiting for a connection")
+    max_requests: int = _f(4096, "circuit breaker: most concurrent requests to the gateways")
+    stream_idle_timeout_s: float = _f(300.0, "reset a stream with no data for this long")
+    max_stream_duration_s: float = _f(600.0, "longest a stream may last")
+    unary_timeout_s: float = _f(120.0, "timeout of unary calls")
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
+    """Adds one ``--flag`` per dataclass field, with the field's help text and default."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        typ = hints[f.name]
+        kw: dict[str, Any] = {"default": default, "help": f"{f.metadata['help']} (default: {default!r})"}
+        if typ is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+        elif typing.get_origin(typ) is list:
+            kw["nargs"] = f.metadata.get("nargs", "*")
+            kw["type"] = typing.get_args(typ)[0]
+        elif isinstance(typ, types.UnionType):
+            kw["type"] = str
+        else:
+            kw["type"] = typ
+        parser.add_argument(flag, dest=f.name, **kw)
+
+
+def from_args(cls: type[T], args: argparse.Namespace) -> T:
+    """Builds ``cls`` from the parsed flags that ``add_arguments`` added."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
+    return cls(**values)
+
+
+def to_argv(cfg: Any) -> list[str]:
+    """The flags that rebuild ``cfg`` in another process (the launcher uses it)."""
+    argv: list[str] = []
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(value, bool):
+            argv.append(flag if value else "--no-" + f.name.replace("_", "-"))
+        elif isinstance(value, list):
+            argv += [flag, *map(str, value)]
+        else:
+            argv += [flag, str(value)]
+    return argv

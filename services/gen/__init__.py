@@ -1,0 +1,1 @@
+"""Generated from protos/ by `python -m services.codegen`; do not edit."""

@@ -1,0 +1,123 @@
+"""The one bootstrap every meshserve service runs: grpc.aio server, standard health and
+reflection services, a Prometheus endpoint, and SIGTERM -> drain -> close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+
+import grpc
+import prometheus_client
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from services.config import ServerConfig
+
+log = logging.getLogger(__name__)
+
+# Generous message limits: cached completions are replayed as one message.
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", 64 * 2**20),
+    ("grpc.max_receive_message_length", 64 * 2**20),
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def insecure_channel(address: str) -> grpc.aio.Channel:
+    """An aio channel to another meshserve service, with the mesh's channel options."""
+    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+
+
+@dataclass
+class Lifecycle:
+    """Hooks a service gives ``serve``: called on drain (stop taking work) and on close."""
+
+    on_drain: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    on_close: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+
+
+@dataclass
+class Running:
+    """A started server, for tests and for the ready file."""
+
+    server: grpc.aio.Server
+    port: int
+    metrics_port: int
+    health: health.aio.HealthServicer
+    lifecycle: Lifecycle
+    service_names: list[str]
+    grace_seconds: float
+
+    async def shutdown(self) -> None:
+        """Drain: report NOT_SERVING, stop accepting, let in-flight streams finish, then close."""
+        for name in ["", *self.service_names]:
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        for hook in self.lifecycle.on_drain:
+            await hook()
+        await self.server.stop(self.grace_seconds)
+        for hook in self.lifecycle.on_close:
+            await hook()
+
+
+async def start(
+    name: str,
+    cfg: ServerConfig,
+    register: Callable[[grpc.aio.Server], Iterable[str]],
+    lifecycle: Lifecycle | None = None,
+) -> Running:
+    """Starts a service: ``register`` adds its servicers and returns their full names."""
+    server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    service_names = list(register(server))
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        [*service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
+        server,
+    )
+    port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+    metrics_port = -1
+    if cfg.metrics_port >= 0:
+        http_server, _ = prometheus_client.start_http_server(cfg.metrics_port, addr=cfg.host)
+        metrics_port = http_server.server_port
+    await server.start()
+    for svc in ["", *service_names]:
+        await health_servicer.set(svc, health_pb2.HealthCheckResponse.SERVING)
+    log.info("%s serving gRPC on %s:%d, metrics on :%d", name, cfg.host, port, metrics_port)
+    if cfg.ready_file:
+        tmp = cfg.ready_file + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(f"{cfg.host}:{port} {metrics_port}\n")
+        os.replace(tmp, cfg.ready_file)
+    return Running(server, port, metrics_port, health_servicer, lifecycle or Lifecycle(), service_names, cfg.grace_seconds)
+
+
+async def serve(
+    name: str,
+    cfg: ServerConfig,
+    register: Callable[[grpc.aio.Server], Iterable[str]],
+    lifecycle: Lifecycle | None = None,
+) -> None:
+    """Runs a service until SIGTERM or SIGINT, then drains and closes it."""
+    running = await start(name, cfg, register, lifecycle)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("%s draining (grace %.1fs)", name, cfg.grace_seconds)
+    await running.shutdown()
+    log.info("%s stopped", name)

@@ -1,0 +1,48 @@
+"""Checks a GenerateRequest before any work is done; every message names the offending field."""
+
+from __future__ import annotations
+
+import math
+
+from services.gen import meshserve_pb2 as pb
+
+DEFAULT_MAX_TOKENS = 128
+VALID_ROLES = {"system", "user", "assistant", "tool", "developer"}
+
+
+class InvalidRequest(ValueError):
+    """A request the caller must fix (gRPC INVALID_ARGUMENT, HTTP 400)."""
+
+
+def validate(req: pb.GenerateRequest, max_model_len: int | None = None) -> None:
+    """Raises InvalidRequest for a request no worker could serve."""
+    if req.prompt and req.messages:
+        raise InvalidRequest("give either 'prompt' or 'messages', not both")
+    if not req.prompt.strip() and not req.messages:
+        raise InvalidRequest("'prompt' is empty: give a prompt or chat 'messages'")
+    for i, m in enumerate(req.messages):
+        if m.role not in VALID_ROLES:
+            raise InvalidRequest(f"'messages[{i}].role' must be one of {sorted(VALID_ROLES)}, got {m.role!r}")
+    if req.HasField("max_tokens"):
+        if req.max_tokens <= 0:
+            raise InvalidRequest(f"'max_tokens' must be at least 1, got {req.max_tokens}")
+        if max_model_len is not None and req.max_tokens >= max_model_len:
+            raise InvalidRequest(
+                f"'max_tokens' is {req.max_tokens} but the model's context is {max_model_len} tokens"
+            )
+    if req.HasField("temperature") and (math.isnan(req.temperature) or req.temperature < 0):
+        raise InvalidRequest(f"'temperature' must be >= 0, got {req.temperature}")
+    if req.HasField("top_p") and not (0 < req.top_p <= 1):
+        raise InvalidRequest(f"'top_p' must be in (0, 1], got {req.top_p}")
+    for i, s in enumerate(req.stop):
+        if not s:
+            raise InvalidRequest(f"'stop[{i}]' is an empty string")
+
+
+def max_tokens(req: pb.GenerateRequest) -> int:
+    return req.max_tokens if req.HasField("max_tokens") else DEFAULT_MAX_TOKENS
+
+
+def is_deterministic(req: pb.GenerateRequest) -> bool:
+    """Greedy or seeded sampling: the same request always yields the same completion."""
+    return (req.HasField("temperature") and req.temperature == 0) or req.HasField("seed")

@@ -1,0 +1,102 @@
+"""The interface every worker engine implements (vllm, sim, transformers) and its plain types."""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Request:
+    """One generation request, already validated, as the engine sees it."""
+
+    request_id: str
+    prompt: str | None = None                       # a plain prompt, or
+    messages: list[dict[str, str]] | None = None    # chat turns rendered with the chat template
+    max_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class Delta:
+    """New output of one request since the previous Delta."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None   # None while running; "stop", "length" or "abort" at the end
+    prompt_tokens: int = 0
+    completion_tokens: int = 0         # total so far
+    cached_prompt_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Load:
+    """The engine's live load, as reported to the router."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0
+    prefix_cache_hit_rate: float = 0.0
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    engine: str
+    model: str
+    tensor_parallel_size: int
+    max_model_len: int
+    block_size: int
+    max_num_seqs: int
+
+
+class PromptTooLong(ValueError):
+    """The prompt plus max_tokens does not fit the model's context (INVALID_ARGUMENT)."""
+
+
+class LoadSignal:
+    """Wakes load watchers whenever the engine's load changes."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def notify(self) -> None:
+        self._event.set()
+
+    async def wait(self, timeout: float) -> None:
+        """Returns on the next change, or after ``timeout`` seconds."""
+        try:
+            await asyncio.wait_for(self._event.wait(), timeout)
+        except TimeoutError:
+            pass
+        self._event.clear()
+
+
+class Engine(abc.ABC):
+    """An inference engine. ``generate`` streams deltas; cancelling its iteration aborts the
+    request in the engine and frees its KV cache."""
+
+    info: EngineInfo
+    load_signal: LoadSignal
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Loads the model; the worker serves only after this returns."""
+
+    @abc.abstractmethod
+    def generate(self, request: Request) -> AsyncIterator[Delta]:
+        """Streams the request's output. Raises PromptTooLong before the first delta if it
+        does not fit. Closing the iterator early (cancellation) aborts the request."""
+
+    @abc.abstractmethod
+    def load(self) -> Load:
+        """The current load (cheap; called on every report)."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Stops the engine and frees its resources."""
