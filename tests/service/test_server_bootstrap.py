@@ -1,0 +1,81 @@
+"""The shared serve() bootstrap: health, reflection, metrics, and draining on shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+from collections.abc import AsyncIterator
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from services.config import ServerConfig
+from services.gen import meshserve_pb2 as pb
+from services.gen import meshserve_pb2_grpc as pb_grpc
+from services.server import Lifecycle, insecure_channel, start
+
+
+class SlowLoad(pb_grpc.WorkerServicer):
+    """Streams three load reports, waiting for a release between them."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.started = asyncio.Event()
+
+    async def WatchLoad(self, request: pb.WatchLoadRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.LoadReport]:
+        self.started.set()
+        for i in range(3):
+            yield pb.LoadReport(sequence=i)
+            await self.release.wait()
+
+
+def _register(servicer: SlowLoad):  # noqa: ANN202
+    def register(server: grpc.aio.Server) -> list[str]:
+        pb_grpc.add_WorkerServicer_to_server(servicer, server)
+        return ["meshserve.v1.Worker"]
+
+    return register
+
+
+async def test_health_reflection_metrics_and_drain(tmp_path) -> None:  # noqa: ANN001
+    servicer = SlowLoad()
+    closed: list[str] = []
+
+    async def on_close() -> None:
+        closed.append("closed")
+
+    ready = tmp_path / "ready"
+    running = await start(
+        "test", ServerConfig(port=0, metrics_port=0, grace_seconds=5, ready_file=str(ready)),
+        _register(servicer), Lifecycle(on_close=[on_close]),
+    )
+    assert ready.read_text().split() == [f"127.0.0.1:{running.port}", str(running.metrics_port)]
+    async with insecure_channel(f"127.0.0.1:{running.port}") as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        reply = await health.Check(health_pb2.HealthCheckRequest(service="meshserve.v1.Worker"))
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+        refl = reflection_pb2_grpc.ServerReflectionStub(channel)
+        call = refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+        names = {s.name async for r in call for s in r.list_services_response.service}
+        assert {"meshserve.v1.Worker", "grpc.health.v1.Health"} <= names
+
+        body = await asyncio.to_thread(lambda: urllib.request.urlopen(f"http://127.0.0.1:{running.metrics_port}/metrics").read())
+        assert b"python_info" in body
+
+        # In-flight streams survive the start of a drain: a health watcher hears NOT_SERVING and
+        # an open stream finishes within the grace period.
+        watch = health.Watch(health_pb2.HealthCheckRequest(service="meshserve.v1.Worker"))
+        assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING
+        stream = pb_grpc.WorkerStub(channel).WatchLoad(pb.WatchLoadRequest())
+        first = await stream.read()
+        assert first.sequence == 0
+        shutdown = asyncio.create_task(running.shutdown())
+        assert (await watch.read()).status == health_pb2.HealthCheckResponse.NOT_SERVING
+        watch.cancel()  # a watcher left open would hold the drain for the whole grace period
+        servicer.release.set()
+        assert [(await stream.read()).sequence for _ in range(2)] == [1, 2]
+        assert await stream.read() is grpc.aio.EOF
+        await shutdown
+    assert closed == ["closed"]
