@@ -1,0 +1,43 @@
+"""Cache keys: one sha256 per (tenant, request) over every field that can change the output."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from services import validation
+from services.gen import meshserve_pb2 as pb
+
+# Serving defaults of the optional sampling fields, applied before hashing so that a request
+# that leaves a field unset and one that spells out the default share one entry.
+DEFAULT_TEMPERATURE = 1.0
+DEFAULT_TOP_P = 1.0
+
+KIND_EXACT = "exact"
+
+
+def canonical(req: pb.GenerateRequest, tenant: str) -> bytes:
+    """A stable serialisation of what determines a completion.
+
+    Left out on purpose: ``request_id`` and ``skip_cache`` (they never change the text).
+    """
+    fields: dict[str, Any] = {
+        "tenant": tenant,
+        "model": req.model,
+        "prompt": req.prompt,
+        "messages": [[m.role, m.content] for m in req.messages],
+        "max_tokens": validation.max_tokens(req),
+        "temperature": req.temperature if req.HasField("temperature") else DEFAULT_TEMPERATURE,
+        "top_p": req.top_p if req.HasField("top_p") else DEFAULT_TOP_P,
+        "seed": req.seed if req.HasField("seed") else None,
+        # Stop strings act as a set: their order does not change where generation stops.
+        "stop": sorted(set(req.stop)),
+        "ignore_eos": req.ignore_eos,
+    }
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def exact_key(req: pb.GenerateRequest, tenant: str, prefix: str = "") -> str:
+    """The Redis key of the exact-match entry for ``req`` (``prefix`` + kind + hex digest)."""
+    return f"{prefix}{KIND_EXACT}:{hashlib.sha256(canonical(req, tenant)).hexdigest()}"

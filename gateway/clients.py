@@ -1,0 +1,37 @@
+"""The gateway's channels: one to the router, one to the cache, one per worker address."""
+
+from __future__ import annotations
+
+import grpc
+
+from services.gen import meshserve_pb2_grpc as pb_grpc
+from services.server import insecure_channel
+
+
+class Clients:
+    """Opens the router and cache channels once and keeps one channel per worker address.
+
+    The worker pool is not evicted: its size is the number of workers the router ever named,
+    and closing a channel would cancel the streams still on it.
+    """
+
+    def __init__(self, router: str, cache: str) -> None:
+        self._router_channel = insecure_channel(router)
+        self.router = pb_grpc.RouterStub(self._router_channel)
+        self._cache_channel: grpc.aio.Channel | None = insecure_channel(cache) if cache else None
+        self.cache = pb_grpc.CacheStub(self._cache_channel) if self._cache_channel else None
+        self._workers: dict[str, tuple[grpc.aio.Channel, pb_grpc.WorkerStub]] = {}
+
+    def worker(self, address: str) -> pb_grpc.WorkerStub:
+        if address not in self._workers:
+            channel = insecure_channel(address)
+            self._workers[address] = (channel, pb_grpc.WorkerStub(channel))
+        return self._workers[address][1]
+
+    async def close(self) -> None:
+        channels = [self._router_channel, *(c for c, _ in self._workers.values())]
+        if self._cache_channel is not None:
+            channels.append(self._cache_channel)
+        self._workers.clear()
+        for channel in channels:
+            await channel.close()

@@ -1,0 +1,39 @@
+"""The gateway's Prometheus metrics (default registry). Latencies are as the client sees them;
+the vllm:* histograms with the same meaning are the workers' own."""
+
+from __future__ import annotations
+
+import prometheus_client
+
+REQUESTS = prometheus_client.Counter(
+    "meshserve_gateway_requests_total", "Requests finished by the gateway, by gRPC status code", ["code"]
+)
+IN_FLIGHT = prometheus_client.Gauge("meshserve_gateway_in_flight", "Requests the gateway is serving now")
+TIME_TO_FIRST_TOKEN = prometheus_client.Histogram(
+    "meshserve_gateway_time_to_first_token_seconds",
+    "From request arrival at the gateway to the first chunk sent to the client",
+    buckets=[0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+             20.0, 40.0, 80.0, 160.0, 640.0],
+)
+INTER_TOKEN_LATENCY = prometheus_client.Histogram(
+    "meshserve_gateway_inter_token_latency_seconds",
+    "Gap between two chunks forwarded from a worker",
+    buckets=[0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+             10.0, 20.0, 40.0, 80.0],
+)
+E2E_REQUEST_LATENCY = prometheus_client.Histogram(
+    "meshserve_gateway_e2e_request_latency_seconds",
+    "From request arrival at the gateway to its end, whatever the outcome",
+    buckets=[0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+             60.0, 120.0, 240.0, 480.0, 960.0, 1920.0],
+)
+FAILOVERS = prometheus_client.Counter(
+    "meshserve_gateway_failovers_total",
+    "Requests retried on another worker after a failure before the first token",
+)
+CACHE_HITS = prometheus_client.Counter(
+    "meshserve_cache_hits_total", "Requests the gateway answered from the response cache", ["kind"]
+)
+CACHE_ERRORS = prometheus_client.Counter(
+    "meshserve_gateway_cache_errors_total", "Cache calls that failed or timed out (served uncached)", ["op"]
+)

@@ -1,0 +1,349 @@
+"""The gateway's request pipeline: validate -> admit -> cache -> pick -> stream (with failover) -> store.
+
+Plain async Python over protobuf messages; the servicer in ``gateway.server`` only maps
+``GatewayError`` to a gRPC status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass
+
+import grpc
+
+from gateway import metrics
+from gateway.clients import Clients
+from services import validation
+from services.config import GatewayConfig
+from services.gen import meshserve_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 2                 # the first worker, then one other after a failure before any token
+PICK_TIMEOUT_S = 5.0
+MAX_PENDING_STORES = 64          # background cache stores; beyond, a store is skipped
+RETRY_AFTER_S = 1
+FINISHED = frozenset({"stop", "length"})
+# Worker errors that are the request's fault: another worker would say the same.
+CLIENT_ERRORS = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE})
+
+
+class GatewayError(Exception):
+    """Ends a request with a gRPC status (and optional trailing metadata)."""
+
+    def __init__(
+        self, code: grpc.StatusCode, message: str, trailers: tuple[tuple[str, str], ...] = ()
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.trailers = trailers
+
+
+class _WorkerFailed(Exception):
+    def __init__(self, code: grpc.StatusCode, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
+
+
+@dataclass
+class _Outcome:
+    """What the per-request log line and metrics report."""
+
+    request_id: str
+    worker: str = ""
+    cached: bool = False
+    ttft: float | None = None
+    tokens: int = 0
+    code: grpc.StatusCode = grpc.StatusCode.OK
+    detail: str = ""
+
+
+def _overloaded(what: str) -> GatewayError:
+    return GatewayError(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        f"{what}; retry after {RETRY_AFTER_S}s",
+        (("retry-after", str(RETRY_AFTER_S)),),
+    )
+
+
+class Orchestrator:
+    """Serves Generate/Complete for the gateway; one instance per gateway process."""
+
+    def __init__(
+        self, cfg: GatewayConfig, clients: Clients, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._cfg = cfg
+        self._clients = clients
+        self._clock = clock
+        self._in_flight = 0
+        self._pending_stores: set[asyncio.Task[None]] = set()
+        self._cache_ok = True  # warn once when the cache starts failing, not on every request
+
+    async def generate(self, request: pb.GenerateRequest, tenant: str) -> AsyncIterator[pb.GenerateResponse]:
+        """Streams the completion of ``request``; raises GatewayError to end with a status."""
+        started = self._clock()
+        outcome = _Outcome(request.request_id)
+        try:
+            # 1. Validate, and give the request an id the worker, the cache and the logs share.
+            req = self._validated(request)
+            outcome.request_id = req.request_id
+            # 2. Admission: past the bound, refuse at once rather than queue.
+            if self._in_flight >= self._cfg.max_in_flight:
+                raise _overloaded(f"gateway at capacity ({self._in_flight} requests in flight)")
+            self._in_flight += 1
+            metrics.IN_FLIGHT.inc()
+            try:
+                last = started
+                async with aclosing(self._serve(req, tenant, outcome)) as stream:
+                    async for chunk in stream:
+                        now = self._clock()
+                        if outcome.ttft is None:
+                            outcome.ttft = now - started
+                            metrics.TIME_TO_FIRST_TOKEN.observe(outcome.ttft)
+                        elif not outcome.cached:
+                            metrics.INTER_TOKEN_LATENCY.observe(now - last)
+                        last = now
+                        outcome.tokens += len(chunk.token_ids)
+                        yield chunk
+            finally:
+                self._in_flight -= 1
+                metrics.IN_FLIGHT.dec()
+        except GatewayError as e:
+            outcome.code, outcome.detail = e.code, e.message
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            outcome.code = grpc.StatusCode.CANCELLED
+            raise
+        except BaseException:
+            outcome.code = grpc.StatusCode.INTERNAL
+            raise
+        finally:
+            self._finish(outcome, started)
+
+    async def complete(self, request: pb.GenerateRequest, tenant: str) -> pb.CompleteResponse:
+        """The same pipeline as ``generate``, aggregated into one message."""
+        out = pb.CompleteResponse(request_id=request.request_id)
+        texts: list[str] = []
+        async with aclosing(self.generate(request, tenant)) as stream:
+            async for chunk in stream:
+                texts.append(chunk.text)
+                out.token_ids.extend(chunk.token_ids)
+                out.request_id, out.cached, out.worker = chunk.request_id, chunk.cached, chunk.worker
+                if chunk.finish_reason:
+                    out.finish_reason = chunk.finish_reason
+                if chunk.HasField("usage"):
+                    out.usage.CopyFrom(chunk.usage)
+        out.text = "".join(texts)
+        return out
+
+    async def close(self) -> None:
+        """Lets pending cache stores finish (bounded by the cache timeout), then closes channels."""
+        if self._pending_stores:
+            await asyncio.wait(self._pending_stores, timeout=self._cfg.cache_timeout_s)
+            for task in self._pending_stores:
+                task.cancel()
+        await self._clients.close()
+
+    # -- pipeline steps ---------------------------------------------------------------------------
+
+    def _validated(self, request: pb.GenerateRequest) -> pb.GenerateRequest:
+        try:
+            validation.validate(request)
+        except validation.InvalidRequest as e:
+            raise GatewayError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+        if request.model and request.model != self._cfg.model:
+            raise GatewayError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"'model' must be {self._cfg.model!r} (the served model), got {request.model!r}",
+            )
+        req = pb.GenerateRequest()
+        req.CopyFrom(request)
+        if not req.request_id:
+            req.request_id = uuid.uuid4().hex
+        return req
+
+    async def _serve(
+        self, req: pb.GenerateRequest, tenant: str, outcome: _Outcome
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        # 3. Cache lookup: a hit replays the stored stream without touching router or workers.
+        cacheable = (
+            self._clients.cache is not None and validation.is_deterministic(req) and not req.skip_cache
+        )
+        if cacheable:
+            hit = await self._lookup(req, tenant)
+            if hit is not None:
+                outcome.cached = True
+                metrics.CACHE_HITS.labels(hit.kind).inc()
+                for stored in hit.chunks:
+                    chunk = pb.GenerateResponse()
+                    chunk.CopyFrom(stored)
+                    chunk.request_id, chunk.cached, chunk.worker = req.request_id, True, ""
+                    yield chunk
+                return
+        # 4-5. Pick a worker and stream from it, failing over once before the first token.
+        chunks: list[pb.GenerateResponse] = []
+        async with aclosing(self._stream_with_failover(req, outcome)) as stream:
+            async for chunk in stream:
+                if cacheable:
+                    chunks.append(chunk)
+                yield chunk
+        # 6. Store in the background: the client has its answer already.
+        if cacheable and chunks and chunks[-1].finish_reason in FINISHED:
+            self._store_later(req, tenant, chunks)
+
+    async def _lookup(self, req: pb.GenerateRequest, tenant: str) -> pb.LookupResponse | None:
+        assert self._clients.cache is not None
+        try:
+            resp = await self._clients.cache.Lookup(
+                pb.LookupRequest(request=self._cache_view(req), tenant=tenant),
+                timeout=self._cfg.cache_timeout_s,
+            )
+        except grpc.aio.AioRpcError as e:
+            self._cache_failed("lookup", req, e)
+            return None
+        self._cache_worked()
+        return resp if resp.hit and resp.chunks else None
+
+    def _cache_view(self, req: pb.GenerateRequest) -> pb.GenerateRequest:
+        """The request as the cache keys it: an unnamed model is the served model."""
+        if req.model:
+            return req
+        view = pb.GenerateRequest()
+        view.CopyFrom(req)
+        view.model = self._cfg.model
+        return view
+
+    async def _pick(self, req: pb.GenerateRequest, exclude: Sequence[str]) -> pb.PickResponse:
+        prompt = req.prompt or "\n".join(f"{m.role}: {m.content}" for m in req.messages)
+        try:
+            return await self._clients.router.Pick(
+                pb.PickRequest(request_id=req.request_id, prompt=prompt, exclude=exclude),
+                timeout=PICK_TIMEOUT_S,
+            )
+        except grpc.aio.AioRpcError as e:
+            if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise GatewayError(
+                    grpc.StatusCode.UNAVAILABLE, f"router unavailable: {e.details()}"
+                ) from None
+            raise GatewayError(e.code(), f"router: {e.details()}") from None
+
+    async def _stream_with_failover(
+        self, req: pb.GenerateRequest, outcome: _Outcome
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        exclude: list[str] = []
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            pick = await self._pick(req, exclude)
+            outcome.worker = pick.worker_id
+            forwarded = 0
+            try:
+                async with aclosing(self._stream_worker(pick, req)) as stream:
+                    async for chunk in stream:
+                        forwarded += 1
+                        yield chunk
+                return
+            except _WorkerFailed as e:
+                if forwarded:
+                    raise GatewayError(
+                        grpc.StatusCode.UNAVAILABLE, f"worker lost mid-stream ({pick.worker_id}: {e.detail})"
+                    ) from None
+                if e.code in CLIENT_ERRORS:
+                    raise GatewayError(e.code, e.detail) from None
+                if attempt == MAX_ATTEMPTS:
+                    what = (
+                        f"worker {pick.worker_id} failed before the first token, after a failover: {e.detail}"
+                    )
+                    if e.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                        raise _overloaded(what) from None
+                    raise GatewayError(grpc.StatusCode.UNAVAILABLE, what) from None
+                log.warning("request %s: worker %s failed before the first token (%s: %s); failing over",
+                            req.request_id, pick.worker_id, e.code.name, e.detail)
+                metrics.FAILOVERS.inc()
+                exclude.append(pick.worker_id)
+
+    async def _stream_worker(
+        self, pick: pb.PickResponse, req: pb.GenerateRequest
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        """One worker's stream; any failure, silence included, becomes _WorkerFailed."""
+        call = self._clients.worker(pick.address).Generate(req)
+        timeout = self._cfg.first_token_timeout_s
+        last: pb.GenerateResponse | None = None
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout(timeout):
+                        msg = await call.read()
+                except TimeoutError:
+                    raise _WorkerFailed(
+                        grpc.StatusCode.DEADLINE_EXCEEDED, f"sent nothing for {timeout:g}s"
+                    ) from None
+                except grpc.aio.AioRpcError as e:
+                    raise _WorkerFailed(e.code(), e.details() or e.code().name) from None
+                if msg is grpc.aio.EOF:
+                    break
+                last = msg
+                yield msg
+            if last is None or not last.finish_reason:
+                raise _WorkerFailed(grpc.StatusCode.UNAVAILABLE, "stream ended without a finish_reason")
+        finally:
+            # Covers the client going away while we wait at `yield`: the worker aborts the request.
+            call.cancel()
+
+    def _store_later(self, req: pb.GenerateRequest, tenant: str, chunks: list[pb.GenerateResponse]) -> None:
+        if len(self._pending_stores) >= MAX_PENDING_STORES:
+            metrics.CACHE_ERRORS.labels("store_skipped").inc()
+            log.warning(
+                "request %s: %d cache stores pending, skipping this one", req.request_id, MAX_PENDING_STORES
+            )
+            return
+        task = asyncio.create_task(self._store(req, tenant, chunks))
+        self._pending_stores.add(task)
+        task.add_done_callback(self._pending_stores.discard)
+
+    async def _store(self, req: pb.GenerateRequest, tenant: str, chunks: list[pb.GenerateResponse]) -> None:
+        assert self._clients.cache is not None
+        try:
+            resp = await self._clients.cache.Store(
+                pb.StoreRequest(request=self._cache_view(req), tenant=tenant, chunks=chunks),
+                timeout=self._cfg.cache_timeout_s,
+            )
+        except grpc.aio.AioRpcError as e:
+            self._cache_failed("store", req, e)
+            return
+        self._cache_worked()
+        if not resp.stored:
+            log.debug("request %s: not cached: %s", req.request_id, resp.reason)
+
+    def _cache_failed(self, op: str, req: pb.GenerateRequest, e: grpc.aio.AioRpcError) -> None:
+        metrics.CACHE_ERRORS.labels(op).inc()
+        level = logging.WARNING if self._cache_ok else logging.DEBUG
+        self._cache_ok = False
+        log.log(level, "request %s: cache %s failed, serving uncached: %s %s",
+                req.request_id, op, e.code().name, e.details())
+
+    def _cache_worked(self) -> None:
+        if not self._cache_ok:
+            log.info("cache is answering again")
+            self._cache_ok = True
+
+    def _finish(self, outcome: _Outcome, started: float) -> None:
+        e2e = self._clock() - started
+        metrics.REQUESTS.labels(outcome.code.name).inc()
+        metrics.E2E_REQUEST_LATENCY.observe(e2e)
+        log.info(
+            "request %s worker=%s cached=%s ttft=%s tokens=%d e2e=%.3fs status=%s%s",
+            outcome.request_id or "-",
+            outcome.worker or "-",
+            outcome.cached,
+            "-" if outcome.ttft is None else f"{outcome.ttft:.3f}s",
+            outcome.tokens,
+            e2e,
+            outcome.code.name,
+            f" ({outcome.detail})" if outcome.detail else "",
+        )

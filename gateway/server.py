@@ -1,0 +1,78 @@
+"""The gateway's gRPC edge: the public Inference service over the Orchestrator pipeline."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+
+from gateway.clients import Clients
+from gateway.orchestrator import GatewayError, Orchestrator
+from services.config import GatewayConfig
+from services.gen import meshserve_pb2 as pb
+from services.gen import meshserve_pb2_grpc as pb_grpc
+from services.server import Lifecycle, Running, serve, start
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Inference"].full_name
+# Cache entries are isolated per tenant; the edge (Envoy, auth) sets this header.
+TENANT_METADATA = "x-meshserve-tenant"
+
+
+def _tenant(context: grpc.aio.ServicerContext) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key == TENANT_METADATA:
+            return value if isinstance(value, str) else value.decode()
+    return ""
+
+
+class InferenceServicer(pb_grpc.InferenceServicer):
+    """Thin: runs the orchestrator and turns GatewayError into a gRPC status."""
+
+    def __init__(self, orchestrator: Orchestrator) -> None:
+        self._orch = orchestrator
+
+    async def Generate(
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        stream = self._orch.generate(request, _tenant(context))
+        try:
+            async for chunk in stream:
+                yield chunk
+        except GatewayError as e:
+            await context.abort(e.code, e.message, trailing_metadata=e.trailers)
+        finally:
+            # A cancelled client must cancel the worker call now, not when the generator is collected.
+            await stream.aclose()
+
+    async def Complete(
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CompleteResponse:
+        try:
+            return await self._orch.complete(request, _tenant(context))
+        except GatewayError as e:
+            await context.abort(e.code, e.message, trailing_metadata=e.trailers)
+            raise  # unreachable: abort raises
+
+
+def _build(cfg: GatewayConfig) -> tuple[InferenceServicer, Lifecycle]:
+    orchestrator = Orchestrator(cfg, Clients(cfg.router, cfg.cache))
+    return InferenceServicer(orchestrator), Lifecycle(on_close=[orchestrator.close])
+
+
+def _register(servicer: InferenceServicer) -> Callable[[grpc.aio.Server], list[str]]:
+    def register(server: grpc.aio.Server) -> list[str]:
+        pb_grpc.add_InferenceServicer_to_server(servicer, server)
+        return [SERVICE_NAME]
+
+    return register
+
+
+async def start_gateway(cfg: GatewayConfig) -> Running:
+    """Starts the gateway in this process (tests use port 0)."""
+    servicer, lifecycle = _build(cfg)
+    return await start("gateway", cfg, _register(servicer), lifecycle)
+
+
+async def main(cfg: GatewayConfig) -> None:
+    servicer, lifecycle = _build(cfg)
+    await serve("gateway", cfg, _register(servicer), lifecycle)

@@ -1,0 +1,414 @@
+"""The gateway against fake router/workers (real gRPC servers implementing the real interfaces)
+and the real cache servicer on a real Valkey."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import pytest
+from prometheus_client import REGISTRY
+
+from cache_service.server import CacheServicer
+from cache_service.store import ExactStore, connect
+from gateway.server import TENANT_METADATA, start_gateway
+from services.config import GatewayConfig
+from services.gen import meshserve_pb2 as pb
+from services.gen import meshserve_pb2_grpc as pb_grpc
+from services.server import insecure_channel
+from tests.conftest import free_port
+
+WAIT_S = 10.0   # upper bound on any wait; a healthy run takes milliseconds
+PIECES = ["Hel", "lo", " world"]
+
+
+# -- fakes ------------------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class FakeWorker(pb_grpc.WorkerServicer):
+    """Streams PIECES; ``mode`` makes it fail in one of the ways a real worker can."""
+
+    worker_id: str
+    mode: str = "ok"  # ok | unavailable | exhausted | invalid | hang | die_mid | hold
+    requests: list[pb.GenerateRequest] = field(default_factory=list)
+    first_sent: asyncio.Event = field(default_factory=asyncio.Event)
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def calls(self) -> int:
+        return len(self.requests)
+
+    async def Generate(
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        self.requests.append(request)
+        try:
+            if self.mode == "unavailable":
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "engine is gone")
+            if self.mode == "exhausted":
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full")
+            if self.mode == "invalid":
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "'max_tokens' exceeds the context")
+            if self.mode == "hang":
+                await asyncio.Event().wait()
+            for i, piece in enumerate(PIECES):
+                last = i == len(PIECES) - 1
+                yield pb.GenerateResponse(
+                    request_id=request.request_id,
+                    text=piece,
+                    token_ids=[10 + i],
+                    worker=self.worker_id,
+                    finish_reason="length" if last else "",
+                    usage=pb.Usage(prompt_tokens=4, completion_tokens=len(PIECES)) if last else None,
+                )
+                if i == 0:
+                    self.first_sent.set()
+                    if self.mode == "hold":
+                        await self.release.wait()
+                if i == 1 and self.mode == "die_mid":
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "engine crashed")
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+
+
+@dataclass(eq=False)
+class FakeRouter(pb_grpc.RouterServicer):
+    """Picks the first worker in order that is not excluded."""
+
+    workers: list[tuple[str, str]]
+    picks: list[pb.PickRequest] = field(default_factory=list)
+
+    async def Pick(self, request: pb.PickRequest, context: grpc.aio.ServicerContext) -> pb.PickResponse:
+        self.picks.append(request)
+        for worker_id, address in self.workers:
+            if worker_id not in request.exclude:
+                return pb.PickResponse(worker_id=worker_id, address=address, reason="first")
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "no worker available")
+
+
+class ObservedCache(CacheServicer):
+    """The real cache servicer, counting calls and signalling each finished Store."""
+
+    def __init__(self, store: ExactStore) -> None:
+        super().__init__(store)
+        self.lookups = 0
+        self.stores: asyncio.Queue[pb.StoreResponse] = asyncio.Queue()
+
+    async def Lookup(self, request: pb.LookupRequest, context: grpc.aio.ServicerContext) -> pb.LookupResponse:
+        self.lookups += 1
+        return await super().Lookup(request, context)
+
+    async def Store(self, request: pb.StoreRequest, context: grpc.aio.ServicerContext) -> pb.StoreResponse:
+        resp = await super().Store(request, context)
+        self.stores.put_nowait(resp)
+        return resp
+
+
+async def _serve(stack: AsyncExitStack, add: Callable[[grpc.aio.Server], None]) -> str:
+    server = grpc.aio.server()
+    add(server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    stack.push_async_callback(server.stop, 0)
+    return f"127.0.0.1:{port}"
+
+
+@dataclass
+class Mesh:
+    stub: pb_grpc.InferenceStub
+    router: FakeRouter
+    a: FakeWorker
+    b: FakeWorker
+    cache: ObservedCache | None
+
+
+MeshFactory = Callable[..., Awaitable[Mesh]]
+
+
+@pytest.fixture
+async def mesh(redis_url: str) -> AsyncIterator[MeshFactory]:
+    """Builds gateway + fake router + fake workers A, B + cache; ``cache`` is one of
+    'real', 'off', 'dead-port' (nothing listens) or 'dead-redis' (cache up, Redis down)."""
+    async with AsyncExitStack() as stack:
+
+        async def make(
+            a: str = "ok", b: str = "ok", cache: str = "real", router: str = "up", **cfg: Any
+        ) -> Mesh:
+            workers = {name: FakeWorker(name, mode) for name, mode in (("A", a), ("B", b))}
+            addresses = {}
+            for name, worker in workers.items():
+                addresses[name] = await _serve(
+                    stack, lambda s, w=worker: pb_grpc.add_WorkerServicer_to_server(w, s)
+                )
+            fake_router = FakeRouter([(name, addresses[name]) for name in ("A", "B")])
+            router_address = await _serve(
+                stack, lambda s: pb_grpc.add_RouterServicer_to_server(fake_router, s)
+            )
+            if router == "down":
+                router_address = f"127.0.0.1:{free_port()}"
+
+            observed: ObservedCache | None = None
+            cache_address = ""
+            if cache in ("real", "dead-redis"):
+                url = redis_url if cache == "real" else f"redis://127.0.0.1:{free_port()}/0"
+                store = ExactStore(connect(url), ttl_seconds=60, key_prefix=f"test:{uuid.uuid4().hex}:")
+                stack.push_async_callback(store.close)
+                observed = ObservedCache(store)
+                cache_address = await _serve(
+                    stack, lambda s: pb_grpc.add_CacheServicer_to_server(observed, s)
+                )
+            elif cache == "dead-port":
+                cache_address = f"127.0.0.1:{free_port()}"
+
+            gateway_cfg = GatewayConfig(
+                port=0, metrics_port=-1, grace_seconds=1, router=router_address, cache=cache_address, **cfg
+            )
+            running = await start_gateway(gateway_cfg)
+            stack.push_async_callback(running.shutdown)
+            channel = insecure_channel(f"127.0.0.1:{running.port}")
+            stack.push_async_callback(channel.close)
+            return Mesh(pb_grpc.InferenceStub(channel), fake_router, workers["A"], workers["B"], observed)
+
+        yield make
+
+
+def greedy(prompt: str = "Hello there", **kw: Any) -> pb.GenerateRequest:
+    return pb.GenerateRequest(prompt=prompt, max_tokens=3, temperature=0, **kw)
+
+
+async def collect(call: Any) -> list[pb.GenerateResponse]:
+    async with asyncio.timeout(WAIT_S):
+        return [chunk async for chunk in call]
+
+
+def sample(name: str, labels: dict[str, str] | None = None) -> float:
+    return REGISTRY.get_sample_value(name, labels or {}) or 0.0
+
+
+# -- tests ------------------------------------------------------------------------------------------
+
+
+async def test_streams_chunks_through_with_an_assigned_request_id(mesh: MeshFactory) -> None:
+    m = await mesh()
+    ok_before = sample("meshserve_gateway_requests_total", {"code": "OK"})
+    chunks = await collect(m.stub.Generate(greedy(skip_cache=True)))
+
+    assert [c.text for c in chunks] == PIECES
+    assert chunks[-1].finish_reason == "length" and chunks[-1].usage.completion_tokens == 3
+    assert {c.worker for c in chunks} == {"A"} and not any(c.cached for c in chunks)
+    request_id = m.a.requests[0].request_id
+    assert len(request_id) == 32 and {c.request_id for c in chunks} == {request_id}
+    assert m.router.picks[0].request_id == request_id and m.router.picks[0].prompt == "Hello there"
+    assert m.cache is not None and m.cache.lookups == 0  # skip_cache
+    assert sample("meshserve_gateway_requests_total", {"code": "OK"}) == ok_before + 1
+
+
+async def test_client_request_id_is_kept(mesh: MeshFactory) -> None:
+    m = await mesh(cache="off")
+    chunks = await collect(m.stub.Generate(greedy(request_id="mine")))
+    assert m.a.requests[0].request_id == "mine" and {c.request_id for c in chunks} == {"mine"}
+
+
+async def test_second_identical_greedy_request_is_a_cache_hit(mesh: MeshFactory) -> None:
+    m = await mesh()
+    assert m.cache is not None
+    hits_before = sample("meshserve_cache_hits_total", {"kind": "exact"})
+    first = await collect(m.stub.Generate(greedy()))
+    async with asyncio.timeout(WAIT_S):
+        assert (await m.cache.stores.get()).stored
+
+    second = await collect(m.stub.Generate(greedy(request_id="again")))
+
+    assert [c.text for c in second] == [c.text for c in first] == PIECES
+    assert [list(c.token_ids) for c in second] == [list(c.token_ids) for c in first]
+    assert second[-1].usage == first[-1].usage and second[-1].finish_reason == "length"
+    assert all(c.cached and c.worker == "" and c.request_id == "again" for c in second)
+    assert m.a.calls + m.b.calls == 1 and len(m.router.picks) == 1
+    assert sample("meshserve_cache_hits_total", {"kind": "exact"}) == hits_before + 1
+
+    # Another tenant does not see this tenant's entry.
+    await collect(m.stub.Generate(greedy(), metadata=((TENANT_METADATA, "other"),)))
+    assert m.a.calls == 2
+
+
+async def test_complete_can_be_a_cache_hit_and_explicit_model_shares_the_entry(mesh: MeshFactory) -> None:
+    m = await mesh()
+    assert m.cache is not None
+    await m.stub.Complete(greedy(), timeout=WAIT_S)
+    async with asyncio.timeout(WAIT_S):
+        assert (await m.cache.stores.get()).stored
+    resp = await m.stub.Complete(greedy(model="meshserve-tiny"), timeout=WAIT_S)
+    assert resp.cached and resp.text == "".join(PIECES) and m.a.calls == 1
+
+
+async def test_non_deterministic_request_is_never_cached(mesh: MeshFactory) -> None:
+    m = await mesh()
+    assert m.cache is not None
+    sampled = pb.GenerateRequest(prompt="Hello there", max_tokens=3, temperature=0.7)
+    for _ in range(2):
+        chunks = await collect(m.stub.Generate(sampled))
+        assert not any(c.cached for c in chunks)
+    assert m.a.calls == 2 and m.cache.lookups == 0 and m.cache.stores.empty()
+
+
+async def test_failover_before_first_token_reaches_worker_b(mesh: MeshFactory) -> None:
+    m = await mesh(a="unavailable", cache="off")
+    failovers = sample("meshserve_gateway_failovers_total")
+    chunks = await collect(m.stub.Generate(greedy()))
+
+    assert [c.text for c in chunks] == PIECES and {c.worker for c in chunks} == {"B"}
+    assert m.a.calls == 1 and m.b.calls == 1
+    assert [list(p.exclude) for p in m.router.picks] == [[], ["A"]]
+    assert m.b.requests[0].request_id == m.a.requests[0].request_id
+    assert sample("meshserve_gateway_failovers_total") == failovers + 1
+
+
+async def test_silent_worker_counts_as_failed_and_is_cancelled(mesh: MeshFactory) -> None:
+    m = await mesh(a="hang", cache="off", first_token_timeout_s=0.3)
+    chunks = await collect(m.stub.Generate(greedy()))
+    assert {c.worker for c in chunks} == {"B"}
+    async with asyncio.timeout(WAIT_S):
+        await m.a.cancelled.wait()
+
+
+async def test_overloaded_worker_fails_over_and_both_overloaded_is_resource_exhausted(
+    mesh: MeshFactory,
+) -> None:
+    m = await mesh(a="exhausted", b="exhausted", cache="off")
+    call = m.stub.Generate(greedy())
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await collect(call)
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "retry" in err.value.details()
+    assert m.a.calls == 1 and m.b.calls == 1
+
+
+async def test_both_workers_failing_is_unavailable(mesh: MeshFactory) -> None:
+    m = await mesh(a="unavailable", b="unavailable", cache="off")
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await collect(m.stub.Generate(greedy()))
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "engine is gone" in err.value.details()
+    assert len(m.router.picks) == 2  # retried once, not more
+
+
+@pytest.mark.parametrize("mode", ["die_mid", "hold"])
+async def test_failure_mid_stream_ends_with_unavailable(mesh: MeshFactory, mode: str) -> None:
+    # "hold": the worker goes silent after the first chunk and the idle timeout fires.
+    m = await mesh(a=mode, cache="off", first_token_timeout_s=0.5)
+    received: list[pb.GenerateResponse] = []
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        async with asyncio.timeout(WAIT_S):
+            async for chunk in m.stub.Generate(greedy()):
+                received.append(chunk)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "worker lost mid-stream" in err.value.details()
+    assert [c.text for c in received] == PIECES[: 2 if mode == "die_mid" else 1]
+    assert m.b.calls == 0
+
+
+async def test_client_cancel_cancels_the_worker_call(mesh: MeshFactory) -> None:
+    m = await mesh(a="hold", cache="off")
+    call = m.stub.Generate(greedy())
+    async with asyncio.timeout(WAIT_S):
+        first = await call.read()
+    assert first.text == PIECES[0]
+    call.cancel()
+    async with asyncio.timeout(WAIT_S):
+        await m.a.cancelled.wait()
+
+
+@pytest.mark.parametrize(
+    ("request_", "field_name"),
+    [
+        (pb.GenerateRequest(prompt="hi", temperature=-1), "temperature"),
+        (pb.GenerateRequest(prompt=""), "prompt"),
+        (pb.GenerateRequest(prompt="hi", max_tokens=0), "max_tokens"),
+        (pb.GenerateRequest(prompt="hi", model="gpt-4"), "model"),
+    ],
+)
+async def test_bad_input_is_invalid_argument_and_gateway_keeps_serving(
+    mesh: MeshFactory, request_: pb.GenerateRequest, field_name: str
+) -> None:
+    m = await mesh(cache="off")
+    for rpc in (m.stub.Generate, m.stub.Complete):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            call = rpc(request_, timeout=WAIT_S)
+            await (collect(call) if rpc is m.stub.Generate else call)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert f"'{field_name}'" in err.value.details()
+    assert m.a.calls == 0 and not m.router.picks
+    assert [c.text for c in await collect(m.stub.Generate(greedy()))] == PIECES
+
+
+async def test_worker_invalid_argument_is_passed_through_without_failover(mesh: MeshFactory) -> None:
+    m = await mesh(a="invalid", cache="off")
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await collect(m.stub.Generate(greedy()))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "'max_tokens'" in err.value.details()
+    assert m.b.calls == 0
+
+
+async def test_past_max_in_flight_is_resource_exhausted_fast(mesh: MeshFactory) -> None:
+    m = await mesh(a="hold", cache="off", max_in_flight=1)
+    held = m.stub.Generate(greedy())
+    async with asyncio.timeout(WAIT_S):
+        assert (await held.read()).text == PIECES[0]
+
+    started = time.monotonic()
+    refused = m.stub.Generate(greedy())
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await collect(refused)
+    assert time.monotonic() - started < 1.0
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "retry" in err.value.details()
+    assert ("retry-after", "1") in tuple(err.value.trailing_metadata() or ())
+    assert m.a.calls == 1
+
+    # The admitted request is unaffected, and its slot is released when it ends.
+    m.a.release.set()
+    async with asyncio.timeout(WAIT_S):
+        rest = [(await held.read()).text for _ in PIECES[1:]]
+        assert rest == PIECES[1:] and await held.read() is grpc.aio.EOF
+        assert await held.code() == grpc.StatusCode.OK
+    async with asyncio.timeout(WAIT_S):
+        assert (await m.stub.Complete(greedy(), timeout=WAIT_S)).text == "".join(PIECES)
+
+
+@pytest.mark.parametrize("cache", ["dead-port", "dead-redis"])
+async def test_cache_down_request_is_still_served(mesh: MeshFactory, cache: str) -> None:
+    m = await mesh(cache=cache, cache_timeout_s=0.5)
+    for _ in range(2):
+        chunks = await collect(m.stub.Generate(greedy()))
+        assert [c.text for c in chunks] == PIECES and not any(c.cached for c in chunks)
+    assert m.a.calls == 2
+
+
+async def test_router_down_is_unavailable(mesh: MeshFactory) -> None:
+    m = await mesh(router="down", cache="off")
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await collect(m.stub.Generate(greedy()))
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "router unavailable" in err.value.details()
+
+
+async def test_complete_aggregates_text_and_usage(mesh: MeshFactory) -> None:
+    m = await mesh(cache="off")
+    request = pb.GenerateRequest(prompt="Hi", max_tokens=3, request_id="c1")
+    resp = await m.stub.Complete(request, timeout=WAIT_S)
+    assert resp.text == "".join(PIECES)
+    assert list(resp.token_ids) == [10, 11, 12]
+    assert resp.finish_reason == "length" and resp.usage == pb.Usage(prompt_tokens=4, completion_tokens=3)
+    assert resp.request_id == "c1" and resp.worker == "A" and not resp.cached
+
+
+async def test_complete_maps_mid_stream_failure_to_unavailable(mesh: MeshFactory) -> None:
+    m = await mesh(a="die_mid", cache="off")
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await m.stub.Complete(greedy(), timeout=WAIT_S)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "worker lost mid-stream" in err.value.details()

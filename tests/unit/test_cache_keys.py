@@ -1,0 +1,95 @@
+"""The exact-match cache key: stable for the same request, different for anything that changes output."""
+
+from __future__ import annotations
+
+import pytest
+
+from cache_service.keys import exact_key
+from services.gen import meshserve_pb2 as pb
+
+
+def base() -> pb.GenerateRequest:
+    return pb.GenerateRequest(prompt="Hello", max_tokens=16, temperature=0.0, stop=["\n"], model="m")
+
+
+def test_same_request_same_key() -> None:
+    assert exact_key(base(), "t") == exact_key(base(), "t")
+
+
+def test_prefix_and_kind_are_in_the_key() -> None:
+    key = exact_key(base(), "t", prefix="meshserve:cache:")
+    assert key.startswith("meshserve:cache:exact:")
+    assert len(key.rsplit(":", 1)[1]) == 64
+
+
+def test_request_id_and_skip_cache_are_ignored() -> None:
+    other = base()
+    other.request_id = "abc"
+    other.skip_cache = True
+    assert exact_key(other, "t") == exact_key(base(), "t")
+
+
+def test_tenant_isolates() -> None:
+    assert exact_key(base(), "a") != exact_key(base(), "b")
+
+
+def test_defaults_are_applied_before_hashing() -> None:
+    unset = pb.GenerateRequest(prompt="Hello", seed=1)
+    spelled = pb.GenerateRequest(prompt="Hello", seed=1, max_tokens=128, temperature=1.0, top_p=1.0)
+    assert exact_key(unset, "t") == exact_key(spelled, "t")
+
+
+def test_stop_order_does_not_matter() -> None:
+    a, b = base(), base()
+    a.stop[:] = ["x", "y"]
+    b.stop[:] = ["y", "x"]
+    assert exact_key(a, "t") == exact_key(b, "t")
+
+
+def _with(**changes: object) -> pb.GenerateRequest:
+    req = base()
+    for name, value in changes.items():
+        if name == "messages":
+            req.ClearField("prompt")
+            req.messages.extend(value)  # type: ignore[arg-type]
+        elif name == "stop":
+            req.stop[:] = value  # type: ignore[index]
+        else:
+            setattr(req, name, value)
+    return req
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"prompt": "Hello!"},
+        {"messages": [pb.ChatMessage(role="user", content="Hello")]},
+        {"model": "other"},
+        {"max_tokens": 17},
+        {"temperature": 0.5},
+        {"top_p": 0.9},
+        {"seed": 7},
+        {"stop": ["\n", "."]},
+        {"stop": []},
+        {"ignore_eos": True},
+    ],
+    ids=lambda c: next(iter(c)),
+)
+def test_output_changing_field_changes_key(changes: dict[str, object]) -> None:
+    assert exact_key(_with(**changes), "t") != exact_key(base(), "t")
+
+
+def test_max_tokens_default_differs_from_other_values() -> None:
+    unset = pb.GenerateRequest(prompt="Hello", temperature=0)
+    explicit = pb.GenerateRequest(prompt="Hello", temperature=0, max_tokens=64)
+    assert exact_key(unset, "t") != exact_key(explicit, "t")
+
+
+def test_messages_are_distinguished_by_role_and_boundary() -> None:
+    one = pb.GenerateRequest(messages=[pb.ChatMessage(role="user", content="ab")], temperature=0)
+    two = pb.GenerateRequest(
+        messages=[pb.ChatMessage(role="user", content="a"), pb.ChatMessage(role="user", content="b")],
+        temperature=0,
+    )
+    system = pb.GenerateRequest(messages=[pb.ChatMessage(role="system", content="ab")], temperature=0)
+    assert len({exact_key(one, "t"), exact_key(two, "t"), exact_key(system, "t")}) == 3
