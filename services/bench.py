@@ -1,0 +1,582 @@
+"""``meshserve bench``: an async gRPC load generator in the manner of ``vllm bench serve``.
+
+It streams random prompts to the mesh's public ``Inference/Generate`` (through Envoy or the
+gateway) or to one worker's ``Worker/Generate``, measures TTFT, TPOT, ITL and end-to-end latency
+per request, prints vLLM's summary table and can save vLLM's JSON result keys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import math
+import random
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+
+from services.gen import meshserve_pb2 as pb
+from services.gen import meshserve_pb2_grpc as pb_grpc
+from services.server import CHANNEL_OPTIONS
+
+log = logging.getLogger(__name__)
+
+# Many HTTP/2 servers and proxies allow about this many concurrent streams per connection (100 is
+# the RFC's recommended minimum), so the bench opens one connection per this many streams.
+STREAMS_PER_CHANNEL = 100
+
+METRIC_HEADERS = {
+    "ttft": "Time to First Token",
+    "tpot": "Time per Output Token (excl. 1st token)",
+    "itl": "Inter-token Latency",
+    "e2el": "End-to-end Latency",
+}
+
+# Random prompts are words drawn from this list. Each word (after a space) is one token for the
+# project's tiny model and for common BPE tokenizers, so N words make about N prompt tokens.
+VOCABULARY = (
+    "the and to is in of on it be that at light no two model with every you ten was cat one worker "
+    "cache capital from text again slow same back batch can let for four new nine token its stream "
+    "words rain client answer blocks train there are add after away old out other by but pass plus "
+    "night red today eight once seven prompt now rock time sixteen leaves keeper wind blue small "
+    "which language lamp lived before upon tell talk take their said sail sun sat sent set west went "
+    "when will well waves walk whether or over open if cold came like luck length far fix five may "
+    "man mark much put next never read too town into go gold goes eat even each ones twenty twice "
+    "twelve stays store story word world begin river runs range sea see second seventy yellow clear "
+    "clouds climbed lights not noon high hold hard hundred front does dark rose roof soon sixty "
+    "least value village key this against winter black letter forty message green"
+).split()
+
+# Opens one Generate stream (the call starts when this is called).
+OpenStream = Callable[[], AsyncIterable[pb.GenerateResponse]]
+
+
+@dataclass
+class BenchRequest:
+    """One prompt of the benchmark and the length it asks for."""
+
+    prompt: str
+    prompt_len: int  # approximate: the number of words
+    output_len: int
+
+
+@dataclass
+class RequestResult:
+    """What one request measured; times are seconds from ``time.perf_counter``."""
+
+    success: bool = False
+    prompt_len: int = 0  # prompt tokens from the final usage, else the approximate length asked
+    output_tokens: int = 0
+    ttft: float = 0.0
+    latency: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    start_time: float = 0.0
+    error_code: str = ""  # gRPC status code name, e.g. "UNAVAILABLE"
+    error: str = ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Workload: prompts and arrival times
+# ---------------------------------------------------------------------------------------------
+
+
+def sample_lengths(mean: int, range_ratio: float, n: int, rng: random.Random) -> list[int]:
+    """Lengths uniform in [mean * (1 - ratio), mean * (1 + ratio)], like vLLM's random dataset."""
+    low = max(1, math.floor(mean * (1 - range_ratio)))
+    high = max(low, math.ceil(mean * (1 + range_ratio)))
+    return [rng.randint(low, high) for _ in range(n)]
+
+
+def random_requests(
+    n: int,
+    input_len: int,
+    output_len: int,
+    range_ratio: float,
+    rng: random.Random,
+    prefix_len: int = 0,
+) -> list[BenchRequest]:
+    """``n`` prompts of random words, sharing ``prefix_len`` leading words."""
+    prefix = rng.choices(VOCABULARY, k=prefix_len)
+    input_lens = sample_lengths(input_len, range_ratio, n, rng)
+    output_lens = sample_lengths(output_len, range_ratio, n, rng)
+    requests = []
+    for in_len, out_len in zip(input_lens, output_lens):
+        words = prefix + rng.choices(VOCABULARY, k=in_len)
+        requests.append(BenchRequest(" ".join(words), len(words), out_len))
+    return requests
+
+
+def arrival_offsets(n: int, request_rate: float, rng: random.Random, burstiness: float = 1.0) -> list[float]:
+    """Send times (seconds from the start) of ``n`` requests arriving at ``request_rate`` per second.
+
+    Gaps follow a gamma distribution with shape ``burstiness`` and mean ``1 / request_rate``, as in
+    vLLM: burstiness 1 is a Poisson process, lower is burstier, higher is more regular. An infinite
+    rate sends everything at once.
+    """
+    if math.isinf(request_rate):
+        return [0.0] * n
+    theta = 1.0 / (request_rate * burstiness)
+    offsets, t = [], 0.0
+    for _ in range(n):
+        offsets.append(t)
+        t += rng.gammavariate(burstiness, theta)
+    return offsets
+
+
+# ---------------------------------------------------------------------------------------------
+# Measuring one request
+# ---------------------------------------------------------------------------------------------
+
+
+async def measure(open_stream: OpenStream, prompt_len: int) -> RequestResult:
+    """Streams one request and times it; only timestamps and counts are taken per chunk."""
+    result = RequestResult(prompt_len=prompt_len)
+    usage: pb.Usage | None = None
+    token_ids = 0
+    start = last = time.perf_counter()
+    result.start_time = start
+    try:
+        async for chunk in open_stream():
+            now = time.perf_counter()
+            if chunk.text:
+                if result.ttft == 0.0:
+                    result.ttft = now - start
+                else:
+                    result.itl.append(now - last)
+                last = now
+            token_ids += len(chunk.token_ids)
+            if chunk.HasField("usage"):
+                usage = chunk.usage
+        result.latency = time.perf_counter() - start
+    except grpc.aio.AioRpcError as e:
+        result.error_code, result.error = e.code().name, e.details() or ""
+        return result
+    except Exception as e:  # a client-side failure still counts as a failed request
+        result.error_code, result.error = type(e).__name__, str(e)
+        return result
+    if usage is not None and usage.prompt_tokens:
+        result.prompt_len = usage.prompt_tokens
+    result.output_tokens = token_ids
+    if usage is not None and usage.completion_tokens:
+        result.output_tokens = usage.completion_tokens
+    result.success = True
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Summarising
+# ---------------------------------------------------------------------------------------------
+
+
+def _pkey(p: float) -> str:
+    return str(int(p)) if int(p) == p else str(p)
+
+
+def summarize(
+    results: Sequence[RequestResult],
+    duration: float,
+    percentile_metrics: Sequence[str] = ("ttft", "tpot", "itl", "e2el"),
+    percentiles: Sequence[float] = (99.0,),
+) -> dict[str, Any]:
+    """The benchmark's result under vLLM's key names (``completed``, ``mean_ttft_ms``, ...).
+
+    TPOT of a request is ``(e2e - ttft) / (output_tokens - 1)``; requests with one output token
+    have none. Failed requests count in ``failed`` and ``errors`` (by gRPC status code) only.
+    """
+    ok = [r for r in results if r.success]
+    output_lens = [r.output_tokens if r.success else 0 for r in results]
+    total_input = sum(r.prompt_len for r in ok)
+    total_output = sum(output_lens)
+    samples: dict[str, list[float]] = {
+        "ttft": [r.ttft for r in ok],
+        "tpot": [(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1],
+        "itl": [gap for r in ok for gap in r.itl],
+        "e2el": [r.latency for r in ok],
+    }
+    result: dict[str, Any] = {
+        "duration": duration,
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "total_input_tokens": total_input,
+        "total_output_tokens": total_output,
+        "request_throughput": len(ok) / duration if duration > 0 else 0.0,
+        "output_throughput": total_output / duration if duration > 0 else 0.0,
+        "total_token_throughput": (total_input + total_output) / duration if duration > 0 else 0.0,
+        "max_output_tokens_per_s": _peak_chunks_per_second(ok),
+        "max_concurrent_requests": _peak_concurrency(ok),
+    }
+    for name in percentile_metrics:
+        values = np.asarray(samples[name] or [0.0]) * 1000
+        result[f"mean_{name}_ms"] = float(np.mean(values))
+        result[f"median_{name}_ms"] = float(np.median(values))
+        result[f"std_{name}_ms"] = float(np.std(values))
+        for p in percentiles:
+            result[f"p{_pkey(p)}_{name}_ms"] = float(np.percentile(values, p))
+    result["errors"] = dict(Counter(r.error_code for r in results if not r.success))
+    result["error_samples"] = {r.error_code: r.error for r in reversed(results) if not r.success}
+    result["input_lens"] = [r.prompt_len for r in results]
+    result["output_lens"] = output_lens
+    result["ttfts"] = [r.ttft for r in results]
+    result["itls"] = [r.itl for r in results]
+    return result
+
+
+def _peak_chunks_per_second(ok: Sequence[RequestResult]) -> float:
+    """Most streamed text chunks in any one wall-clock second (vLLM's peak output throughput)."""
+    if not ok:
+        return 0.0
+    origin = min(r.start_time for r in ok)
+    buckets: Counter[int] = Counter()
+    for r in ok:
+        t = r.start_time + r.ttft
+        buckets[int(t - origin)] += 1
+        for gap in r.itl:
+            t += gap
+            buckets[int(t - origin)] += 1
+    return float(max(buckets.values()))
+
+
+def _peak_concurrency(ok: Sequence[RequestResult]) -> int:
+    events = sorted([(r.start_time, 1) for r in ok] + [(r.start_time + r.latency, -1) for r in ok])
+    peak = current = 0
+    for _, step in events:
+        current += step
+        peak = max(peak, current)
+    return peak
+
+
+def format_summary(
+    result: dict[str, Any], percentile_metrics: Sequence[str], percentiles: Sequence[float]
+) -> str:
+    """vLLM's summary table."""
+    lines = ["{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="=")]
+
+    def row(label: str, value: Any, fmt: str = "{:<10}") -> None:
+        lines.append("{:<40} ".format(label) + fmt.format(value))
+
+    row("Successful requests:", result["completed"])
+    row("Failed requests:", result["failed"])
+    if result.get("max_concurrency") is not None:
+        row("Maximum request concurrency:", result["max_concurrency"])
+    if result.get("request_rate") is not None:
+        row("Request rate configured (RPS):", result["request_rate"], "{:<10.2f}")
+    row("Benchmark duration (s):", result["duration"], "{:<10.2f}")
+    row("Total input tokens:", result["total_input_tokens"])
+    row("Total generated tokens:", result["total_output_tokens"])
+    row("Request throughput (req/s):", result["request_throughput"], "{:<10.2f}")
+    row("Output token throughput (tok/s):", result["output_throughput"], "{:<10.2f}")
+    row("Peak output token throughput (tok/s):", result["max_output_tokens_per_s"], "{:<10.2f}")
+    row("Peak concurrent requests:", result["max_concurrent_requests"], "{:<10.2f}")
+    row("Total Token throughput (tok/s):", result["total_token_throughput"], "{:<10.2f}")
+    for name in percentile_metrics:
+        lines.append("{s:{c}^{n}}".format(s=METRIC_HEADERS[name], n=50, c="-"))
+        short = name.upper()
+        row(f"Mean {short} (ms):", result[f"mean_{name}_ms"], "{:<10.2f}")
+        row(f"Median {short} (ms):", result[f"median_{name}_ms"], "{:<10.2f}")
+        for p in percentiles:
+            row(f"P{_pkey(p)} {short} (ms):", result[f"p{_pkey(p)}_{name}_ms"], "{:<10.2f}")
+    if result["errors"]:
+        lines.append("{s:{c}^{n}}".format(s="Failures by status code", n=50, c="-"))
+        for code, count in sorted(result["errors"].items()):
+            row(f"{code}:", count)
+            lines.append(f"  e.g. {result['error_samples'][code][:200]}")
+    lines.append("=" * 50)
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Running
+# ---------------------------------------------------------------------------------------------
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    target = parser.add_argument_group("target")
+    target.add_argument("--target", default="127.0.0.1:8080", help="HOST:PORT to load (default: Envoy)")
+    target.add_argument(
+        "--service",
+        choices=["inference", "worker"],
+        default="inference",
+        help="inference: the mesh's public Inference/Generate; worker: one worker's Worker/Generate",
+    )
+    target.add_argument("--num-channels", type=_positive_int, default=None,
+                        help="gRPC connections to spread streams over "
+                        f"(default: one per {STREAMS_PER_CHANNEL} concurrent streams)")
+    target.add_argument("--timeout", type=float, default=600.0, help="per-request deadline, seconds")
+    target.add_argument("--model", default="", help="model name to send (must match the served one)")
+
+    load = parser.add_argument_group("load")
+    load.add_argument("--num-prompts", type=_positive_int, default=1000, help="number of requests")
+    load.add_argument("--max-concurrency", type=_positive_int, default=None,
+                      help="most requests in flight at once (default: no limit)")
+    load.add_argument("--request-rate", type=float, default=float("inf"),
+                      help="requests per second, Poisson arrivals; inf sends all at once")
+    load.add_argument("--burstiness", type=float, default=1.0,
+                      help="gamma shape of inter-arrival times: 1 is Poisson, <1 burstier, >1 more regular")
+    load.add_argument("--num-warmups", type=int, default=0, help="untimed requests sent before the benchmark")
+    load.add_argument("--seed", type=int, default=0, help="seed of the prompts and arrival times")
+
+    data = parser.add_argument_group("random dataset")
+    data.add_argument("--random-input-len", type=_positive_int, default=1024,
+                      help="prompt length in words (about one token each)")
+    data.add_argument("--random-output-len", type=_positive_int, default=128, help="max_tokens per request")
+    data.add_argument("--random-range-ratio", type=float, default=0.0,
+                      help="lengths are uniform in [len * (1 - r), len * (1 + r)], 0 <= r < 1")
+    data.add_argument("--random-prefix-len", type=int, default=0,
+                      help="words of a prefix shared by every prompt")
+
+    sampling = parser.add_argument_group("sampling")
+    sampling.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
+    sampling.add_argument("--top-p", type=float, default=None, help="nucleus sampling top-p")
+    sampling.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
+                          help="generate exactly the requested output length")
+    sampling.add_argument("--allow-cache", action="store_true",
+                          help="let the mesh answer from its response cache (default: skip_cache=true)")
+
+    output = parser.add_argument_group("output")
+    output.add_argument("--save-result", nargs="?", const=True, default=None, metavar="FILE",
+                        help="save the JSON result (to FILE, or --result-filename, or a generated name)")
+    output.add_argument("--result-filename", default=None, help="file name of the saved result")
+    output.add_argument("--result-dir", default=None, help="folder of the saved result")
+    output.add_argument("--metadata", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="extra KEY=VALUE pairs recorded in the JSON result")
+    output.add_argument("--label", default=None, help="name of this run, recorded and used in the file name")
+    output.add_argument("--percentile-metrics", default="ttft,tpot,itl,e2el",
+                        help="comma-separated metrics to report percentiles of (ttft, tpot, itl, e2el)")
+    output.add_argument("--metric-percentiles", default="99",
+                        help="comma-separated percentiles, e.g. 50,90,99")
+    output.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        return asyncio.run(run(args))
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _parse_metadata(items: Sequence[str]) -> dict[str, str]:
+    metadata = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--metadata expects KEY=VALUE, got {item!r}")
+        metadata[key] = value
+    return metadata
+
+
+def _check_args(args: argparse.Namespace) -> tuple[list[str], list[float], dict[str, str]]:
+    if not 0 <= args.random_range_ratio < 1:
+        raise ValueError(f"--random-range-ratio must be in [0, 1), got {args.random_range_ratio}")
+    if args.request_rate <= 0:
+        raise ValueError(f"--request-rate must be positive, got {args.request_rate}")
+    if args.burstiness <= 0:
+        raise ValueError(f"--burstiness must be positive, got {args.burstiness}")
+    metrics = [m.strip() for m in args.percentile_metrics.split(",") if m.strip()]
+    unknown = set(metrics) - set(METRIC_HEADERS)
+    if unknown:
+        raise ValueError(f"--percentile-metrics: unknown {sorted(unknown)}; use {list(METRIC_HEADERS)}")
+    percentiles = [float(p) for p in args.metric_percentiles.split(",") if p.strip()]
+    if any(not 0 <= p <= 100 for p in percentiles):
+        raise ValueError(f"--metric-percentiles must be in [0, 100], got {args.metric_percentiles}")
+    return metrics, percentiles, _parse_metadata(args.metadata)
+
+
+def _to_proto(req: BenchRequest, request_id: str, args: argparse.Namespace) -> pb.GenerateRequest:
+    msg = pb.GenerateRequest(
+        prompt=req.prompt,
+        max_tokens=req.output_len,
+        temperature=args.temperature,
+        ignore_eos=args.ignore_eos,
+        skip_cache=not args.allow_cache,
+        request_id=request_id,
+        model=args.model,
+    )
+    if args.top_p is not None:
+        msg.top_p = args.top_p
+    return msg
+
+
+async def _run_all(
+    streams: Sequence[tuple[OpenStream, int]],
+    offsets: Sequence[float],
+    max_concurrency: int | None,
+    on_done: Callable[[], None] = lambda: None,
+) -> tuple[list[RequestResult], float]:
+    """Opens each (stream, prompt length) at its offset, at most ``max_concurrency`` at once.
+
+    Returns the results in request order and the duration from the first send to the last end.
+    """
+    semaphore = asyncio.Semaphore(max_concurrency or len(streams) or 1)
+
+    async def one(open_stream: OpenStream, prompt_len: int) -> RequestResult:
+        async with semaphore:
+            result = await measure(open_stream, prompt_len)
+        on_done()
+        return result
+
+    start = time.perf_counter()
+    tasks: list[asyncio.Task[RequestResult]] = []
+    for (open_stream, prompt_len), offset in zip(streams, offsets):
+        delay = start + offset - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(open_stream, prompt_len)))
+    results = await asyncio.gather(*tasks)
+    return list(results), time.perf_counter() - start
+
+
+async def _connect(channel: grpc.aio.Channel) -> None:
+    """Waits until the channel is connected; a refused connection fails at once, not at the timeout."""
+    state = channel.get_state(try_to_connect=True)
+    while state != grpc.ChannelConnectivity.READY:
+        if state == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+            raise ConnectionError(f"connection failed ({state.name})")
+        await channel.wait_for_state_change(state)
+        state = channel.get_state(try_to_connect=True)
+
+
+def _result_path(args: argparse.Namespace, date: str) -> Path:
+    if isinstance(args.save_result, str):
+        name = args.save_result
+    elif args.result_filename:
+        name = args.result_filename
+    else:
+        concurrency = f"-concurrency{args.max_concurrency}" if args.max_concurrency else ""
+        name = f"{args.label or 'meshserve'}-{args.service}-{args.request_rate}qps{concurrency}-{date}.json"
+    return Path(args.result_dir or ".") / name
+
+
+def _run_info(args: argparse.Namespace, num_channels: int, date: str) -> dict[str, Any]:
+    """What was run, recorded next to the measurements."""
+    return {
+        "date": date,
+        "target": args.target,
+        "service": args.service,
+        "label": args.label,
+        "num_prompts": args.num_prompts,
+        # JSON has no infinity.
+        "request_rate": args.request_rate if math.isfinite(args.request_rate) else "inf",
+        "burstiness": args.burstiness,
+        "max_concurrency": args.max_concurrency,
+        "num_channels": num_channels,
+        "random_input_len": args.random_input_len,
+        "random_output_len": args.random_output_len,
+        "random_range_ratio": args.random_range_ratio,
+        "random_prefix_len": args.random_prefix_len,
+        "temperature": args.temperature,
+        "ignore_eos": args.ignore_eos,
+        "skip_cache": not args.allow_cache,
+        "num_warmups": args.num_warmups,
+        "seed": args.seed,
+    }
+
+
+async def run(args: argparse.Namespace) -> int:
+    """The body of ``main``: connect, warm up, run the benchmark, print and save the result."""
+    try:
+        metrics, percentiles, metadata = _check_args(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+    # 1. The workload, fixed by the seed; arrivals draw from their own stream so changing the
+    #    rate does not change the prompts.
+    workload = random_requests(
+        args.num_prompts + args.num_warmups,
+        args.random_input_len,
+        args.random_output_len,
+        args.random_range_ratio,
+        random.Random(args.seed),
+        args.random_prefix_len,
+    )
+    warmups, workload = workload[: args.num_warmups], workload[args.num_warmups :]
+    arrivals_rng = random.Random(f"arrivals-{args.seed}")
+    offsets = arrival_offsets(len(workload), args.request_rate, arrivals_rng, args.burstiness)
+    run_id = uuid.uuid4().hex[:8]
+
+    # 2. Channels: separate connections (a local subchannel pool each; channels with equal
+    #    arguments otherwise share one), so no HTTP/2 connection carries more streams than a
+    #    proxy allows on one.
+    concurrency = args.max_concurrency or args.num_prompts
+    num_channels = args.num_channels or max(1, math.ceil(concurrency / STREAMS_PER_CHANNEL))
+    options = [*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
+    channels = [grpc.aio.insecure_channel(args.target, options=options) for _ in range(num_channels)]
+    stub_cls = pb_grpc.InferenceStub if args.service == "inference" else pb_grpc.WorkerStub
+    stubs = [stub_cls(ch) for ch in channels]
+
+    def streams(requests: Sequence[BenchRequest], id_prefix: str) -> list[tuple[OpenStream, int]]:
+        out = []
+        for i, r in enumerate(requests):
+            msg, stub = _to_proto(r, f"{id_prefix}-{i}", args), stubs[i % num_channels]
+            out.append((partial(stub.Generate, msg, timeout=args.timeout), r.prompt_len))
+        return out
+
+    try:
+        try:
+            connect = asyncio.gather(*(_connect(ch) for ch in channels))
+            await asyncio.wait_for(connect, timeout=min(args.timeout, 10))
+        except (TimeoutError, ConnectionError):
+            print(f"error: cannot connect to {args.target}", file=sys.stderr)
+            return 1
+
+        # 3. Warm-up, untimed.
+        if warmups:
+            print(f"Warming up with {len(warmups)} requests...", file=sys.stderr)
+            warm, _ = await _run_all(
+                streams(warmups, f"bench-{run_id}-warmup"), [0.0] * len(warmups), args.max_concurrency
+            )
+            failed = [r for r in warm if not r.success]
+            if failed:
+                print(f"warning: {len(failed)} warm-up requests failed, e.g. {failed[0].error_code}: "
+                      f"{failed[0].error}", file=sys.stderr)  # fmt: skip
+
+        # 4. The benchmark.
+        print(f"Target: {args.target} ({args.service}), request rate: {args.request_rate}, "
+              f"burstiness: {args.burstiness}, max concurrency: {args.max_concurrency}, "
+              f"channels: {num_channels}", file=sys.stderr)  # fmt: skip
+        from tqdm import tqdm
+
+        with tqdm(total=len(workload), disable=args.disable_tqdm) as pbar:
+            results, duration = await _run_all(
+                streams(workload, f"bench-{run_id}"), offsets, args.max_concurrency, lambda: pbar.update(1)
+            )
+    finally:
+        await asyncio.gather(*(ch.close() for ch in channels))
+
+    # 5. Report.
+    date = datetime.now().strftime("%Y%m%d-%H%M%S")
+    result = summarize(results, duration, metrics, percentiles) | _run_info(args, num_channels, date)
+    for key, value in metadata.items():
+        if key in result:
+            log.warning("--metadata %s would overwrite a recorded field; ignored", key)
+        else:
+            result[key] = value
+    print(format_summary({**result, "request_rate": args.request_rate}, metrics, percentiles))
+    if result["completed"] == 0:
+        print("error: every request failed", file=sys.stderr)
+    if args.save_result or args.result_filename:
+        path = _result_path(args, date)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"Result saved to {path}", file=sys.stderr)
+    return 0 if result["completed"] else 1

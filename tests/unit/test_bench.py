@@ -1,0 +1,310 @@
+"""``meshserve bench``: the pure summary and arrival maths, then the whole command against a fake worker."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import statistics
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from services import bench
+from services.bench import RequestResult, arrival_offsets, random_requests, summarize
+from services.gen import meshserve_pb2 as pb
+from services.gen import meshserve_pb2_grpc as pb_grpc
+
+
+def ok(ttft: float, latency: float, output_tokens: int, prompt_len: int = 10, itl: list[float] | None = None,
+       start: float = 0.0) -> RequestResult:
+    return RequestResult(True, prompt_len, output_tokens, ttft, latency, itl or [], start)
+
+
+# ---------------------------------------------------------------------------------------------
+# summarize
+# ---------------------------------------------------------------------------------------------
+
+
+def test_summarize_computes_vllm_metrics() -> None:
+    results = [
+        ok(0.1, 1.1, 11, itl=[0.1] * 10, start=0.0),
+        ok(0.2, 2.2, 21, itl=[0.1] * 20, start=0.5),
+        ok(0.3, 0.3, 1, start=1.0),  # one token: no TPOT
+        ok(0.4, 4.4, 5, itl=[1.0] * 4, start=1.5),
+        RequestResult(error_code="UNAVAILABLE", error="worker lost mid-stream", prompt_len=7),
+        RequestResult(error_code="RESOURCE_EXHAUSTED", error="queue full", prompt_len=7),
+        RequestResult(error_code="UNAVAILABLE", error="no worker", prompt_len=7),
+    ]
+    r = summarize(results, duration=10.0, percentiles=(50, 99, 99.9))
+
+    assert r["completed"] == 4 and r["failed"] == 3
+    assert r["total_input_tokens"] == 40  # failed requests' prompts are not counted
+    assert r["total_output_tokens"] == 38
+    assert r["request_throughput"] == pytest.approx(0.4)
+    assert r["output_throughput"] == pytest.approx(3.8)
+    assert r["total_token_throughput"] == pytest.approx(7.8)
+    # TTFT 100, 200, 300, 400 ms: numpy's linear interpolation gives p99 = 300 + 0.97 * 100.
+    assert r["mean_ttft_ms"] == pytest.approx(250)
+    assert r["median_ttft_ms"] == pytest.approx(250)
+    assert r["p50_ttft_ms"] == pytest.approx(250)
+    assert r["p99_ttft_ms"] == pytest.approx(397)
+    assert r["p99.9_ttft_ms"] == pytest.approx(399.7)
+    assert r["std_ttft_ms"] == pytest.approx(math.sqrt(0.0125) * 1000)
+    # TPOT = (e2e - ttft) / (tokens - 1): 100 ms, 100 ms and 1000 ms; the one-token request has none.
+    assert r["mean_tpot_ms"] == pytest.approx(400)
+    assert r["median_tpot_ms"] == pytest.approx(100)
+    # ITL pools every gap: 30 of 100 ms, 4 of 1000 ms.
+    assert r["mean_itl_ms"] == pytest.approx((30 * 100 + 4 * 1000) / 34)
+    assert r["median_itl_ms"] == pytest.approx(100)
+    assert r["mean_e2el_ms"] == pytest.approx(2000)
+    assert r["p99_e2el_ms"] == pytest.approx(2200 + 0.97 * 2200)
+    assert r["errors"] == {"UNAVAILABLE": 2, "RESOURCE_EXHAUSTED": 1}
+    assert r["error_samples"]["RESOURCE_EXHAUSTED"] == "queue full"
+    assert r["output_lens"] == [11, 21, 1, 5, 0, 0, 0]
+    assert r["input_lens"] == [10, 10, 10, 10, 7, 7, 7]
+    assert r["ttfts"][:4] == [0.1, 0.2, 0.3, 0.4]
+    assert r["itls"][2] == [] and len(r["itls"][1]) == 20
+    # Requests overlap: [0, 1.1], [0.5, 2.7], [1.0, 1.3], [1.5, 5.9] -> 3 at once at t=1.0.
+    assert r["max_concurrent_requests"] == 3
+
+
+def test_peak_output_throughput_counts_chunks_per_wall_clock_second() -> None:
+    a = ok(0.25, 1.5, 6, itl=[0.25] * 5, start=0.0)  # chunks at 0.25 0.5 0.75 | 1.0 1.25 1.5
+    b = ok(0.25, 1.25, 5, itl=[0.125] * 4, start=0.5)  # chunks at 0.75 0.875 | 1.0 1.125 1.25
+    assert summarize([a, b], duration=2.0)["max_output_tokens_per_s"] == 6
+
+
+def test_summarize_of_only_failures_has_zero_metrics_and_all_keys() -> None:
+    r = summarize([RequestResult(error_code="DEADLINE_EXCEEDED")], duration=2.0)
+    assert r["completed"] == 0 and r["failed"] == 1
+    for name in ("ttft", "tpot", "itl", "e2el"):
+        for stat in ("mean", "median", "std", "p99"):
+            assert r[f"{stat}_{name}_ms"] == 0.0
+    assert r["request_throughput"] == 0.0
+    assert r["errors"] == {"DEADLINE_EXCEEDED": 1}
+
+
+def test_format_summary_has_vllm_lines() -> None:
+    results = [ok(0.1, 1.1, 11, itl=[0.1] * 10), RequestResult(error_code="UNAVAILABLE", error="gone")]
+    text = bench.format_summary(summarize(results, 2.0), ("ttft", "tpot", "itl", "e2el"), (99,))
+    lines = [
+        "============ Serving Benchmark Result ============", "Successful requests:",
+        "Benchmark duration (s):", "Total input tokens:", "Total generated tokens:",
+        "Request throughput (req/s):", "Output token throughput (tok/s):",
+        "Mean TTFT (ms):", "Median TPOT (ms):", "P99 ITL (ms):",
+        "Mean E2EL (ms):", "UNAVAILABLE:",
+    ]  # fmt: skip
+    for line in lines:
+        assert line in text
+
+
+# ---------------------------------------------------------------------------------------------
+# Workload
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rate, burstiness", [(10.0, 1.0), (50.0, 0.5), (2.0, 4.0)])
+def test_arrivals_have_mean_gap_of_one_over_rate(rate: float, burstiness: float) -> None:
+    offsets = arrival_offsets(20_000, rate, random.Random(1), burstiness)
+    gaps = [b - a for a, b in zip(offsets, offsets[1:])]
+    assert offsets[0] == 0.0 and all(g >= 0 for g in gaps)
+    assert statistics.fmean(gaps) == pytest.approx(1 / rate, rel=0.03)
+    # Gamma(k, θ) has coefficient of variation 1/sqrt(k): Poisson arrivals have std == mean.
+    cv = statistics.pstdev(gaps) / statistics.fmean(gaps)
+    assert cv == pytest.approx(1 / math.sqrt(burstiness), rel=0.05)
+
+
+def test_arrivals_are_seeded_and_infinite_rate_sends_at_once() -> None:
+    assert arrival_offsets(50, 5.0, random.Random(3)) == arrival_offsets(50, 5.0, random.Random(3))
+    assert arrival_offsets(50, 5.0, random.Random(3)) != arrival_offsets(50, 5.0, random.Random(4))
+    assert arrival_offsets(5, math.inf, random.Random(0)) == [0.0] * 5
+
+
+def test_random_requests_lengths_and_shared_prefix() -> None:
+    reqs = random_requests(200, 100, 20, range_ratio=0.5, rng=random.Random(0), prefix_len=8)
+    assert all(58 <= r.prompt_len <= 158 for r in reqs)  # 8 prefix words + 50..150
+    assert all(10 <= r.output_len <= 30 for r in reqs)
+    assert {r.prompt.split()[:8] == reqs[0].prompt.split()[:8] for r in reqs} == {True}
+    assert all(len(r.prompt.split()) == r.prompt_len for r in reqs)
+    assert len({r.prompt for r in reqs}) == 200
+    fixed = random_requests(10, 32, 16, 0.0, random.Random(0))
+    assert {r.prompt_len for r in fixed} == {32} and {r.output_len for r in fixed} == {16}
+
+
+# ---------------------------------------------------------------------------------------------
+# The whole command against an in-process fake worker
+# ---------------------------------------------------------------------------------------------
+
+
+class FakeWorker(pb_grpc.WorkerServicer):
+    """Streams ``max_tokens`` one-token chunks; fails the requests whose index ``fail`` maps to a code.
+
+    Every timed stream waits until ``expect_concurrency`` are open at once (or times out), so a run
+    that never reaches the concurrency it asked for fails instead of passing by luck.
+    """
+
+    def __init__(self, expect_concurrency: int, fail: dict[int, grpc.StatusCode] | None = None) -> None:
+        self.fail = fail or {}
+        self.expect = expect_concurrency
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.reached = asyncio.Event()
+        self.requests: list[pb.GenerateRequest] = []
+        self.peers: set[str] = set()
+
+    async def Generate(
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        self.requests.append(request)
+        self.peers.add(context.peer())
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        if self.in_flight >= self.expect:
+            self.reached.set()
+        try:
+            warmup = "warmup" in request.request_id
+            if not warmup:
+                await asyncio.wait_for(self.reached.wait(), timeout=5)
+            code = None if warmup else self.fail.get(int(request.request_id.rsplit("-", 1)[1]))
+            if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                await context.abort(code, "worker queue is full")
+            n = request.max_tokens
+            for i in range(n):
+                if code is not None and i == n // 2:
+                    await context.abort(code, "worker lost mid-stream")
+                yield pb.GenerateResponse(request_id=request.request_id, text=f" t{i}", token_ids=[i])
+            yield pb.GenerateResponse(
+                request_id=request.request_id,
+                finish_reason="length",
+                usage=pb.Usage(prompt_tokens=len(request.prompt.split()), completion_tokens=n),
+            )
+        finally:
+            self.in_flight -= 1
+
+
+@pytest.fixture
+async def serve_fake() -> AsyncIterator:
+    servers: list[grpc.aio.Server] = []
+
+    async def start(servicer: FakeWorker) -> str:
+        server = grpc.aio.server()
+        pb_grpc.add_WorkerServicer_to_server(servicer, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        servers.append(server)
+        return f"127.0.0.1:{port}"
+
+    yield start
+    for server in servers:
+        await server.stop(None)
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def bench_argv(target: str, out: Path, *extra: str) -> list[str]:
+    return [
+        "--target", target, "--service", "worker", "--num-prompts", "20", "--max-concurrency", "5",
+        "--random-input-len", "16", "--random-output-len", "8", "--disable-tqdm", "--timeout", "20",
+        "--save-result", str(out), *extra,
+    ]  # fmt: skip
+
+
+async def test_bench_against_fake_worker(serve_fake, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    fake = FakeWorker(expect_concurrency=5)
+    target = await serve_fake(fake)
+    out = tmp_path / "result.json"
+    argv = bench_argv(target, out, "--num-warmups", "2", "--num-channels", "2",
+                      "--metadata", "engine=fake", "gpu=none", "--label", "unit")  # fmt: skip
+
+    # main() runs its own event loop; the fake server keeps running on this one.
+    rc = await asyncio.to_thread(bench.main, parse(argv))
+
+    assert rc == 0
+    result = json.loads(out.read_text())
+    assert result["completed"] == 20 and result["failed"] == 0 and result["errors"] == {}
+    for name in ("ttft", "tpot", "itl", "e2el"):
+        for stat in ("mean", "median", "std", "p99"):
+            assert result[f"{stat}_{name}_ms"] > 0
+    timed = [r for r in fake.requests if "warmup" not in r.request_id]
+    assert len(fake.requests) == 22 and len(timed) == 20
+    timed.sort(key=lambda r: int(r.request_id.rsplit("-", 1)[1]))
+    assert result["input_lens"] == [len(r.prompt.split()) for r in timed]
+    assert result["output_lens"] == [8] * 20 and result["total_output_tokens"] == 160
+    assert all(len(gaps) == 7 for gaps in result["itls"]) and all(t > 0 for t in result["ttfts"])
+    assert result["request_throughput"] == pytest.approx(20 / result["duration"])
+    assert fake.max_in_flight == 5 and result["max_concurrency"] == 5
+    assert len(fake.peers) == 2  # two channels are two connections
+    for r in fake.requests:
+        assert r.skip_cache and r.ignore_eos and r.temperature == 0 and r.max_tokens == 8
+    assert result["engine"] == "fake" and result["gpu"] == "none" and result["label"] == "unit"
+    assert result["service"] == "worker" and result["target"] == target and result["num_prompts"] == 20
+    assert "============ Serving Benchmark Result ============" in capsys.readouterr().out
+
+
+async def test_bench_counts_failures_by_status_code(
+    serve_fake, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    fail = {i: grpc.StatusCode.RESOURCE_EXHAUSTED for i in (0, 4, 8, 12, 16)}
+    fail |= {i: grpc.StatusCode.UNAVAILABLE for i in (3, 10, 17)}  # after half the tokens
+    fake = FakeWorker(expect_concurrency=5, fail=fail)
+    out = tmp_path / "sub" / "failures.json"
+    argv = bench_argv(await serve_fake(fake), out, "--allow-cache", "--metric-percentiles", "50,90")
+
+    rc = await asyncio.to_thread(bench.main, parse(argv))
+
+    assert rc == 0
+    result = json.loads(out.read_text())
+    assert result["completed"] == 12 and result["failed"] == 8
+    assert result["errors"] == {"RESOURCE_EXHAUSTED": 5, "UNAVAILABLE": 3}
+    assert result["error_samples"]["UNAVAILABLE"] == "worker lost mid-stream"
+    assert [result["output_lens"][i] for i in sorted(fail)] == [0] * 8
+    assert result["total_output_tokens"] == 12 * 8
+    assert "p90_ttft_ms" in result and "p99_ttft_ms" not in result
+    assert not any(r.skip_cache for r in fake.requests)
+    assert "RESOURCE_EXHAUSTED:" in capsys.readouterr().out
+
+
+async def test_bench_with_every_request_failing_exits_1(serve_fake, tmp_path: Path) -> None:
+    fake = FakeWorker(expect_concurrency=5, fail={i: grpc.StatusCode.RESOURCE_EXHAUSTED for i in range(20)})
+    out = tmp_path / "all-failed.json"
+    rc = await asyncio.to_thread(bench.main, parse(bench_argv(await serve_fake(fake), out)))
+    assert rc == 1
+    assert json.loads(out.read_text())["failed"] == 20
+
+
+def test_bench_unreachable_target_exits_1(capsys: pytest.CaptureFixture) -> None:
+    from tests.conftest import free_port
+
+    args = parse(["--target", f"127.0.0.1:{free_port()}", "--num-prompts", "1", "--disable-tqdm"])
+    assert bench.main(args) == 1
+    assert "cannot connect" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--random-range-ratio", "1.0"], "--random-range-ratio"),
+    (["--metadata", "novalue"], "KEY=VALUE"),
+    (["--percentile-metrics", "ttft,foo"], "unknown"),
+])  # fmt: skip
+def test_bench_rejects_bad_arguments(argv: list[str], message: str, capsys: pytest.CaptureFixture) -> None:
+    assert bench.main(parse(argv)) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_save_result_forms(tmp_path: Path) -> None:
+    def path(*argv: str) -> Path:
+        return bench._result_path(parse(list(argv)), "D")
+
+    assert path("--save-result", "x.json") == Path("x.json")
+    named = path("--save-result", "--result-filename", "y.json", "--result-dir", str(tmp_path))
+    assert named == tmp_path / "y.json"
+    generated = path("--save-result", "--max-concurrency", "4", "--request-rate", "2")
+    assert generated == Path("meshserve-inference-2.0qps-concurrency4-D.json")
