@@ -22,6 +22,7 @@ DESCRIPTOR = Path(__file__).resolve().parent / "envoy" / "meshserve.pb"
 STRICT_JSON_LUA = Path(__file__).resolve().parent / "envoy" / "strict_json.lua"
 PUBLIC_SERVICES = ["meshserve.v1.Inference"]
 GATEWAY_CLUSTER = "gateway"
+TENANT_HEADER = "x-meshserve-tenant"  # read by the gateway to isolate cache entries
 
 
 def envoy_binary() -> str:
@@ -214,7 +215,15 @@ def build_config(cfg: EnvoyConfig, descriptor: Path = DESCRIPTOR) -> dict[str, A
         access_log=_access_log(),
         route_config={
             "name": "meshserve",
-            "virtual_hosts": [{"name": "meshserve", "domains": ["*"], "routes": _routes(cfg)}],
+            "virtual_hosts": [
+                {
+                    "name": "meshserve",
+                    "domains": ["*"],
+                    "routes": _routes(cfg),
+                    # The tenant is set by the edge (after authentication), never by the client.
+                    "request_headers_to_remove": [TENANT_HEADER],
+                }
+            ],
         },
         http_filters=_http_filters(cfg, descriptor),
     )

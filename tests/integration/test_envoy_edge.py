@@ -28,6 +28,7 @@ class EchoInference(pb_grpc.InferenceServicer):
 
     def __init__(self) -> None:
         self.requests: list[pb.GenerateRequest] = []
+        self.metadata: list[dict[str, str]] = []
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateResponse]:
         self.requests.append(request)
@@ -42,6 +43,7 @@ class EchoInference(pb_grpc.InferenceServicer):
 
     async def Complete(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.CompleteResponse:
         self.requests.append(request)
+        self.metadata.append({k: v for k, v in context.invocation_metadata() or ()})
         try:
             validate(request)
         except InvalidRequest as e:
@@ -153,3 +155,11 @@ async def test_backend_error_reaches_grpc_client_unchanged(edge: str) -> None:
             await pb_grpc.InferenceStub(channel).Complete(pb.GenerateRequest(prompt=""))
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "'prompt'" in (err.value.details() or "")
+
+
+async def test_client_cannot_choose_its_cache_tenant(edge: str, backend: tuple[EchoInference, int]) -> None:
+    servicer, _ = backend
+    async with httpx.AsyncClient(base_url=f"http://{edge}") as client:
+        r = await client.post("/v1/generate", json={"prompt": "hi"}, headers={"x-meshserve-tenant": "someone-else"})
+    assert r.status_code == 200
+    assert "x-meshserve-tenant" not in servicer.metadata[-1]
