@@ -1,0 +1,237 @@
+"""Routing policies, in the shape of the Gateway API inference extension's scheduler: filters drop
+workers that must not get the request, weighted scorers rate the rest from 0 to 1, and one picker
+chooses. Every piece is a small synchronous class over a snapshot of ``WorkerView``s; ``POLICIES``
+names the combinations that ``RouterConfig.policy`` selects.
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from router.state import WorkerView
+
+
+@dataclass(frozen=True)
+class PickContext:
+    """What a policy knows about the request."""
+
+    request_id: str = ""
+    prompt: str = ""
+    exclude: frozenset[str] = frozenset()   # worker ids that already failed this request
+
+
+@dataclass(frozen=True)
+class Choice:
+    worker: WorkerView
+    score: float
+    num_candidates: int
+
+
+class NoWorker(Exception):
+    """No worker may take the request (gRPC UNAVAILABLE); the message says why."""
+
+
+Scored = tuple[WorkerView, float]
+
+
+class Filter(abc.ABC):
+    """Keeps the workers that may take the request."""
+
+    empty_reason = "no eligible worker"   # the NoWorker message when nothing passes
+
+    @abc.abstractmethod
+    def filter(self, ctx: PickContext, workers: list[WorkerView]) -> list[WorkerView]: ...
+
+
+class Scorer(abc.ABC):
+    """Rates each worker from 0 (worst) to 1 (best) for this request."""
+
+    @abc.abstractmethod
+    def score(self, ctx: PickContext, workers: list[WorkerView]) -> list[float]: ...
+
+
+class Picker(abc.ABC):
+    """Chooses one worker from the scored candidates (never an empty list)."""
+
+    @abc.abstractmethod
+    def pick(self, scored: list[Scored], rng: random.Random) -> Scored: ...
+
+
+# -- filters ---------------------------------------------------------------------------------
+
+
+class HealthyFilter(Filter):
+    """Workers whose load stream is open and whose last report is younger than ``stale_after_s``."""
+
+    empty_reason = "no healthy worker"
+
+    def __init__(self, stale_after_s: float) -> None:
+        self.stale_after_s = stale_after_s
+
+    def filter(self, ctx: PickContext, workers: list[WorkerView]) -> list[WorkerView]:
+        return [w for w in workers if w.is_healthy(self.stale_after_s)]
+
+
+class NotDrainingFilter(Filter):
+    """Workers that are not shutting down."""
+
+    empty_reason = "no healthy worker: every worker is draining"
+
+    def filter(self, ctx: PickContext, workers: list[WorkerView]) -> list[WorkerView]:
+        return [w for w in workers if w.load is None or not w.load.draining]
+
+
+class ExcludeFilter(Filter):
+    """Workers the caller did not exclude (the gateway excludes a worker that failed the request)."""
+
+    empty_reason = "no healthy worker left: every healthy worker is excluded"
+
+    def filter(self, ctx: PickContext, workers: list[WorkerView]) -> list[WorkerView]:
+        return [w for w in workers if w.worker_id not in ctx.exclude]
+
+
+class BoundedLoadFilter(Filter):
+    """Consistent hashing with bounded loads (Mirrokni, Thorup, Zadimoghaddam, 2018): a worker
+    may take one more request only while it would hold at most ``1 + epsilon`` times the
+    average. Keeps affinity from piling one hot prefix onto one worker; at least the least
+    loaded worker always passes."""
+
+    def __init__(self, epsilon: float = 0.25) -> None:
+        self.epsilon = epsilon
+
+    def filter(self, ctx: PickContext, workers: list[WorkerView]) -> list[WorkerView]:
+        total = sum(w.outstanding for w in workers) + 1
+        capacity = math.ceil((1 + self.epsilon) * total / len(workers))
+        return [w for w in workers if w.outstanding + 1 <= capacity]
+
+
+# -- scorers ---------------------------------------------------------------------------------
+
+
+class LeastLoadScorer(Scorer):
+    """1 for the fewest outstanding requests (running + waiting + assigned but not yet
+    reported), 0 for the most, linear in between; all equal scores 1."""
+
+    def score(self, ctx: PickContext, workers: list[WorkerView]) -> list[float]:
+        loads = [w.outstanding for w in workers]
+        low, high = min(loads), max(loads)
+        if high == low:
+            return [1.0] * len(loads)
+        return [(high - x) / (high - low) for x in loads]
+
+
+class PrefixAffinityScorer(Scorer):
+    """1 for the worker that the prompt's first ``prefix_chars`` characters hash to, 0 for the
+    others: requests sharing a prefix (a system prompt, a conversation) meet on one worker and
+    reuse its prefix cache. Rendezvous hashing keeps the preference stable when workers come
+    and go, and when the preferred one is filtered out, the next in its order takes over."""
+
+    def __init__(self, prefix_chars: int = 256) -> None:
+        self.prefix_chars = prefix_chars
+
+    def score(self, ctx: PickContext, workers: list[WorkerView]) -> list[float]:
+        if not ctx.prompt:
+            return [0.0] * len(workers)
+        key = ctx.prompt[: self.prefix_chars].encode()
+        ranks = [_rendezvous(key, w.worker_id) for w in workers]
+        best = max(ranks)
+        return [1.0 if r == best else 0.0 for r in ranks]
+
+
+def _rendezvous(key: bytes, worker_id: str) -> int:
+    digest = hashlib.blake2b(key + b"\0" + worker_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+# -- pickers ---------------------------------------------------------------------------------
+
+
+class MaxScorePicker(Picker):
+    """The highest score; ties broken at random so equal workers share the traffic."""
+
+    def pick(self, scored: list[Scored], rng: random.Random) -> Scored:
+        best = max(s for _, s in scored)
+        return rng.choice([ws for ws in scored if ws[1] >= best - 1e-9])
+
+
+class PowerOfTwoPicker(Picker):
+    """Power of two choices: the better of two workers sampled at random. Nearly as balanced as
+    the best score, and many routers picking at once do not all pile onto the same worker."""
+
+    def pick(self, scored: list[Scored], rng: random.Random) -> Scored:
+        if len(scored) == 1:
+            return scored[0]
+        return MaxScorePicker().pick(rng.sample(scored, 2), rng)
+
+
+class RandomPicker(Picker):
+    """Uniformly at random, whatever the scores (a baseline for benchmarks)."""
+
+    def pick(self, scored: list[Scored], rng: random.Random) -> Scored:
+        return rng.choice(scored)
+
+
+# -- policies --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Filters, then weighted scorers, then the picker."""
+
+    name: str
+    filters: Sequence[Filter]
+    scorers: Sequence[tuple[Scorer, float]]
+    picker: Picker
+
+    def pick(self, ctx: PickContext, workers: Sequence[WorkerView], rng: random.Random) -> Choice:
+        """Chooses a worker; raises NoWorker when a filter leaves none."""
+        candidates = list(workers)
+        if not candidates:
+            raise NoWorker("no healthy worker: the router knows no workers")
+        for f in self.filters:
+            candidates = f.filter(ctx, candidates)
+            if not candidates:
+                raise NoWorker(f.empty_reason)
+        totals = [0.0] * len(candidates)
+        for scorer, weight in self.scorers:
+            for i, s in enumerate(scorer.score(ctx, candidates)):
+                totals[i] += weight * s
+        worker, score = self.picker.pick(list(zip(candidates, totals)), rng)
+        return Choice(worker, score, len(candidates))
+
+
+def _eligible(stale_after_s: float) -> list[Filter]:
+    return [HealthyFilter(stale_after_s), NotDrainingFilter(), ExcludeFilter()]
+
+
+# The one place policies are named. Each factory takes RouterConfig.stale_after_s.
+POLICIES: dict[str, Callable[[float], Policy]] = {
+    "least-load": lambda stale: Policy(
+        "least-load", _eligible(stale), [(LeastLoadScorer(), 1.0)], MaxScorePicker()
+    ),
+    # Affinity decides among the workers under the load bound; load only breaks the tie when
+    # the request has no prompt.
+    "prefix-affinity": lambda stale: Policy(
+        "prefix-affinity",
+        [*_eligible(stale), BoundedLoadFilter(epsilon=0.25)],
+        [(PrefixAffinityScorer(prefix_chars=256), 1.0), (LeastLoadScorer(), 0.1)],
+        MaxScorePicker(),
+    ),
+    "power-of-two": lambda stale: Policy(
+        "power-of-two", _eligible(stale), [(LeastLoadScorer(), 1.0)], PowerOfTwoPicker()
+    ),
+    "random": lambda stale: Policy("random", _eligible(stale), [], RandomPicker()),
+}
+
+
+def build_policy(name: str, stale_after_s: float) -> Policy:
+    try:
+        factory = POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown routing policy {name!r}; known: {', '.join(POLICIES)}") from None
+    return factory(stale_after_s)

@@ -1,0 +1,159 @@
+"""The Router gRPC service: answers Pick from the live view of every worker (their WatchLoad
+streams plus the picks they have not reported yet) with the configured policy."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+
+import grpc
+import prometheus_client
+
+from router.policies import Choice, NoWorker, PickContext, Policy, build_policy
+from router.state import WorkerTable, WorkerView
+from router.watcher import Watcher
+from services import server as bootstrap
+from services.config import RouterConfig
+from services.gen import meshserve_pb2 as pb
+from services.gen import meshserve_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+PICKS = prometheus_client.Counter(
+    "meshserve_router_picks_total",
+    "Workers picked, by worker and reason (the policy, or 'retry' when the caller excluded workers)",
+    ["worker", "reason"],
+)
+NO_WORKER = prometheus_client.Counter(
+    "meshserve_router_no_worker_total", "Picks refused because no worker was eligible"
+)
+
+
+class Router:
+    """Picks workers: a policy over snapshots of the worker table, counting each pick against
+    the worker until its next load report."""
+
+    def __init__(
+        self,
+        table: WorkerTable,
+        policy: Policy,
+        stale_after_s: float,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.table = table
+        self.policy = policy
+        self.stale_after_s = stale_after_s
+        self._rng = rng or random.Random()
+
+    def pick(self, ctx: PickContext) -> tuple[Choice, str]:
+        """The chosen worker and the reason label; raises NoWorker."""
+        try:
+            choice = self.policy.pick(ctx, self.table.snapshot(), self._rng)
+        except NoWorker:
+            NO_WORKER.inc()
+            raise
+        self.table.on_assigned(choice.worker.address)
+        reason = "retry" if ctx.exclude else self.policy.name
+        PICKS.labels(worker=choice.worker.worker_id, reason=reason).inc()
+        return choice, reason
+
+    def workers(self) -> list[WorkerView]:
+        return self.table.snapshot()
+
+
+class RouterServicer(pb_grpc.RouterServicer):
+    """Converts protobuf to and from the Router's plain types."""
+
+    def __init__(self, router: Router) -> None:
+        self._router = router
+
+    async def Pick(self, request: pb.PickRequest, context: grpc.aio.ServicerContext) -> pb.PickResponse:
+        ctx = PickContext(
+            request_id=request.request_id, prompt=request.prompt, exclude=frozenset(request.exclude)
+        )
+        try:
+            choice, reason = self._router.pick(ctx)
+        except NoWorker as e:
+            log.warning("request %s: %s (excluded: %s)", request.request_id, e, sorted(ctx.exclude) or "none")
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+            raise  # not reached: abort raises
+        worker = choice.worker
+        log.info(
+            "request %s -> %s (%s, score %.2f of %d candidates, outstanding %d)",
+            request.request_id, worker.worker_id, reason, choice.score, choice.num_candidates,
+            worker.outstanding,
+        )
+        detail = (
+            f"{reason}: score {choice.score:.2f} of {choice.num_candidates} candidates, "
+            f"outstanding {worker.outstanding}"
+        )
+        return pb.PickResponse(worker_id=worker.worker_id, address=worker.address, reason=detail)
+
+    async def ListWorkers(
+        self, request: pb.ListWorkersRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListWorkersResponse:
+        stale_after_s = self._router.stale_after_s
+        return pb.ListWorkersResponse(
+            workers=[_worker_state(w, w.is_healthy(stale_after_s)) for w in self._router.workers()]
+        )
+
+
+def _worker_state(view: WorkerView, healthy: bool) -> pb.WorkerState:
+    state = pb.WorkerState(
+        worker_id=view.worker_id,
+        address=view.address,
+        healthy=healthy,
+        assigned_unreported=view.assigned_unreported,
+    )
+    if view.load is not None:
+        load = view.load
+        state.load.CopyFrom(
+            pb.LoadReport(
+                worker_id=view.worker_id,
+                num_running=load.num_running,
+                num_waiting=load.num_waiting,
+                kv_cache_usage=load.kv_cache_usage,
+                prefix_cache_hit_rate=load.prefix_cache_hit_rate,
+                max_num_seqs=load.max_num_seqs,
+                draining=load.draining,
+                sequence=load.sequence,
+                num_in_flight=load.num_in_flight,
+            )
+        )
+    return state
+
+
+def _service(
+    cfg: RouterConfig, rng: random.Random | None = None, clock: Callable[[], float] = time.monotonic
+) -> tuple[Callable[[grpc.aio.Server], list[str]], bootstrap.Lifecycle]:
+    """The router's servicer registration and lifecycle; watching the workers starts with it."""
+    policy = build_policy(cfg.policy, cfg.stale_after_s)
+    table = WorkerTable(list(dict.fromkeys(cfg.workers)), clock=clock)
+    router = Router(table, policy, cfg.stale_after_s, rng)
+    watcher = Watcher(table, cfg.stale_after_s)
+
+    def register(server: grpc.aio.Server) -> list[str]:
+        pb_grpc.add_RouterServicer_to_server(RouterServicer(router), server)
+        watcher.start()
+        log.info(
+            "router: policy %s over %d workers: %s",
+            policy.name, len(cfg.workers), " ".join(cfg.workers) or "none",
+        )
+        return [pb.DESCRIPTOR.services_by_name["Router"].full_name]
+
+    return register, bootstrap.Lifecycle(on_close=[watcher.close])
+
+
+async def start_router(
+    cfg: RouterConfig, rng: random.Random | None = None, clock: Callable[[], float] = time.monotonic
+) -> bootstrap.Running:
+    """Starts the router in this process (tests run it on port 0); stop it with ``shutdown()``."""
+    register, lifecycle = _service(cfg, rng, clock)
+    return await bootstrap.start("router", cfg, register, lifecycle)
+
+
+async def main(cfg: RouterConfig) -> None:
+    register, lifecycle = _service(cfg)
+    await bootstrap.serve("router", cfg, register, lifecycle)

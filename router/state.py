@@ -1,0 +1,93 @@
+"""The router's live view of the workers: last load report, connection state and the picks each
+worker has not reported yet. Policies read immutable snapshots of it; watchers and picks write it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class WorkerLoad:
+    """A worker's load report (the ``LoadReport`` message as a plain value)."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0
+    prefix_cache_hit_rate: float = 0.0
+    max_num_seqs: int = 0
+    draining: bool = False
+    sequence: int = 0
+    num_in_flight: int = 0
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    """One worker as the policies see it at the moment of a pick."""
+
+    worker_id: str
+    address: str
+    connected: bool = False              # its WatchLoad stream is open
+    load: WorkerLoad | None = None       # the last report (None before the first)
+    report_age_s: float | None = None    # seconds since that report
+    assigned_unreported: int = 0         # picks since that report
+
+    @property
+    def outstanding(self) -> int:
+        """Requests the worker holds or is about to receive. Streams the worker accepted but its
+        engine has not queued yet count too (``num_in_flight``), so the larger figure wins."""
+        engine = 0
+        if self.load is not None:
+            engine = max(self.load.num_running + self.load.num_waiting, self.load.num_in_flight)
+        return engine + self.assigned_unreported
+
+    def is_healthy(self, stale_after_s: float) -> bool:
+        """Connected, and its last report is fresh."""
+        return self.connected and self.report_age_s is not None and self.report_age_s <= stale_after_s
+
+
+class WorkerTable:
+    """Every known worker, keyed by address (static discovery); ids come from the workers."""
+
+    def __init__(self, addresses: list[str], clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._workers = {a: _Entry(WorkerView(worker_id=a, address=a)) for a in addresses}
+
+    def addresses(self) -> list[str]:
+        return list(self._workers)
+
+    def snapshot(self) -> list[WorkerView]:
+        now = self._clock()
+        return [
+            replace(e.view, report_age_s=None if e.reported_at is None else now - e.reported_at)
+            for e in self._workers.values()
+        ]
+
+    def on_connected(self, address: str, worker_id: str) -> None:
+        entry = self._workers[address]
+        entry.view = replace(entry.view, worker_id=worker_id or address, connected=True)
+
+    def on_report(self, address: str, load: WorkerLoad) -> None:
+        """A fresh report includes every request the worker has seen, so the count of assigned
+        but unreported requests starts again from zero."""
+        entry = self._workers[address]
+        entry.reported_at = self._clock()
+        entry.view = replace(entry.view, load=load, assigned_unreported=0)
+
+    def on_disconnected(self, address: str) -> None:
+        entry = self._workers[address]
+        entry.view = replace(entry.view, connected=False)
+
+    def on_assigned(self, address: str) -> None:
+        entry = self._workers[address]
+        entry.view = replace(entry.view, assigned_unreported=entry.view.assigned_unreported + 1)
+
+
+class _Entry:
+    __slots__ = ("view", "reported_at")
+
+    def __init__(self, view: WorkerView) -> None:
+        self.view = view
+        self.reported_at: float | None = None

@@ -1,0 +1,93 @@
+"""Keeps the router's WorkerTable current: one task per worker holds its WatchLoad stream open and
+reconnects with capped exponential backoff when it breaks or goes silent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+
+from router.state import WorkerLoad, WorkerTable
+from services.gen import meshserve_pb2 as pb
+from services.gen import meshserve_pb2_grpc as pb_grpc
+from services.server import insecure_channel
+
+log = logging.getLogger(__name__)
+
+
+def load_from_pb(report: pb.LoadReport) -> WorkerLoad:
+    return WorkerLoad(
+        num_running=report.num_running,
+        num_waiting=report.num_waiting,
+        kv_cache_usage=report.kv_cache_usage,
+        prefix_cache_hit_rate=report.prefix_cache_hit_rate,
+        max_num_seqs=report.max_num_seqs,
+        draining=report.draining,
+        sequence=report.sequence,
+        num_in_flight=report.num_in_flight,
+    )
+
+
+class Watcher:
+    """Watches every worker of ``table``. A stream that ends, fails or sends nothing for
+    ``stale_after_s`` marks its worker disconnected (so it is not picked) and is reopened."""
+
+    def __init__(
+        self,
+        table: WorkerTable,
+        stale_after_s: float,
+        initial_backoff_s: float = 0.1,
+        max_backoff_s: float = 5.0,
+    ) -> None:
+        self._table = table
+        self._stale_after_s = stale_after_s
+        self._initial_backoff_s = initial_backoff_s
+        self._max_backoff_s = max_backoff_s
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._watch(address), name=f"watch {address}")
+            for address in self._table.addresses()
+        ]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+    async def _watch(self, address: str) -> None:
+        backoff = self._initial_backoff_s
+        while True:
+            try:
+                async for _ in self._stream(address):
+                    backoff = self._initial_backoff_s  # a report arrived: the connection works
+                log.warning("worker %s ended its load stream; reconnecting", address)
+            except (grpc.aio.AioRpcError, TimeoutError) as e:
+                detail = e.details() if isinstance(e, grpc.aio.AioRpcError) else "no load report in time"
+                log.warning("worker %s unreachable (%s); retrying in %.1fs", address, detail, backoff)
+            except Exception:
+                log.exception("watching worker %s failed; retrying in %.1fs", address, backoff)
+            self._table.on_disconnected(address)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, self._max_backoff_s)
+
+    async def _stream(self, address: str):  # -> AsyncIterator[None], one item per report
+        async with insecure_channel(address) as channel:
+            stub = pb_grpc.WorkerStub(channel)
+            info = await stub.Info(pb.InfoRequest(), timeout=self._stale_after_s)
+            call = stub.WatchLoad(pb.WatchLoadRequest())
+            first = True
+            while True:
+                report = await asyncio.wait_for(call.read(), self._stale_after_s)
+                if report is grpc.aio.EOF:
+                    return
+                if first:
+                    first = False
+                    self._table.on_connected(address, info.worker_id or report.worker_id)
+                    log.info("worker %s (%s) connected: %s engine", info.worker_id, address, info.engine)
+                self._table.on_report(address, load_from_pb(report))
+                yield

@@ -1,0 +1,241 @@
+"""The router's gRPC server on port 0 against fake workers: in-process gRPC servers implementing
+the real Worker service, whose load reports the tests control."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+
+import grpc
+import prometheus_client
+import pytest
+
+from router.server import start_router
+from services.config import RouterConfig
+from services.gen import meshserve_pb2 as pb
+from services.gen import meshserve_pb2_grpc as pb_grpc
+from services.server import Running, insecure_channel
+
+
+class FakeWorker(pb_grpc.WorkerServicer):
+    """A worker with no engine: WatchLoad sends the current report now and on every change."""
+
+    def __init__(self, worker_id: str, interval_s: float | None = None) -> None:
+        self.worker_id = worker_id
+        self.port = 0
+        self.interval_s = interval_s  # also repeat the report this often, as real workers do
+        self.frozen = False           # keep streams open but send nothing (a hung worker)
+        self._report = pb.LoadReport(worker_id=worker_id, max_num_seqs=256, sequence=1)
+        self._changed = asyncio.Condition()
+        self._server: grpc.aio.Server | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        self._server = grpc.aio.server()
+        pb_grpc.add_WorkerServicer_to_server(self, self._server)
+        self.port = self._server.add_insecure_port(f"127.0.0.1:{self.port}")  # the same port on a restart
+        await self._server.start()
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            await self._server.stop(0)
+            self._server = None
+
+    async def set_load(self, **fields: object) -> int:
+        """Publishes a new report; returns its sequence number."""
+        async with self._changed:
+            sequence = self._report.sequence + 1
+            self._report = pb.LoadReport(
+                worker_id=self.worker_id, max_num_seqs=256, sequence=sequence, **fields
+            )
+            self._changed.notify_all()
+        return sequence
+
+    async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.WorkerInfo:
+        return pb.WorkerInfo(worker_id=self.worker_id, engine="fake", max_num_seqs=256)
+
+    async def WatchLoad(
+        self, request: pb.WatchLoadRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.LoadReport]:
+        sent = 0
+        while True:
+            async with self._changed:
+                try:
+                    await asyncio.wait_for(
+                        self._changed.wait_for(lambda: not self.frozen and self._report.sequence != sent),
+                        self.interval_s,
+                    )
+                except TimeoutError:
+                    if self.frozen:
+                        continue
+                report = self._report
+            sent = report.sequence
+            yield report
+
+
+Mesh = tuple[pb_grpc.RouterStub, list[FakeWorker]]
+StartMesh = Callable[..., Awaitable[Mesh]]
+
+
+@pytest.fixture
+async def start_mesh() -> AsyncIterator[StartMesh]:
+    workers: list[FakeWorker] = []
+    routers: list[Running] = []
+    channels: list[grpc.aio.Channel] = []
+
+    async def start(
+        n: int,
+        extra_addresses: Sequence[str] = (),
+        stale_after_s: float = 30.0,
+        interval_s: float | None = None,
+    ) -> Mesh:
+        for i in range(n):
+            worker = FakeWorker(f"w{i}", interval_s)
+            await worker.start()
+            workers.append(worker)
+        cfg = RouterConfig(
+            port=0, metrics_port=-1, grace_seconds=0.5, stale_after_s=stale_after_s,
+            workers=[*(x.address for x in workers), *extra_addresses],
+        )
+        routers.append(await start_router(cfg))
+        channels.append(insecure_channel(f"127.0.0.1:{routers[-1].port}"))
+        return pb_grpc.RouterStub(channels[-1]), workers
+
+    yield start
+    for channel in channels:
+        await channel.close()
+    for running in routers:
+        await running.shutdown()
+    for worker in workers:
+        await worker.stop()
+    leaked = [t for t in asyncio.all_tasks() if t.get_name().startswith("watch ")]
+    assert not leaked, f"watcher tasks left running: {leaked}"
+
+
+async def wait_for_workers(
+    stub: pb_grpc.RouterStub, condition: Callable[[dict[str, pb.WorkerState]], bool], timeout: float = 5.0
+) -> dict[str, pb.WorkerState]:
+    """Polls ListWorkers until ``condition`` holds on the workers by id; fails after ``timeout``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        workers = {x.worker_id: x for x in (await stub.ListWorkers(pb.ListWorkersRequest())).workers}
+        if condition(workers):
+            return workers
+        if loop.time() > deadline:
+            pytest.fail(f"router never reached the expected state; workers: {workers}")
+        await asyncio.sleep(0.02)
+
+
+def healthy_with(sequences: dict[str, int]) -> Callable[[dict[str, pb.WorkerState]], bool]:
+    """Every named worker is healthy and has reported at least the given sequence."""
+    return lambda ws: all(
+        k in ws and ws[k].healthy and ws[k].load.sequence >= seq for k, seq in sequences.items()
+    )
+
+
+async def pick(stub: pb_grpc.RouterStub, *exclude: str, prompt: str = "hello") -> pb.PickResponse:
+    return await stub.Pick(pb.PickRequest(request_id="t", prompt=prompt, exclude=exclude), timeout=5)
+
+
+def picks_metric(worker: str, reason: str) -> float:
+    value = prometheus_client.REGISTRY.get_sample_value(
+        "meshserve_router_picks_total", {"worker": worker, "reason": reason}
+    )
+    return value or 0.0
+
+
+async def test_picks_go_to_the_least_loaded_worker(start_mesh: StartMesh) -> None:
+    stub, workers = await start_mesh(3)
+    seqs = {w.worker_id: await w.set_load(num_running=r) for w, r in zip(workers, (5, 1, 3))}
+    await wait_for_workers(stub, healthy_with(seqs))
+    before = picks_metric("w1", "least-load")
+
+    reply = await pick(stub)
+    assert (reply.worker_id, reply.address) == ("w1", workers[1].address)
+    assert "least-load" in reply.reason
+    assert picks_metric("w1", "least-load") == before + 1
+
+    # w1 draining: the next least loaded takes over.
+    seqs["w1"] = await workers[1].set_load(num_running=0, draining=True)
+    await wait_for_workers(stub, healthy_with(seqs))
+    assert (await pick(stub)).worker_id == "w2"
+
+
+async def test_a_burst_spreads_across_workers_before_they_report(start_mesh: StartMesh) -> None:
+    stub, workers = await start_mesh(3)
+    await wait_for_workers(stub, healthy_with({w.worker_id: 1 for w in workers}))
+
+    burst = Counter([(await pick(stub)).worker_id for _ in range(6)])
+    assert burst == {"w0": 2, "w1": 2, "w2": 2}
+    state = await wait_for_workers(stub, lambda ws: len(ws) == 3)
+    assert {k: v.assigned_unreported for k, v in state.items()} == {"w0": 2, "w1": 2, "w2": 2}
+
+    # w0's next report includes its requests, so the router stops counting them itself.
+    seq = await workers[0].set_load(num_running=2)
+    state = await wait_for_workers(stub, healthy_with({"w0": seq}))
+    assert state["w0"].assigned_unreported == 0 and state["w1"].assigned_unreported == 2
+
+
+async def test_a_stopped_worker_is_not_picked_until_it_comes_back(start_mesh: StartMesh) -> None:
+    stub, workers = await start_mesh(2)
+    await wait_for_workers(stub, healthy_with({"w0": 1, "w1": 1}))
+
+    await workers[0].stop()
+    await wait_for_workers(stub, lambda ws: not ws["w0"].healthy and ws["w1"].healthy)
+    assert {(await pick(stub)).worker_id for _ in range(10)} == {"w1"}
+
+    await workers[0].start()  # same port: the watcher reconnects with backoff
+    await wait_for_workers(stub, lambda ws: ws["w0"].healthy)
+    seq = await workers[1].set_load(num_running=50)
+    await wait_for_workers(stub, healthy_with({"w1": seq}))
+    assert (await pick(stub)).worker_id == "w0"
+
+
+async def test_a_silent_worker_goes_stale(start_mesh: StartMesh) -> None:
+    stub, workers = await start_mesh(2, stale_after_s=0.5, interval_s=0.05)
+    await wait_for_workers(stub, healthy_with({"w0": 1, "w1": 1}))
+    workers[0].frozen = True  # its stream stays open, but no report comes
+    await wait_for_workers(stub, lambda ws: not ws["w0"].healthy and ws["w1"].healthy)
+    assert {(await pick(stub)).worker_id for _ in range(5)} == {"w1"}
+    workers[0].frozen = False  # reports again, on the stream the watcher reopened
+    await wait_for_workers(stub, lambda ws: ws["w0"].healthy)
+
+
+async def test_exclude_is_honoured_and_excluding_everyone_is_unavailable(start_mesh: StartMesh) -> None:
+    stub, workers = await start_mesh(3)
+    seqs = {w.worker_id: await w.set_load(num_running=r) for w, r in zip(workers, (0, 4, 8))}
+    await wait_for_workers(stub, healthy_with(seqs))
+    before = picks_metric("w1", "retry")
+
+    assert (await pick(stub, "w0")).worker_id == "w1"
+    assert picks_metric("w1", "retry") == before + 1
+    assert (await pick(stub, "w0", "w1")).worker_id == "w2"
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await pick(stub, "w0", "w1", "w2")
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "excluded" in (err.value.details() or "")
+
+
+async def test_no_reachable_worker_is_unavailable(start_mesh: StartMesh) -> None:
+    from tests.conftest import free_port
+
+    stub, _ = await start_mesh(0, extra_addresses=[f"127.0.0.1:{free_port()}"])
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await pick(stub)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert err.value.details() == "no healthy worker"
+    (state,) = (await stub.ListWorkers(pb.ListWorkersRequest())).workers
+    assert not state.healthy
+
+
+async def test_a_router_without_workers_is_unavailable(start_mesh: StartMesh) -> None:
+    stub, _ = await start_mesh(0)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await pick(stub)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "no healthy worker" in (err.value.details() or "")

@@ -1,0 +1,215 @@
+"""Routing policy pieces, table-driven: filters, scorers, pickers, policies and their registry."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from router.policies import (
+    POLICIES,
+    BoundedLoadFilter,
+    ExcludeFilter,
+    Filter,
+    HealthyFilter,
+    LeastLoadScorer,
+    MaxScorePicker,
+    NotDrainingFilter,
+    NoWorker,
+    PickContext,
+    PowerOfTwoPicker,
+    PrefixAffinityScorer,
+    RandomPicker,
+    build_policy,
+)
+from router.state import WorkerLoad, WorkerTable, WorkerView
+
+
+def w(
+    worker_id: str,
+    running: int = 0,
+    waiting: int = 0,
+    in_flight: int = 0,
+    assigned: int = 0,
+    age: float | None = 0.1,
+    connected: bool = True,
+    draining: bool = False,
+) -> WorkerView:
+    load = None if age is None else WorkerLoad(
+        num_running=running, num_waiting=waiting, num_in_flight=in_flight, draining=draining
+    )
+    return WorkerView(
+        worker_id=worker_id, address=f"{worker_id}:1", connected=connected, load=load,
+        report_age_s=age, assigned_unreported=assigned,
+    )
+
+
+def ids(workers: list[WorkerView]) -> list[str]:
+    return [x.worker_id for x in workers]
+
+
+@pytest.mark.parametrize(
+    ("filter_", "ctx", "workers", "kept"),
+    [
+        (HealthyFilter(2.0), PickContext(), [w("a"), w("b", connected=False)], ["a"]),
+        (HealthyFilter(2.0), PickContext(), [w("a", age=1.9), w("b", age=2.5)], ["a"]),
+        (HealthyFilter(2.0), PickContext(), [w("a", age=None), w("b")], ["b"]),
+        (NotDrainingFilter(), PickContext(), [w("a", draining=True), w("b")], ["b"]),
+        (ExcludeFilter(), PickContext(exclude=frozenset({"a", "c"})), [w("a"), w("b"), w("c")], ["b"]),
+        (ExcludeFilter(), PickContext(), [w("a"), w("b")], ["a", "b"]),
+        # bound = ceil(1.25 * (total + 1) / n); a worker passes while outstanding + 1 <= bound
+        (BoundedLoadFilter(0.25), PickContext(), [w("a"), w("b"), w("c")], ["a", "b", "c"]),
+        (BoundedLoadFilter(0.25), PickContext(), [w("a", 10), w("b"), w("c")], ["b", "c"]),
+        (BoundedLoadFilter(0.25), PickContext(), [w("a", 6), w("b", 4), w("c", 2)], ["b", "c"]),
+        (BoundedLoadFilter(0.25), PickContext(), [w("a", 4), w("b", 4), w("c", 4)], ["a", "b", "c"]),
+        (BoundedLoadFilter(0.25), PickContext(), [w("a", 3, assigned=3), w("b", 1)], ["b"]),
+    ],
+)
+def test_filters(filter_: Filter, ctx: PickContext, workers: list[WorkerView], kept: list[str]) -> None:
+    assert ids(filter_.filter(ctx, workers)) == kept
+
+
+@pytest.mark.parametrize(
+    ("workers", "scores"),
+    [
+        ([w("a", 0), w("b", 5), w("c", 10)], [1.0, 0.5, 0.0]),
+        ([w("a", 3), w("b", 3)], [1.0, 1.0]),
+        ([w("a", 1, waiting=4), w("b", 2)], [0.0, 1.0]),
+        ([w("a", 0, assigned=2), w("b", 1)], [0.0, 1.0]),       # picks not yet reported count
+        ([w("a", 1, in_flight=5), w("b", 3)], [0.0, 1.0]),      # streams the engine has not queued yet count
+    ],
+)
+def test_least_load_scorer(workers: list[WorkerView], scores: list[float]) -> None:
+    assert LeastLoadScorer().score(PickContext(), workers) == pytest.approx(scores)
+
+
+def test_prefix_affinity_prefers_one_worker_per_prefix_consistently() -> None:
+    scorer = PrefixAffinityScorer(prefix_chars=32)
+    workers = [w("a"), w("b"), w("c")]
+    preferred: dict[str, str] = {}
+    for i in range(300):
+        prompt = f"system prompt number {i:04d}".ljust(32, ".")
+        scores = scorer.score(PickContext(prompt=prompt), workers)
+        assert sorted(scores) == [0.0, 0.0, 1.0]
+        preferred[prompt] = workers[scores.index(1.0)].worker_id
+        # the same prefix (whatever follows it, whatever the order of workers) -> the same worker
+        again = scorer.score(PickContext(prompt=prompt + " then a different question"), workers[::-1])
+        assert workers[::-1][again.index(1.0)].worker_id == preferred[prompt]
+    spread = Counter(preferred.values())
+    assert set(spread) == {"a", "b", "c"} and min(spread.values()) > 50
+    # Removing a worker moves only the prompts it had (rendezvous hashing).
+    without_c = [w("a"), w("b")]
+    for prompt, worker_id in preferred.items():
+        if worker_id != "c":
+            scores = scorer.score(PickContext(prompt=prompt), without_c)
+            assert without_c[scores.index(1.0)].worker_id == worker_id
+
+
+def test_prefix_affinity_without_a_prompt_scores_nobody() -> None:
+    assert PrefixAffinityScorer().score(PickContext(prompt=""), [w("a"), w("b")]) == [0.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    ("scores", "allowed"),
+    [
+        ([0.2, 0.9, 0.5], {"w1"}),
+        ([0.9, 0.9, 0.5], {"w0", "w1"}),
+        ([0.0], {"w0"}),
+    ],
+)
+def test_max_score_picker_breaks_ties_at_random(scores: list[float], allowed: set[str]) -> None:
+    scored = [(w(f"w{i}"), s) for i, s in enumerate(scores)]
+    picked = {MaxScorePicker().pick(scored, random.Random(seed))[0].worker_id for seed in range(50)}
+    assert picked == allowed
+
+
+def test_power_of_two_picker_never_picks_the_worst_and_spreads() -> None:
+    scored = [(w(f"w{i}"), s) for i, s in enumerate([0.0, 0.25, 0.5, 0.75, 1.0])]
+    picked = Counter(PowerOfTwoPicker().pick(scored, random.Random(seed))[0].worker_id for seed in range(400))
+    assert "w0" not in picked
+    assert picked["w4"] > picked["w3"] > picked["w2"] > picked["w1"] > 0
+    assert PowerOfTwoPicker().pick(scored[:1], random.Random(0))[0].worker_id == "w0"
+
+
+def test_random_picker_ignores_scores() -> None:
+    scored = [(w("a"), 0.0), (w("b"), 1.0)]
+    assert {RandomPicker().pick(scored, random.Random(s))[0].worker_id for s in range(50)} == {"a", "b"}
+
+
+@pytest.mark.parametrize(
+    ("workers", "exclude", "message"),
+    [
+        ([], set(), "knows no workers"),
+        ([w("a", connected=False), w("b", age=9.0)], set(), "no healthy worker"),
+        ([w("a", draining=True)], set(), "draining"),
+        ([w("a"), w("b"), w("c", connected=False)], {"a", "b"}, "every healthy worker is excluded"),
+    ],
+)
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_every_policy_refuses_when_no_worker_is_eligible(
+    name: str, workers: list[WorkerView], exclude: set[str], message: str
+) -> None:
+    policy = build_policy(name, stale_after_s=2.0)
+    with pytest.raises(NoWorker, match=message):
+        policy.pick(PickContext(exclude=frozenset(exclude)), workers, random.Random(0))
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_every_policy_picks_only_eligible_workers(name: str) -> None:
+    policy = build_policy(name, stale_after_s=2.0)
+    workers = [
+        w("sick", connected=False), w("old", age=5.0), w("drain", draining=True),
+        w("gone"), w("ok", 7), w("ok2", 9),
+    ]
+    for seed in range(30):
+        ctx = PickContext(prompt=f"p{seed}", exclude=frozenset({"gone"}))
+        assert policy.pick(ctx, workers, random.Random(seed)).worker.worker_id in {"ok", "ok2"}
+
+
+def test_least_load_policy_picks_the_least_outstanding() -> None:
+    policy = build_policy("least-load", 2.0)
+    workers = [w("a", 5), w("b", 1, waiting=1), w("c", 1, assigned=2)]
+    choice = policy.pick(PickContext(), workers, random.Random(0))
+    assert (choice.worker.worker_id, choice.num_candidates, choice.score) == ("b", 3, 1.0)
+
+
+def test_prefix_affinity_policy_sticks_to_its_worker_until_it_is_overloaded() -> None:
+    policy = build_policy("prefix-affinity", 2.0)
+    ctx = PickContext(prompt="You are a helpful assistant. " * 20)
+    idle = [w("a"), w("b"), w("c")]
+    home = policy.pick(ctx, idle, random.Random(0)).worker.worker_id
+    # A little busier than the others: affinity still wins.
+    busier = [w(x, 2 if x == home else 1) for x in "abc"]
+    assert policy.pick(ctx, busier, random.Random(0)).worker.worker_id == home
+    # Far above the average: the request overflows to another worker.
+    hot = [w(x, 20 if x == home else 1) for x in "abc"]
+    assert policy.pick(ctx, hot, random.Random(0)).worker.worker_id != home
+
+
+def test_a_burst_of_picks_spreads_through_assigned_unreported() -> None:
+    """Between two load reports the table counts each pick, so equal workers share a burst."""
+    clock = [0.0]
+    table = WorkerTable(["a:1", "b:1", "c:1"], clock=lambda: clock[0])
+    for address in table.addresses():
+        table.on_connected(address, address[0])
+        table.on_report(address, WorkerLoad())
+    policy = build_policy("least-load", 2.0)
+    rng = random.Random(0)
+    picks = Counter()
+    for _ in range(9):
+        choice = policy.pick(PickContext(), table.snapshot(), rng)
+        table.on_assigned(choice.worker.address)
+        picks[choice.worker.worker_id] += 1
+    assert picks == {"a": 3, "b": 3, "c": 3}
+    table.on_report("a:1", WorkerLoad(num_running=3))   # a report replaces the count
+    assert [x.assigned_unreported for x in table.snapshot()] == [0, 3, 3]
+    clock[0] = 5.0
+    assert not any(x.is_healthy(2.0) for x in table.snapshot())
+
+
+def test_registry_builds_each_policy_by_name_and_rejects_unknown_names() -> None:
+    for name in POLICIES:
+        assert build_policy(name, 2.0).name == name
+    with pytest.raises(ValueError, match="least-load"):
+        build_policy("fastest", 2.0)

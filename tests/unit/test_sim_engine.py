@@ -1,0 +1,266 @@
+"""The sim engine on a fake clock: latency model, prefix cache, batching cap, KV pool, determinism."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from services.config import WorkerConfig
+from worker.engine import Delta, Load, PromptTooLong, Request
+from worker.sim_engine import SimEngine, tokenize
+
+
+class FakeClock:
+    """Simulated time: a sleep first lets every ready task run (so readers see a step's tokens at
+    the time they were made), then jumps the clock forward."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(0)
+        self.now += seconds
+
+
+@dataclasses.dataclass
+class Result:
+    deltas: list[Delta]
+    times: list[float]       # fake-clock time each delta arrived
+    loads: list[Load]        # the engine's load when each delta arrived
+    start: float
+
+    @property
+    def text(self) -> str:
+        return "".join(d.text for d in self.deltas)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [t for d in self.deltas for t in d.token_ids]
+
+    @property
+    def ttft(self) -> float:
+        return self.times[0] - self.start
+
+    @property
+    def itls(self) -> list[float]:
+        return [b - a for a, b in zip(self.times, self.times[1:])]
+
+    @property
+    def last(self) -> Delta:
+        return self.deltas[-1]
+
+
+Make = Callable[..., Awaitable[tuple[SimEngine, FakeClock]]]
+
+
+@pytest.fixture
+async def make_engine() -> AsyncIterator[Make]:
+    engines: list[SimEngine] = []
+
+    async def make(**overrides: object) -> tuple[SimEngine, FakeClock]:
+        clock = FakeClock()
+        cfg = WorkerConfig(**{"engine": "sim", "max_model_len": 4096, **overrides})  # type: ignore[arg-type]
+        engine = SimEngine(cfg, clock=clock, sleep=clock.sleep)
+        await engine.start()
+        engines.append(engine)
+        return engine, clock
+
+    yield make
+    for engine in engines:
+        await engine.close()
+
+
+def words(tag: str, n: int) -> str:
+    """A prompt of exactly ``n`` simulated tokens (4-character words), distinct per ``tag``."""
+    return " ".join(f"{tag}{i:03x}" for i in range(n))
+
+
+def req(prompt: str, max_tokens: int = 4, **kw: object) -> Request:
+    rid = f"r-{prompt[:8]}-{max_tokens}"
+    return Request(request_id=rid, prompt=prompt, max_tokens=max_tokens, **kw)  # type: ignore[arg-type]
+
+
+async def run(engine: SimEngine, clock: FakeClock, request: Request) -> Result:
+    result = Result([], [], [], clock())
+    async for delta in engine.generate(request):
+        result.deltas.append(delta)
+        result.times.append(clock())
+        result.loads.append(engine.load())
+    return result
+
+
+def ms(x: float) -> float:
+    return x / 1000.0
+
+
+def test_stand_in_tokenizer_counts_four_character_pieces() -> None:
+    assert len(tokenize(words("a", 37))) == 37
+    assert tokenize("hello world") == tokenize("hello world")
+    assert len(tokenize("internationalization")) == 5
+
+
+async def test_ttft_grows_with_uncached_prompt_length(make_engine: Make) -> None:
+    engine, clock = await make_engine()
+    short = await run(engine, clock, req(words("a", 160)))
+    long = await run(engine, clock, req(words("b", 1600)))
+    # prefill of every prompt token + one decode step of a batch of one (the defaults: an 8B model on H100)
+    assert short.ttft == pytest.approx(ms(160 * 0.06 + 7.0 + 0.05))
+    assert long.ttft == pytest.approx(ms(1600 * 0.06 + 7.0 + 0.05))
+    assert short.last.prompt_tokens == 160 and short.last.cached_prompt_tokens == 0
+    assert short.last.finish_reason == "length" and short.last.completion_tokens == 4
+
+
+async def test_repeated_prefix_hits_the_prefix_cache(make_engine: Make) -> None:
+    engine, clock = await make_engine()
+    system = words("s", 320)  # 20 full blocks of 16 tokens
+    first = await run(engine, clock, req(system + " " + words("q", 40)))
+    second = await run(engine, clock, req(system + " " + words("u", 40)))
+    assert first.last.cached_prompt_tokens == 0
+    assert second.last.cached_prompt_tokens == 320
+    assert second.ttft == pytest.approx(ms(40 * 0.06 + 7.05))
+    assert second.ttft < first.ttft
+    assert engine.load().prefix_cache_hit_rate == pytest.approx(320 / 720)
+    # The very same prompt: every full block but the last hits, one token must still be computed.
+    again = await run(engine, clock, req(system + " " + words("u", 40)))
+    assert again.last.cached_prompt_tokens == 352
+
+
+async def test_prefix_caching_can_be_turned_off(make_engine: Make) -> None:
+    engine, clock = await make_engine(enable_prefix_caching=False)
+    first, second = [await run(engine, clock, req(words("s", 320))) for _ in range(2)]
+    assert second.last.cached_prompt_tokens == 0 and second.ttft == first.ttft
+    assert engine.load().prefix_cache_hit_rate == 0.0
+
+
+async def test_itl_grows_with_batch_size(make_engine: Make) -> None:
+    engine, clock = await make_engine(sim_itl_per_seq_ms=0.5)
+    alone = await run(engine, clock, req(words("a", 16), max_tokens=8))
+    batch = await asyncio.gather(*(run(engine, clock, req(words(f"{i:x}", 16), 8)) for i in range(32)))
+    assert alone.itls == pytest.approx([ms(7.0 + 0.5)] * 7)
+    for result in batch:
+        assert result.itls == pytest.approx([ms(7.0 + 0.5 * 32)] * 7)
+
+
+async def test_max_num_seqs_caps_the_batch_and_the_rest_wait(make_engine: Make) -> None:
+    engine, clock = await make_engine(max_num_seqs=4)
+    results = await asyncio.gather(*(run(engine, clock, req(words(f"{i}", 16), 5)) for i in range(6)))
+    assert results[0].loads[0].num_running == 4
+    assert results[0].loads[0].num_waiting == 2
+    first_four_done = max(r.times[-1] for r in results[:4])
+    for late in results[4:]:
+        assert late.times[0] - late.start > first_four_done - late.start
+    assert all(r.last.finish_reason == "length" and r.last.completion_tokens == 5 for r in results)
+
+
+async def test_cancelling_a_stream_aborts_it_and_frees_its_blocks(make_engine: Make) -> None:
+    engine, clock = await make_engine(max_num_seqs=1)
+    first_token = asyncio.Event()
+
+    async def consume(request: Request) -> None:
+        async for _ in engine.generate(request):
+            first_token.set()
+
+    running = asyncio.create_task(consume(req(words("a", 100), max_tokens=1000)))
+    waiting = asyncio.create_task(consume(req(words("b", 100), max_tokens=1000)))
+    await asyncio.wait_for(first_token.wait(), 5)
+    load = engine.load()
+    assert (load.num_running, load.num_waiting) == (1, 1)
+    assert load.kv_cache_usage > 0
+
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert (engine.load().num_running, engine.load().num_waiting) == (1, 0)
+
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    assert engine.load() == Load(num_running=0, num_waiting=0, kv_cache_usage=0.0, prefix_cache_hit_rate=0.0)
+
+
+async def test_same_prompt_and_seed_give_the_same_output(make_engine: Make) -> None:
+    (one, clock1), (two, clock2) = await make_engine(), await make_engine()
+    prompt = words("p", 50)
+    a = await run(one, clock1, req(prompt, max_tokens=20, temperature=0.8, seed=7))
+    b = await run(two, clock2, req(prompt, max_tokens=20, temperature=0.8, seed=7))
+    c = await run(two, clock2, req(prompt, max_tokens=20, temperature=0.8, seed=8))
+    assert (a.text, a.token_ids) == (b.text, b.token_ids)
+    assert len(a.token_ids) == 20 and a.text.count(" ") == 20
+    assert c.text != a.text
+    greedy = [await run(one, clock1, req(prompt, max_tokens=20, temperature=0.0, seed=s)) for s in (None, 1)]
+    assert greedy[0].text == greedy[1].text
+    # Re-tokenizing the output gives back its token ids (so multi-turn prompts can hit the cache).
+    assert tokenize(a.text) == a.token_ids
+
+
+async def test_stop_string_ends_the_stream_before_it(make_engine: Make) -> None:
+    engine, clock = await make_engine()
+    prompt = words("p", 30)
+    full = await run(engine, clock, req(prompt, max_tokens=30, temperature=0.0))
+    stop = full.text.split(" ")[5][:3]  # part of the fifth word: may also occur earlier
+    cut = full.text.index(stop)
+    stopped = await run(engine, clock, req(prompt, max_tokens=30, temperature=0.0, stop=[stop, "never-seen"]))
+    assert stopped.text == full.text[:cut]
+    assert stopped.last.finish_reason == "stop"
+    assert stopped.token_ids == full.token_ids[: len(stopped.token_ids)]
+    assert stop not in "".join(d.text for d in stopped.deltas)
+
+
+async def test_lru_eviction_keeps_the_recently_used_prefix(make_engine: Make) -> None:
+    # 6 blocks of 4 tokens; each 9-token prompt takes 3 blocks and leaves 2 full ones cached.
+    engine, clock = await make_engine(block_size=4, sim_num_kv_blocks=6)
+    a, b, c = (words(t, 9) for t in "abc")
+    for prompt in (a, b, a, c):  # a is used after b, so b is the least recently used
+        await run(engine, clock, req(prompt, max_tokens=1))
+    a_again = await run(engine, clock, req(a, max_tokens=1))
+    b_again = await run(engine, clock, req(b, max_tokens=1))
+    assert a_again.last.cached_prompt_tokens == 8
+    assert b_again.last.cached_prompt_tokens < 8
+    assert engine._pool.evictions > 0
+
+
+async def test_full_kv_pool_makes_requests_wait_and_preempts_without_changing_output(
+    make_engine: Make,
+) -> None:
+    engine, clock = await make_engine(block_size=4, sim_num_kv_blocks=6)
+    requests = [req(words(t, 8), max_tokens=12, seed=3) for t in "ab"]
+    together = await asyncio.gather(*(run(engine, clock, r) for r in requests))
+    assert engine.num_preemptions > 0
+    assert any(load.num_waiting > 0 for r in together for load in r.loads)
+    for request, result in zip(requests, together):
+        alone_engine, alone_clock = await make_engine(block_size=4, sim_num_kv_blocks=6)
+        alone = await run(alone_engine, alone_clock, request)
+        assert (result.text, result.token_ids) == (alone.text, alone.token_ids)
+        assert result.last.completion_tokens == 12
+    assert engine.load().kv_cache_usage == 0.0
+
+
+async def test_prompt_too_long_is_refused_before_any_output(make_engine: Make) -> None:
+    engine, _ = await make_engine(max_model_len=100)
+    with pytest.raises(PromptTooLong):
+        await anext(engine.generate(req(words("a", 90), max_tokens=20)))
+    assert engine.load().num_waiting == 0
+
+
+async def test_load_signal_wakes_watchers_on_change(make_engine: Make) -> None:
+    engine, clock = await make_engine()
+    await engine.load_signal.wait(0)  # clear
+    task = asyncio.create_task(run(engine, clock, req(words("a", 10), max_tokens=3)))
+    started = time.monotonic()
+    await engine.load_signal.wait(10.0)
+    assert time.monotonic() - started < 5.0
+    await task
+
+
+async def test_chat_messages_are_rendered_into_the_prompt(make_engine: Make) -> None:
+    engine, clock = await make_engine()
+    messages = [{"role": "system", "content": words("s", 40)}, {"role": "user", "content": "hi"}]
+    result = await run(engine, clock, Request(request_id="chat", messages=messages, max_tokens=2))
+    assert result.last.prompt_tokens > 40 and result.last.finish_reason == "length"

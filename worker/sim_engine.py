@@ -1,0 +1,501 @@
+"""The ``sim`` engine: a latency-faithful simulation of vLLM's continuous batching, for load-testing
+the mesh at scale without GPUs (no model, no tokenizer; same Engine interface and load reports).
+
+How one engine step is simulated (one scheduler task, like vLLM v1's ``EngineCore`` loop):
+
+1. Running requests, oldest first, get the KV slots for the token they decode this step. When the
+   block pool is exhausted the newest running request is preempted: its blocks are freed and it
+   goes back to the front of the waiting queue, to be recomputed later (vLLM's default
+   "recompute" preemption; its output so far is kept and its token stream is unchanged).
+2. Waiting requests are admitted in FIFO order while the batch has fewer than ``max_num_seqs``
+   requests and the pool can hold their prompt; the head of the queue blocks the rest, as in
+   vLLM. Full ``block_size``-token blocks are looked up in the prefix cache by the hash chain of
+   their tokens (unless ``enable_prefix_caching`` is off), so only uncached prompt tokens cost
+   prefill time.
+3. The step lasts ``prefill_ms_per_token * uncached tokens admitted + itl_base_ms +
+   itl_per_seq_ms * batch size`` — one forward pass of the whole batch (no chunked-prefill token
+   budget: a long prompt stalls the batch for its whole prefill).
+4. Every request of the batch then gets one token. A request finishes with "stop" when its text
+   contains one of its stop strings (cut before it, held back while it could still be a partial
+   match, like vLLM), else with "length" at ``max_tokens``; the simulator never emits EOS.
+
+KV blocks are reference-counted; a full block is cached under its hash once computed and stays
+cached after its requests finish, until the pool reuses it: unreferenced blocks are evicted
+least recently used first (vLLM's free-block queue; a request's blocks are freed tail first).
+``kv_cache_usage`` counts referenced blocks only, as vLLM's does.
+
+Parameters (``WorkerConfig.sim_*``) default to published figures for an 8B model in bf16 on one
+H100 with vLLM: prefill ~15-17k tokens/s (0.06 ms per uncached token), inter-token latency ~7 ms
+for a batch of one rising ~0.05 ms per extra running sequence (~20 ms at 256), and 30k blocks of
+16 tokens (~480k tokens of KV cache at 0.9 GPU memory utilisation).
+
+Tokenization is a deterministic stand-in (pieces of up to 4 characters with their leading space,
+~4 bytes per token like BPE on English). Output is pseudo-words drawn from a generator seeded by
+(``sim_seed``, prompt, request seed), so greedy and seeded requests are reproducible, which the
+response cache relies on; unseeded sampling (temperature > 0, no seed) is random.
+
+Time is injected (``clock``, ``sleep``) so tests run the simulation on a fake clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+import re
+import time
+import zlib
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+from services.config import WorkerConfig
+from worker.engine import Delta, Engine, EngineInfo, Load, LoadSignal, PromptTooLong, Request
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+Sleep = Callable[[float], Awaitable[None]]
+
+VOCAB_SIZE = 32000
+PREFIX_STATS_WINDOW = 1000  # requests in the prefix-cache hit rate, like vLLM's CachingMetrics
+_PIECE = re.compile(r" ?\S{1,4}|\s")
+# Output words are at most 4 letters, so " word" re-tokenizes to the same single token.
+_WORDS = (
+    "the of and to in is it that was for on are as with be at one have this from or had by hot "
+    "word but what some we can out were all when up use your how said an each she do time if "
+    "will way many then them like so her long make see him two has look more day go come did my "
+    "no most who over know than call down side been now find any new work part take get made "
+    "live back only year came show good me give our name very just form much help low line turn "
+    "move same"
+).split()
+
+
+def tokenize(text: str) -> list[int]:
+    """The simulator's stand-in tokenizer: deterministic, ~4 characters per token."""
+    return [_token_id(piece) for piece in _PIECE.findall(text)]
+
+
+def _token_id(piece: str) -> int:
+    return zlib.crc32(piece.encode()) % VOCAB_SIZE
+
+
+def render_prompt(request: Request) -> str:
+    """The prompt text; chat turns get a simple stand-in for a chat template."""
+    if request.messages is None:
+        return request.prompt or ""
+    turns = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in request.messages)
+    return turns + "<|assistant|>\n"
+
+
+class BlockPool:
+    """A vLLM-style pool of KV blocks: reference-counted, full blocks cached by hash, and
+    unreferenced blocks reused least recently used first (evicting their cache entry)."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        self.evictions = 0
+        self._refs = [0] * num_blocks
+        self._hash: list[int | None] = [None] * num_blocks
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # LRU first
+        self._cached: dict[int, int] = {}  # block hash -> block id
+
+    @property
+    def num_free(self) -> int:
+        """Blocks that can be allocated now (empty or cached but unreferenced)."""
+        return len(self._free)
+
+    def usage(self) -> float:
+        return 1.0 - len(self._free) / self.num_blocks
+
+    def cached_prefix(self, hashes: list[int]) -> list[int]:
+        """The blocks holding the longest cached prefix of this hash chain."""
+        blocks = []
+        for h in hashes:
+            block = self._cached.get(h)
+            if block is None:
+                break
+            blocks.append(block)
+        return blocks
+
+    def can_take(self, num_new: int, hits: list[int]) -> bool:
+        """Whether ``hits`` can be referenced and ``num_new`` blocks allocated besides."""
+        reusable_hits = sum(1 for b in hits if self._refs[b] == 0)
+        return num_new <= len(self._free) - reusable_hits
+
+    def take(self, hits: list[int], num_new: int) -> list[int]:
+        for block in hits:
+            if self._refs[block] == 0:
+                del self._free[block]
+            self._refs[block] += 1
+        return hits + [self._allocate() for _ in range(num_new)]
+
+    def _allocate(self) -> int:
+        block, _ = self._free.popitem(last=False)
+        h = self._hash[block]
+        if h is not None:
+            del self._cached[h]
+            self._hash[block] = None
+            self.evictions += 1
+        self._refs[block] = 1
+        return block
+
+    def cache(self, block: int, block_hash: int) -> None:
+        """Registers a full, computed block; a duplicate of a cached block stays uncached."""
+        if block_hash not in self._cached and self._hash[block] is None:
+            self._cached[block_hash] = block
+            self._hash[block] = block_hash
+
+    def release(self, blocks: list[int]) -> None:
+        # Tail first, so a prompt's last blocks are evicted before its first (they match less often).
+        for block in reversed(blocks):
+            self._refs[block] -= 1
+            if self._refs[block] == 0:
+                self._free[block] = None
+                if self._hash[block] is None:
+                    self._free.move_to_end(block, last=False)  # nothing cached: reuse it first
+
+
+class _Collector:
+    """A request's unread output: merges deltas the reader has not taken yet (like vLLM's
+    RequestOutputCollector), so a slow reader never makes it grow."""
+
+    def __init__(self) -> None:
+        self._delta: Delta | None = None
+        self._ready = asyncio.Event()
+
+    def put(self, delta: Delta) -> None:
+        if self._delta is not None:
+            delta = Delta(
+                text=self._delta.text + delta.text,
+                token_ids=self._delta.token_ids + delta.token_ids,
+                finish_reason=delta.finish_reason,
+                prompt_tokens=delta.prompt_tokens,
+                completion_tokens=delta.completion_tokens,
+                cached_prompt_tokens=delta.cached_prompt_tokens,
+            )
+        self._delta = delta
+        self._ready.set()
+
+    async def get(self) -> Delta:
+        await self._ready.wait()
+        self._ready.clear()
+        delta, self._delta = self._delta, None
+        assert delta is not None
+        return delta
+
+
+@dataclass(eq=False)
+class _Seq:
+    """One request inside the simulator."""
+
+    request: Request
+    prompt_ids: list[int]
+    rng: random.Random
+    out: _Collector = field(default_factory=_Collector)
+    output_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    sent_chars: int = 0
+    blocks: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)  # hash chain of the full blocks so far
+    num_cached_blocks: int = 0          # blocks of ``blocks`` registered in the prefix cache
+    cached_prompt_tokens: int = 0
+    scheduled_once: bool = False
+    finish_reason: str | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        n = len(self.prompt_ids)
+        if end <= n:
+            return self.prompt_ids[start:end]
+        return self.prompt_ids[start:] + self.output_ids[max(0, start - n) : end - n]
+
+
+class SimEngine(Engine):
+    """Simulates a vLLM engine's scheduling and latency; see the module docstring."""
+
+    def __init__(
+        self, cfg: WorkerConfig, clock: Clock = time.monotonic, sleep: Sleep = asyncio.sleep
+    ) -> None:
+        self.info = EngineInfo(
+            engine="sim",
+            model=cfg.model or "meshserve-sim",
+            tensor_parallel_size=cfg.tensor_parallel_size,
+            max_model_len=cfg.max_model_len,
+            block_size=cfg.block_size,
+            max_num_seqs=cfg.max_num_seqs,
+        )
+        self.load_signal = LoadSignal()
+        self._cfg = cfg
+        self._clock = clock
+        self._sleep = sleep
+        self._block_size = cfg.block_size
+        self._pool = BlockPool(cfg.sim_num_kv_blocks)
+        self._waiting: deque[_Seq] = deque()
+        self._running: list[_Seq] = []  # in admission order: the last is preempted first
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._prefix_window: deque[tuple[int, int]] = deque()  # (prompt tokens, cached tokens)
+        self._prefix_queries = 0
+        self._prefix_hits = 0
+        self._last_load = Load()
+        self.num_preemptions = 0
+
+    # -- Engine interface ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="sim-engine")
+        log.info(
+            "sim engine: %d KV blocks of %d tokens, max_num_seqs %d, "
+            "prefill %.3f ms/token, ITL %.2f + %.3f ms/seq",
+            self._pool.num_blocks, self._block_size, self._cfg.max_num_seqs,
+            self._cfg.sim_prefill_ms_per_token, self._cfg.sim_itl_base_ms, self._cfg.sim_itl_per_seq_ms,
+        )
+
+    async def generate(self, request: Request) -> AsyncIterator[Delta]:
+        seq = self._new_seq(request)
+        if self._task is None or self._task.done():
+            raise RuntimeError("the sim engine is not running")
+        self._waiting.append(seq)
+        self._wakeup.set()
+        self._notify()
+        try:
+            while True:
+                delta = await seq.out.get()
+                yield delta
+                if delta.finish_reason is not None:
+                    return
+        finally:
+            if seq.finish_reason is None:  # the reader went away: abort and free its blocks
+                self._abort(seq)
+
+    def load(self) -> Load:
+        return Load(
+            num_running=len(self._running),
+            num_waiting=len(self._waiting),
+            kv_cache_usage=self._pool.usage(),
+            prefix_cache_hit_rate=self._prefix_hits / self._prefix_queries if self._prefix_queries else 0.0,
+        )
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        for seq in [*self._running, *self._waiting]:
+            self._finish(seq, "abort")
+        self._notify()
+
+    # -- requests --------------------------------------------------------------------------
+
+    def _new_seq(self, request: Request) -> _Seq:
+        prompt = render_prompt(request)
+        prompt_ids = tokenize(prompt)
+        total = len(prompt_ids) + request.max_tokens
+        if total > self.info.max_model_len:
+            raise PromptTooLong(
+                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({request.max_tokens}) exceeds "
+                f"the model's context of {self.info.max_model_len} tokens"
+            )
+        if math.ceil(total / self._block_size) > self._pool.num_blocks:
+            raise PromptTooLong(f"prompt + max_tokens ({total} tokens) exceeds the KV cache")
+        if request.temperature == 0 or request.seed is not None:
+            seed = "greedy" if request.temperature == 0 else str(request.seed)
+            rng = random.Random(f"{self._cfg.sim_seed}\0{seed}\0{prompt}")
+        else:
+            rng = random.Random()
+        return _Seq(request=request, prompt_ids=prompt_ids, rng=rng)
+
+    def _abort(self, seq: _Seq) -> None:
+        seq.finish_reason = "abort"
+        self._remove(seq)
+        self._notify()
+
+    def _finish(self, seq: _Seq, reason: str, token_ids: list[int] | None = None) -> None:
+        """Ends a request: frees its blocks and sends the rest of its text with the finish reason."""
+        seq.finish_reason = reason
+        self._remove(seq)
+        text, seq.sent_chars = seq.text[seq.sent_chars:], len(seq.text)
+        seq.out.put(self._delta(seq, text, token_ids or [], reason))
+
+    def _remove(self, seq: _Seq) -> None:
+        if seq in self._waiting:
+            self._waiting.remove(seq)
+        elif seq.blocks:
+            self._running.remove(seq)
+        self._pool.release(seq.blocks)
+        seq.blocks = []
+
+    def _delta(self, seq: _Seq, text: str, token_ids: list[int], finish_reason: str | None) -> Delta:
+        return Delta(
+            text=text,
+            token_ids=token_ids,
+            finish_reason=finish_reason,
+            prompt_tokens=len(seq.prompt_ids),
+            completion_tokens=len(seq.output_ids),
+            cached_prompt_tokens=seq.cached_prompt_tokens,
+        )
+
+    def _notify(self) -> None:
+        load = self.load()
+        if load != self._last_load:
+            self._last_load = load
+            self.load_signal.notify()
+
+    # -- the engine loop -------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        try:
+            await self._loop()
+        except Exception:
+            log.exception("sim engine failed; aborting every request")
+            for seq in [*self._running, *self._waiting]:
+                self._finish(seq, "abort")
+            raise
+
+    async def _loop(self) -> None:
+        deadline = self._clock()
+        while True:
+            if not self._running and not self._waiting:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                deadline = self._clock()
+            batch, duration = self._schedule()
+            self._notify()
+            # Sleep to an absolute deadline so Python overhead does not slow the simulated GPU;
+            # after a long stall, start afresh rather than run a burst of zero-length steps.
+            deadline += duration
+            now = self._clock()
+            if deadline < now - 0.1:
+                deadline = now
+            await self._sleep(max(0.0, deadline - now))
+            self._emit(batch)
+            self._notify()
+
+    def _schedule(self) -> tuple[list[_Seq], float]:
+        """Plans one step (steps 1-3 of the module docstring): the batch and its duration in s."""
+        bs = self._block_size
+        # 1. Running requests get the KV slots of the token they decode; preempt when out of blocks.
+        preempted = False
+        i = 0
+        while i < len(self._running):
+            seq = self._running[i]
+            needed = math.ceil(seq.num_tokens / bs) - len(seq.blocks)
+            while needed > self._pool.num_free and len(self._running) > i + 1:
+                self._preempt()  # the newest request, as vLLM does
+                preempted = True
+            if needed > self._pool.num_free:
+                self._preempt()  # nobody newer is left: the request itself waits
+                preempted = True
+                break
+            seq.blocks += self._pool.take([], needed)
+            i += 1
+        # 2. Admit waiting requests in FIFO order (not in a step that had to preempt, like vLLM).
+        prefill_tokens = 0
+        while not preempted and self._waiting and len(self._running) < self._cfg.max_num_seqs:
+            seq = self._waiting[0]
+            self._hash_full_blocks(seq)
+            # At least one token must be computed to produce the next one.
+            hits: list[int] = []
+            if self._cfg.enable_prefix_caching:
+                hits = self._pool.cached_prefix(seq.block_hashes[: (seq.num_tokens - 1) // bs])
+            num_new = math.ceil(seq.num_tokens / bs) - len(hits)
+            if not self._pool.can_take(num_new, hits):
+                break
+            self._waiting.popleft()
+            seq.blocks = self._pool.take(hits, num_new)
+            seq.num_cached_blocks = len(hits)
+            cached = len(hits) * bs
+            if not seq.scheduled_once:
+                seq.scheduled_once = True
+                seq.cached_prompt_tokens = cached
+            self._record_prefix_query(seq.num_tokens, cached)
+            prefill_tokens += seq.num_tokens - cached
+            self._running.append(seq)
+        batch = list(self._running)
+        cfg = self._cfg
+        ms = (
+            prefill_tokens * cfg.sim_prefill_ms_per_token
+            + cfg.sim_itl_base_ms
+            + cfg.sim_itl_per_seq_ms * len(batch)
+        )
+        return batch, ms / 1000.0
+
+    def _preempt(self) -> None:
+        seq = self._running.pop()
+        self._pool.release(seq.blocks)
+        seq.blocks = []
+        seq.num_cached_blocks = 0
+        self._waiting.appendleft(seq)
+        self.num_preemptions += 1
+        log.debug("sim engine: preempted %s (KV cache full)", seq.request.request_id)
+
+    def _emit(self, batch: list[_Seq]) -> None:
+        """Step 4: every request of the batch that is still running gets its next token."""
+        for seq in batch:
+            if seq.finish_reason is not None:
+                continue  # aborted while the step ran
+            self._cache_computed_blocks(seq)
+            word = " " + seq.rng.choice(_WORDS)
+            token = _token_id(word)
+            seq.output_ids.append(token)
+            old_len = len(seq.text)
+            seq.text += word
+            stop = seq.request.stop
+            if stop and self._cut_at_stop(seq, old_len):
+                self._finish(seq, "stop", [token])
+            elif len(seq.output_ids) >= seq.request.max_tokens:
+                self._finish(seq, "length", [token])
+            else:
+                # Hold back what could still be the start of a stop string (vLLM does the same).
+                hold = max((len(s) for s in stop), default=1) - 1
+                end = max(seq.sent_chars, len(seq.text) - hold)
+                text, seq.sent_chars = seq.text[seq.sent_chars:end], end
+                seq.out.put(self._delta(seq, text, [token], None))
+
+    @staticmethod
+    def _cut_at_stop(seq: _Seq, old_len: int) -> bool:
+        """Cuts the text before the first stop string that the new word completed."""
+        best = -1
+        for stop in seq.request.stop:
+            at = seq.text.find(stop, max(0, old_len - len(stop) + 1))
+            if at >= 0 and (best < 0 or at < best):
+                best = at
+        if best < 0:
+            return False
+        seq.text = seq.text[:best]
+        seq.sent_chars = min(seq.sent_chars, best)
+        return True
+
+    def _hash_full_blocks(self, seq: _Seq) -> None:
+        bs = self._block_size
+        while len(seq.block_hashes) < seq.num_tokens // bs:
+            i = len(seq.block_hashes)
+            parent = seq.block_hashes[-1] if seq.block_hashes else 0
+            seq.block_hashes.append(hash((parent, tuple(seq.tokens(i * bs, (i + 1) * bs)))))
+
+    def _cache_computed_blocks(self, seq: _Seq) -> None:
+        """Registers the blocks this step filled (all tokens before the new one are computed)."""
+        if not self._cfg.enable_prefix_caching:
+            return
+        self._hash_full_blocks(seq)
+        full = min(seq.num_tokens // self._block_size, len(seq.blocks))
+        for j in range(seq.num_cached_blocks, full):
+            self._pool.cache(seq.blocks[j], seq.block_hashes[j])
+        seq.num_cached_blocks = max(seq.num_cached_blocks, full)
+
+    def _record_prefix_query(self, queries: int, hits: int) -> None:
+        self._prefix_window.append((queries, hits))
+        self._prefix_queries += queries
+        self._prefix_hits += hits
+        if len(self._prefix_window) > PREFIX_STATS_WINDOW:
+            old_q, old_h = self._prefix_window.popleft()
+            self._prefix_queries -= old_q
+            self._prefix_hits -= old_h
