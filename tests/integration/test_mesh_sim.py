@@ -1,0 +1,99 @@
+"""A simulated fleet started by the launcher as real processes (Valkey, cache, router, two sim
+workers, gateway, Envoy): failover when a worker dies before answering, and a bench smoke run."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from services import bench
+from services.config import CacheConfig, EnvoyConfig, GatewayConfig, RouterConfig, WorkerConfig
+from services.gen import meshserve_pb2 as pb
+from services.gen import meshserve_pb2_grpc as pb_grpc
+from services.launcher import Mesh, MeshSpec
+from services.server import insecure_channel
+from tests.conftest import free_port, free_port_block
+from tests.integration.helpers import generate, text
+
+pytestmark = pytest.mark.integration
+
+# Slow prefill (20 ms per prompt token) so a request is visibly in flight before its first token.
+SLOW_PREFILL_MS = 20.0
+LONG_PROMPT = " ".join(f"w{i}" for i in range(200))
+
+
+@pytest.fixture(scope="module")
+def sim_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
+    spec = MeshSpec(
+        engine="sim",
+        workers=2,
+        redis_port=free_port(),
+        run_dir=tmp_path_factory.mktemp("sim-mesh"),
+        worker=WorkerConfig(port=free_port_block(2), sim_prefill_ms_per_token=SLOW_PREFILL_MS, grace_seconds=2),
+        router=RouterConfig(port=free_port(), grace_seconds=2),
+        cache=CacheConfig(port=free_port(), grace_seconds=2),
+        gateway=GatewayConfig(port=free_port(), grace_seconds=2),
+        envoy=EnvoyConfig(listen_port=free_port(), admin_port=free_port()),
+        ready_timeout_s=120,
+    )
+    with Mesh(spec) as mesh:
+        yield mesh
+
+
+async def _worker_with_request(router: str) -> str:
+    """The worker id the router sees holding a request (from the workers' own load reports)."""
+    async with insecure_channel(router) as channel:
+        stub = pb_grpc.RouterStub(channel)
+        while True:
+            workers = (await stub.ListWorkers(pb.ListWorkersRequest())).workers
+            busy = [w.worker_id for w in workers if w.load.num_in_flight + w.load.num_running + w.load.num_waiting > 0]
+            if busy:
+                return busy[0]
+            await asyncio.sleep(0.02)  # polling the router's view; bounded by the caller's timeout
+
+
+async def test_killed_worker_before_first_token_fails_over(sim_mesh: Mesh) -> None:
+    stream = asyncio.create_task(
+        generate(sim_mesh.envoy_address, prompt=LONG_PROMPT, max_tokens=8, temperature=0, skip_cache=True)
+    )
+    victim = await asyncio.wait_for(_worker_with_request(sim_mesh.router_address), 30)
+    assert not stream.done()  # still in prefill: no token sent yet
+    proc = next(p for p in sim_mesh.procs if p.name == victim)
+    os.killpg(proc.popen.pid, signal.SIGKILL)
+    chunks = await asyncio.wait_for(stream, 60)
+    assert chunks[-1].finish_reason == "length"
+    assert chunks[0].worker != victim and chunks[0].worker.startswith("worker-")
+
+    # The mesh keeps serving on the survivor.
+    again = await generate(sim_mesh.envoy_address, prompt="after the failure", max_tokens=4, skip_cache=True)
+    assert again[0].worker == chunks[0].worker
+
+
+async def test_bench_against_the_mesh_has_no_failures(sim_mesh: Mesh, tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    out = tmp_path / "result.json"
+    args = parser.parse_args([
+        "--target", sim_mesh.envoy_address, "--num-prompts", "40", "--max-concurrency", "20",
+        "--random-input-len", "4", "--random-output-len", "8", "--disable-tqdm", "--save-result", str(out),
+    ])
+    assert await asyncio.to_thread(bench.main, args) == 0
+    result = json.loads(out.read_text())
+    assert result["completed"] == 40 and result["failed"] == 0
+    assert result["mean_ttft_ms"] > 0 and result["output_throughput"] > 0
+
+
+async def test_grpc_status_of_an_empty_prompt_through_the_mesh(sim_mesh: Mesh) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await generate(sim_mesh.envoy_address, prompt="   ")
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    ok = await generate(sim_mesh.envoy_address, prompt="fine", max_tokens=3, temperature=0)
+    assert text(ok)
