@@ -1,0 +1,186 @@
+"""The real vLLM engine (AsyncLLM, engine core in a subprocess) on the project's tiny model,
+started once for the whole module: output, chat, cancellation, limits and continuous batching."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import REGISTRY
+
+from services.config import WorkerConfig
+from worker.engine import Delta, Load, PromptTooLong, Request
+from worker.vllm_engine import VllmEngine
+
+pytestmark = pytest.mark.engine
+
+TIMEOUT = 60.0
+MAX_MODEL_LEN = 512
+
+
+@pytest.fixture(scope="module")
+async def engine(tiny_model: Path) -> AsyncIterator[VllmEngine]:
+    cfg = WorkerConfig(model=str(tiny_model), dtype="float32", max_model_len=MAX_MODEL_LEN,
+                       kv_cache_memory_bytes=64 * 2**20, max_num_seqs=64,
+                       enforce_eager=True)  # half the start-up time; same output
+    engine = VllmEngine(cfg)
+    start = time.monotonic()
+    await engine.start()
+    print(f"vLLM engine start-up: {time.monotonic() - start:.1f}s")
+    yield engine
+    await engine.close()
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_model: Path) -> tuple[Any, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    return model, AutoTokenizer.from_pretrained(tiny_model)
+
+
+def hf_greedy(hf: tuple[Any, Any], prompt_ids: list[int], max_tokens: int) -> list[int]:
+    import torch
+
+    model, _ = hf
+    out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=max_tokens, do_sample=False,
+                         eos_token_id=None, attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long))
+    return out[0, len(prompt_ids):].tolist()
+
+
+async def collect(engine: VllmEngine, request: Request) -> list[Delta]:
+    async def run() -> list[Delta]:
+        return [d async for d in engine.generate(request)]
+
+    return await asyncio.wait_for(run(), TIMEOUT)
+
+
+def greedy(request_id: str, **kw: Any) -> Request:
+    return Request(request_id=request_id, temperature=0.0, ignore_eos=True, **kw)
+
+
+@pytest.mark.parametrize("prompt", ["The capital of France is", "Once upon a time there was a grey cat"])
+async def test_greedy_output_equals_hf_generate(engine: VllmEngine, hf: tuple[Any, Any], prompt: str) -> None:
+    deltas = await collect(engine, greedy(f"greedy-{prompt[:8]}", prompt=prompt, max_tokens=32))
+
+    token_ids = [t for d in deltas for t in d.token_ids]
+    prompt_ids = hf[1].encode(prompt)
+    assert token_ids == hf_greedy(hf, prompt_ids, 32)
+    assert [d.finish_reason for d in deltas][-1] == "length"
+    assert all(d.finish_reason is None for d in deltas[:-1])
+    assert (deltas[-1].prompt_tokens, deltas[-1].completion_tokens) == (len(prompt_ids), 32)
+    # vLLM drops the text of an incomplete UTF-8 sequence at the very end.
+    expected_text = hf[1].decode(token_ids, skip_special_tokens=True).rstrip("\ufffd")
+    assert "".join(d.text for d in deltas) == expected_text
+
+
+async def test_chat_messages_go_through_the_chat_template(engine: VllmEngine, hf: tuple[Any, Any]) -> None:
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "What is two plus two?"}]
+    deltas = await collect(engine, greedy("chat-1", messages=messages, max_tokens=16))
+
+    text = hf[1].apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert text.endswith("<|assistant|>\n")
+    prompt_ids = hf[1].encode(text, add_special_tokens=False)
+    assert deltas[-1].prompt_tokens == len(prompt_ids)
+    assert [t for d in deltas for t in d.token_ids] == hf_greedy(hf, prompt_ids, 16)
+
+
+async def test_stop_strings_and_seeded_sampling(engine: VllmEngine) -> None:
+    sampled = [await collect(engine, Request(request_id=f"seeded-{i}", prompt="Hello", max_tokens=16,
+                                             temperature=1.0, seed=7, ignore_eos=True)) for i in range(2)]
+    texts = ["".join(d.text for d in deltas) for deltas in sampled]
+    assert texts[0] == texts[1]  # a seed makes sampling reproducible
+
+    stop = texts[0][4:7]
+    deltas = await collect(engine, Request(request_id="stop-1", prompt="Hello", max_tokens=16,
+                                           temperature=1.0, seed=7, ignore_eos=True, stop=[stop]))
+    assert deltas[-1].finish_reason == "stop"
+    assert "".join(d.text for d in deltas) == texts[0][:texts[0].index(stop)]
+
+
+async def test_prompt_too_long_is_refused_before_any_delta(engine: VllmEngine) -> None:
+    with pytest.raises(PromptTooLong, match="context of 512 tokens"):
+        await collect(engine, greedy("long-1", prompt="one two three " * 400, max_tokens=8))
+    with pytest.raises(PromptTooLong, match="'max_tokens' is 500"):
+        await collect(engine, greedy("long-2", prompt="one two three " * 10, max_tokens=500))
+
+
+async def test_cancellation_aborts_the_request_in_the_engine(engine: VllmEngine) -> None:
+    finished = {"finished_reason": "length", "model_name": engine.info.model, "engine": "0"}
+    finished_before = REGISTRY.get_sample_value("vllm:request_success_total", finished)
+    stream = engine.generate(greedy("cancel-1", prompt="Tell me a long story", max_tokens=480))
+    first = await asyncio.wait_for(anext(stream), TIMEOUT)
+    assert first.token_ids and first.finish_reason is None
+
+    await stream.aclose()  # what cancelling the gRPC stream does
+
+    assert engine._llm.get_num_unfinished_requests() == 0  # noqa: SLF001 (vLLM's own bookkeeping)
+    # The engine core dropped the request and freed its KV blocks (its scheduler stats say so)...
+    await wait_for_load(engine, lambda load: load.num_running == 0 and load.kv_cache_usage == 0)
+    # ...before it ran to its end (vLLM does not count client aborts in request_success).
+    assert REGISTRY.get_sample_value("vllm:request_success_total", finished) == finished_before
+    # And the engine is free: the next request runs normally.
+    deltas = await collect(engine, greedy("after-cancel", prompt="Hi", max_tokens=4))
+    assert deltas[-1].completion_tokens == 4
+
+
+async def test_cancelling_the_consumer_task_aborts_too(engine: VllmEngine) -> None:
+    started = asyncio.Event()
+
+    async def consume() -> None:
+        async for _ in engine.generate(greedy("cancel-2", prompt="Another long story", max_tokens=400)):
+            started.set()
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(started.wait(), TIMEOUT)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await wait_for_load(engine, lambda load: load.num_running == 0 and load.kv_cache_usage == 0)
+
+
+async def wait_for_load(engine: VllmEngine, ok: Any) -> Load:
+    async def wait() -> Load:
+        while not ok(load := engine.load()):
+            await engine.load_signal.wait(1.0)
+        return load
+
+    return await asyncio.wait_for(wait(), TIMEOUT)
+
+
+async def test_concurrent_requests_run_as_one_continuous_batch(engine: VllmEngine) -> None:
+    seen: list[Load] = []
+    done = asyncio.Event()
+
+    async def watch() -> None:
+        while not done.is_set():
+            await engine.load_signal.wait(0.05)
+            seen.append(engine.load())
+
+    watcher = asyncio.create_task(watch())
+    requests = [greedy(f"batch-{i}", prompt=f"Request number {i} says", max_tokens=48) for i in range(20)]
+    try:
+        results = await asyncio.gather(*(collect(engine, r) for r in requests))
+    finally:
+        done.set()
+        await watcher
+    assert all(r[-1].completion_tokens == 48 and r[-1].finish_reason == "length" for r in results)
+    assert max(load.num_running for load in seen) > 1, seen
+    assert max(load.kv_cache_usage for load in seen) > 0
+    await wait_for_load(engine, lambda load: load.num_running == 0 and load.num_waiting == 0)
+
+
+async def test_prefix_cache_reuses_a_shared_prompt(engine: VllmEngine) -> None:
+    prompt = "The key and value cache holds the attention state of every running request. " * 8
+    first = await collect(engine, greedy("prefix-1", prompt=prompt, max_tokens=2))
+    second = await collect(engine, greedy("prefix-2", prompt=prompt, max_tokens=2))
+    assert first[-1].cached_prompt_tokens == 0
+    # Whole blocks of the shared prompt come from the cache.
+    assert second[-1].cached_prompt_tokens >= engine.info.block_size
+    assert engine.load().prefix_cache_hit_rate > 0

@@ -1,0 +1,299 @@
+"""The Worker gRPC service: one inference engine behind Generate (token stream), WatchLoad (live
+load for the router) and Info."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import itertools
+import logging
+import signal
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+
+from services import server as bootstrap
+from services import validation
+from services.config import WorkerConfig
+from services.gen import meshserve_pb2 as pb
+from services.gen import meshserve_pb2_grpc as pb_grpc
+from worker.engine import Delta, Engine, PromptTooLong, Request
+
+log = logging.getLogger(__name__)
+
+# Engines by name, imported only when chosen (vLLM and torch are heavy imports).
+ENGINES: dict[str, str] = {
+    "vllm": "worker.vllm_engine:VllmEngine",
+    "sim": "worker.sim_engine:SimEngine",
+    "transformers": "worker.hf_engine:TransformersEngine",
+}
+
+# Buckets of vLLM's own histograms of the same names.
+TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+               10.0, 20.0, 40.0, 80.0]
+E2E_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+               120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+
+
+def make_engine(cfg: WorkerConfig) -> Engine:
+    try:
+        module, _, cls = ENGINES[cfg.engine].partition(":")
+    except KeyError:
+        raise ValueError(f"unknown engine {cfg.engine!r}; choose one of {sorted(ENGINES)}") from None
+    return getattr(importlib.import_module(module), cls)(cfg)
+
+
+def _metric(cls: type, name: str, doc: str, labels: list[str], **kw: Any) -> Any:
+    """The collector ``name`` in the default registry, shared by every worker of this process.
+
+    A ``vllm:`` collector of another shape (vLLM's own, left by an engine of a previous test)
+    is replaced, as vLLM itself does when it starts.
+    """
+    existing = REGISTRY._names_to_collectors.get(name)  # noqa: SLF001 (no public lookup)
+    if existing is not None:
+        if type(existing) is cls and list(existing._labelnames) == labels:  # noqa: SLF001
+            return existing
+        REGISTRY.unregister(existing)
+    return cls(name, doc, labels, **kw)
+
+
+class WorkerMetrics:
+    """Prometheus metrics of one worker, labelled with its id.
+
+    Under the vllm engine vLLM exports the ``vllm:*`` metrics itself (its Prometheus stat
+    logger is always on), so only the mesh's own counter is added.
+    """
+
+    def __init__(self, worker_id: str, engine: Engine, export_load_metrics: bool) -> None:
+        self.requests = _metric(Counter, "meshserve_worker_requests_total",
+                                "Generate requests finished by a worker, by finish reason",
+                                ["worker", "finish_reason"]).labels
+        self.worker_id = worker_id
+        self.ttft: Any = None
+        self.itl: Any = None
+        self.e2e: Any = None
+        if not export_load_metrics:
+            return
+        load_gauges = [
+            ("vllm:num_requests_running", "Requests in the running batch", lambda: engine.load().num_running),
+            ("vllm:num_requests_waiting", "Requests waiting to run", lambda: engine.load().num_waiting),
+            ("vllm:kv_cache_usage_perc", "KV-cache usage, 1 means 100 percent",
+             lambda: engine.load().kv_cache_usage),
+        ]
+        for name, doc, read in load_gauges:
+            _metric(Gauge, name, doc, ["worker"]).labels(worker_id).set_function(read)
+        self.ttft = _metric(Histogram, "vllm:time_to_first_token_seconds", "Time to first token",
+                            ["worker"], buckets=TTFT_BUCKETS).labels(worker_id)
+        self.itl = _metric(Histogram, "vllm:inter_token_latency_seconds", "Inter-token latency",
+                           ["worker"], buckets=ITL_BUCKETS).labels(worker_id)
+        self.e2e = _metric(Histogram, "vllm:e2e_request_latency_seconds", "End-to-end request latency",
+                           ["worker"], buckets=E2E_BUCKETS).labels(worker_id)
+
+    def finished(self, reason: str) -> None:
+        self.requests(self.worker_id, reason).inc()
+
+    def observe(self, histogram: Any, value: float) -> None:
+        if histogram is not None:
+            histogram.observe(value)
+
+
+def to_engine_request(req: pb.GenerateRequest) -> Request:
+    return Request(
+        request_id=req.request_id or uuid.uuid4().hex,
+        prompt=req.prompt or None,
+        messages=[{"role": m.role, "content": m.content} for m in req.messages] or None,
+        max_tokens=validation.max_tokens(req),
+        temperature=req.temperature if req.HasField("temperature") else 1.0,
+        top_p=req.top_p if req.HasField("top_p") else 1.0,
+        seed=req.seed if req.HasField("seed") else None,
+        stop=list(req.stop),
+        ignore_eos=req.ignore_eos,
+    )
+
+
+class WorkerServicer(pb_grpc.WorkerServicer):
+    """Thin: validates, converts proto <-> engine types, counts what is in flight."""
+
+    def __init__(self, cfg: WorkerConfig, engine: Engine) -> None:
+        self.cfg = cfg
+        self.engine = engine
+        self.worker_id = cfg.worker_id or f"{cfg.host}:{cfg.port}"
+        self.metrics: WorkerMetrics | None = None
+        self.in_flight = 0
+        self.draining = False
+        self._sequence = itertools.count(1)
+
+    def bind(self, port: int) -> None:
+        """Called once the server listens: fixes the worker id and the metric labels."""
+        self.worker_id = self.cfg.worker_id or f"{self.cfg.host}:{port}"
+        exports_own = self.cfg.engine == "vllm"  # vLLM exports the vllm:* metrics itself
+        self.metrics = WorkerMetrics(self.worker_id, self.engine, export_load_metrics=not exports_own)
+
+    async def drain(self) -> None:
+        self.draining = True
+        self.engine.load_signal.notify()
+
+    def _in_flight_changed(self, delta: int) -> None:
+        self.in_flight += delta
+        self.engine.load_signal.notify()
+
+    async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+                       ) -> AsyncIterator[pb.GenerateResponse]:
+        try:
+            validation.validate(request, max_model_len=self.engine.info.max_model_len)
+        except validation.InvalidRequest as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        if self.draining:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"worker {self.worker_id} is draining")
+        if self.in_flight >= self.cfg.max_queue:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"worker {self.worker_id} is full ({self.in_flight} requests, max_queue "
+                f"{self.cfg.max_queue}); retry later or elsewhere",
+            )
+        req = to_engine_request(request)
+        self._in_flight_changed(+1)
+        try:
+            async for chunk in self._stream(req):
+                yield chunk
+        except PromptTooLong as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except (asyncio.CancelledError, GeneratorExit, grpc.aio.AbortError):
+            raise
+        except Exception as e:
+            await context.abort(grpc.StatusCode.INTERNAL, f"worker {self.worker_id}: engine failed: {e}")
+        finally:
+            self._in_flight_changed(-1)
+
+    async def _stream(self, req: Request) -> AsyncIterator[pb.GenerateResponse]:
+        metrics = self.metrics
+        assert metrics is not None, "bind() not called"
+        start = last = time.monotonic()
+        ttft = 0.0
+        last_delta: Delta | None = None
+        try:
+            async with contextlib.aclosing(self.engine.generate(req)) as stream:
+                async for delta in stream:
+                    now = time.monotonic()
+                    if delta.token_ids:
+                        if not ttft:
+                            ttft = now - start
+                            metrics.observe(metrics.ttft, ttft)
+                        else:
+                            metrics.observe(metrics.itl, (now - last) / len(delta.token_ids))
+                        last = now
+                    last_delta = delta
+                    yield self._to_pb(req.request_id, delta)
+        except PromptTooLong:
+            metrics.finished("rejected")
+            log.info("request %s rejected: prompt too long", req.request_id)
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            metrics.finished("abort")
+            log.info("request %s aborted by the client after %d tokens (%.3fs)", req.request_id,
+                     last_delta.completion_tokens if last_delta else 0, time.monotonic() - start)
+            raise
+        except Exception:
+            metrics.finished("error")
+            log.exception("request %s failed", req.request_id)
+            raise
+        e2e = time.monotonic() - start
+        reason = (last_delta.finish_reason if last_delta else None) or "abort"
+        metrics.observe(metrics.e2e, e2e)
+        metrics.finished(reason)
+        log.info("request %s finished (%s): %d prompt + %d completion tokens, ttft %.3fs, total %.3fs",
+                 req.request_id, reason, last_delta.prompt_tokens if last_delta else 0,
+                 last_delta.completion_tokens if last_delta else 0, ttft, e2e)
+
+    def _to_pb(self, request_id: str, delta: Delta) -> pb.GenerateResponse:
+        chunk = pb.GenerateResponse(request_id=request_id, text=delta.text, token_ids=delta.token_ids,
+                                    worker=self.worker_id)
+        if delta.finish_reason is not None:
+            chunk.finish_reason = delta.finish_reason
+            chunk.usage.CopyFrom(pb.Usage(prompt_tokens=delta.prompt_tokens,
+                                          completion_tokens=delta.completion_tokens,
+                                          cached_prompt_tokens=delta.cached_prompt_tokens))
+        return chunk
+
+    def load_report(self) -> pb.LoadReport:
+        load = self.engine.load()
+        return pb.LoadReport(
+            worker_id=self.worker_id,
+            num_running=load.num_running,
+            num_waiting=load.num_waiting,
+            kv_cache_usage=load.kv_cache_usage,
+            prefix_cache_hit_rate=load.prefix_cache_hit_rate,
+            max_num_seqs=self.engine.info.max_num_seqs,
+            draining=self.draining,
+            sequence=next(self._sequence),
+            num_in_flight=self.in_flight,
+        )
+
+    async def WatchLoad(self, request: pb.WatchLoadRequest, context: grpc.aio.ServicerContext
+                        ) -> AsyncIterator[pb.LoadReport]:
+        """Pushes a report on every load change and at least every report interval. While
+        draining it keeps reporting until the last stream is done, then ends."""
+        while True:
+            yield self.load_report()
+            if self.draining and self.in_flight == 0:
+                return
+            await self.engine.load_signal.wait(self.cfg.load_report_interval_s)
+
+    async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.WorkerInfo:
+        info = self.engine.info
+        return pb.WorkerInfo(
+            worker_id=self.worker_id, engine=info.engine, model=info.model,
+            tensor_parallel_size=info.tensor_parallel_size, max_model_len=info.max_model_len,
+            block_size=info.block_size, max_num_seqs=info.max_num_seqs,
+        )
+
+
+async def start_worker(cfg: WorkerConfig, engine: Engine | None = None
+                       ) -> tuple[bootstrap.Running, WorkerServicer]:
+    """Starts the engine (or uses ``engine``, already started), then serves it. Shutting the
+    returned server down drains it and closes the engine."""
+    if engine is None:
+        engine = make_engine(cfg)
+        await engine.start()
+    servicer = WorkerServicer(cfg, engine)
+
+    def register(server: grpc.aio.Server) -> list[str]:
+        pb_grpc.add_WorkerServicer_to_server(servicer, server)
+        return [pb.DESCRIPTOR.services_by_name["Worker"].full_name]
+
+    lifecycle = bootstrap.Lifecycle(on_drain=[servicer.drain], on_close=[engine.close])
+    if cfg.port:
+        servicer.bind(cfg.port)
+    try:
+        running = await bootstrap.start(f"worker[{cfg.engine}]", cfg, register, lifecycle)
+    except BaseException:
+        await engine.close()
+        raise
+    if not cfg.port:
+        servicer.bind(running.port)  # no client can know the port before this
+    return running, servicer
+
+
+async def main(cfg: WorkerConfig) -> None:
+    """Runs a worker until SIGTERM or SIGINT, then drains it and stops the engine.
+
+    Not ``bootstrap.serve``: the default worker id is host:port, and the port is known only
+    once the server listens (port 0).
+    """
+    running, servicer = await start_worker(cfg)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("worker %s draining (grace %.1fs)", servicer.worker_id, cfg.grace_seconds)
+    await running.shutdown()
+    log.info("worker %s stopped", servicer.worker_id)
+

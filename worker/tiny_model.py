@@ -1,0 +1,152 @@
+"""The project's own tiny LLaMA-architecture model and tokenizer, made offline and reproducibly.
+
+No model can be downloaded here, so the mesh serves a model it builds itself: random weights
+from a fixed seed and a byte-level BPE tokenizer trained on ``worker/data/corpus.txt``. Its
+output is gibberish, but it exercises the real engines exactly like a real LLaMA model does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from services.config import default_cache_dir
+
+log = logging.getLogger(__name__)
+
+VERSION = "v1"
+NAME = "meshserve-tiny"
+SEED = 1234
+CORPUS = Path(__file__).parent / "data" / "corpus.txt"
+
+VOCAB_SIZE = 1024
+HIDDEN_SIZE = 128
+INTERMEDIATE_SIZE = 352
+NUM_LAYERS = 2
+NUM_HEADS = 4
+NUM_KV_HEADS = 2
+MAX_POSITIONS = 4096
+# Wider than LLaMA's 0.02 so that logits are well apart and greedy decoding has no near-ties
+# (vLLM and HF then agree token for token in fp32).
+INIT_STD = 0.1
+
+BOS, EOS, PAD = "<s>", "</s>", "<pad>"
+ROLE_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "<|{{ message['role'] }}|>\n{{ message['content'] }}</s>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def default_model_dir() -> Path:
+    return default_cache_dir() / "models" / f"{NAME}-{VERSION}"
+
+
+def ensure_model(cache_dir: Path | None = None) -> Path:
+    """The model's folder, built on first use. The build goes to a temporary folder renamed into
+    place, so a folder that exists is complete (concurrent builders: the first rename wins)."""
+    target = Path(cache_dir) if cache_dir is not None else default_model_dir()
+    if (target / "config.json").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    log.info("building the tiny model into %s", target)
+    _build(tmp)
+    try:
+        os.rename(tmp, target)
+    except OSError:
+        if not (target / "config.json").exists():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # another process built it first
+    return target
+
+
+def _build(out: Path) -> None:
+    out.mkdir(parents=True)
+    _build_tokenizer().save_pretrained(out)
+    _build_weights(out)
+
+
+def _build_tokenizer():  # -> transformers.PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=[BOS, EOS, PAD, *ROLE_TOKENS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS.read_text().splitlines(), trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        additional_special_tokens=ROLE_TOKENS,
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=MAX_POSITIONS,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def _build_weights(out: Path) -> None:
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=HIDDEN_SIZE,
+        intermediate_size=INTERMEDIATE_SIZE,
+        num_hidden_layers=NUM_LAYERS,
+        num_attention_heads=NUM_HEADS,
+        num_key_value_heads=NUM_KV_HEADS,
+        max_position_embeddings=MAX_POSITIONS,
+        initializer_range=INIT_STD,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=2,
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+    )
+    generator = torch.Generator().manual_seed(SEED)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters()):
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            else:
+                param.copy_(torch.randn(param.shape, generator=generator) * INIT_STD)
+    model.save_pretrained(out, safe_serialization=True)
+    GenerationConfig(bos_token_id=0, eos_token_id=1, pad_token_id=2, do_sample=False).save_pretrained(out)
+
+
+def fingerprint(model_dir: Path) -> str:
+    """A hash of every file of the model (the same for every build)."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in model_dir.rglob("*") if p.is_file()):
+        digest.update(path.relative_to(model_dir).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--output", type=Path, default=None,
+        help=f"model folder (default: $MESHSERVE_CACHE_DIR/models/{NAME}-{VERSION})",
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    print(ensure_model(args.output))
+    return 0

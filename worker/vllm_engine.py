@@ -1,0 +1,210 @@
+"""The real engine: vLLM v1 ``AsyncLLM`` streaming token deltas, with live load from its
+scheduler stats."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+from services.config import WorkerConfig
+from worker.engine import Delta, Engine, EngineInfo, Load, LoadSignal, PromptTooLong, Request
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL_NAME = "meshserve-tiny"
+CPU_BLOCK_MULTIPLE = 32
+
+
+def resolve_model(cfg: WorkerConfig) -> tuple[str, str]:
+    """(path, served name): the configured model, or the project's tiny model built on demand."""
+    if cfg.model:
+        return cfg.model, cfg.model
+    from worker.tiny_model import ensure_model
+
+    return str(ensure_model()), DEFAULT_MODEL_NAME
+
+
+def render_prompt(tokenizer: Any, request: Request) -> list[int]:
+    """The request's prompt token ids; chat messages go through the model's chat template."""
+    if request.messages:
+        text = tokenizer.apply_chat_template(request.messages, add_generation_prompt=True, tokenize=False)
+        return list(tokenizer.encode(text, add_special_tokens=False))
+    return list(tokenizer.encode(request.prompt or ""))
+
+
+def check_fits(num_prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:
+    if num_prompt_tokens + max_tokens > max_model_len:
+        raise PromptTooLong(
+            f"the prompt has {num_prompt_tokens} tokens and 'max_tokens' is {max_tokens}, "
+            f"more than the model's context of {max_model_len} tokens"
+        )
+
+
+def _cpu_thread_binding(tp: int) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for ``tp`` ranks: the CPUs we may use, split in ``tp`` groups."""
+    cpus = sorted(os.sched_getaffinity(0))
+    per_rank = max(1, len(cpus) // tp)
+    groups = [cpus[i * per_rank : (i + 1) * per_rank] or cpus[-1:] for i in range(tp)]
+    return "|".join(",".join(map(str, g)) for g in groups)
+
+
+class VllmEngine(Engine):
+    """vLLM's ``AsyncLLM`` (engine core in a subprocess, continuous batching, prefix caching)."""
+
+    def __init__(self, cfg: WorkerConfig) -> None:
+        self.cfg = cfg
+        self.load_signal = LoadSignal()
+        self._load = Load()
+        self._llm: Any = None
+        self._tokenizer: Any = None
+        self._model_path = ""
+        self.info = EngineInfo(
+            engine="vllm",
+            model=cfg.model or DEFAULT_MODEL_NAME,
+            tensor_parallel_size=cfg.tensor_parallel_size,
+            max_model_len=cfg.max_model_len,
+            block_size=cfg.block_size,
+            max_num_seqs=cfg.max_num_seqs,
+        )
+
+    async def start(self) -> None:
+        from transformers import AutoTokenizer
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.platforms import current_platform
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        cfg = self.cfg
+        self._model_path, served_name = resolve_model(cfg)
+        on_cpu = current_platform.is_cpu()
+        extra: dict[str, Any] = {}
+        block_size = cfg.block_size
+        if on_cpu:
+            extra["kv_cache_memory_bytes"] = cfg.kv_cache_memory_bytes
+            if block_size % CPU_BLOCK_MULTIPLE:
+                # vLLM's CPU attention kernel takes blocks of a multiple of 32 tokens only.
+                block_size = -(-block_size // CPU_BLOCK_MULTIPLE) * CPU_BLOCK_MULTIPLE
+                log.warning("block size %d is not a multiple of %d on CPU; using %d",
+                            cfg.block_size, CPU_BLOCK_MULTIPLE, block_size)
+        else:
+            extra["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+            if cfg.swap_space_gib:
+                # vLLM v1 has no swap space; its nearest equivalent is KV offloading to CPU memory.
+                extra["kv_offloading_size"] = cfg.swap_space_gib
+        if cfg.tensor_parallel_size > 1:
+            extra["distributed_executor_backend"] = "mp"
+            if on_cpu:
+                # The default binding refuses several ranks on one NUMA node (notes/platform.md).
+                binding = _cpu_thread_binding(cfg.tensor_parallel_size)
+                os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", binding)
+                os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+        args = AsyncEngineArgs(
+            model=self._model_path,
+            served_model_name=served_name,
+            tensor_parallel_size=cfg.tensor_parallel_size,
+            max_model_len=cfg.max_model_len,
+            max_num_seqs=cfg.max_num_seqs,
+            block_size=block_size,
+            enable_prefix_caching=cfg.enable_prefix_caching,
+            dtype=cfg.dtype,
+            enforce_eager=cfg.enforce_eager,
+            disable_log_stats=False,  # scheduler stats feed our load reports
+            **extra,
+        )
+        log.info("starting vLLM on %s (tp=%d)", self._model_path, cfg.tensor_parallel_size)
+        self._tokenizer = AutoTokenizer.from_pretrained(self._model_path)
+        self._llm = AsyncLLM.from_engine_args(args, stat_loggers=[self._make_stat_logger])
+        self.info = EngineInfo(
+            engine="vllm",
+            model=served_name,
+            tensor_parallel_size=cfg.tensor_parallel_size,
+            max_model_len=self._llm.model_config.max_model_len,
+            block_size=self._llm.vllm_config.cache_config.block_size,
+            max_num_seqs=self._llm.vllm_config.scheduler_config.max_num_seqs,
+        )
+
+    def _make_stat_logger(self, vllm_config: Any, engine_index: int) -> Any:
+        return _make_load_logger(self, vllm_config, engine_index)
+
+    def _on_scheduler_stats(self, load: Load) -> None:
+        if load != self._load:
+            self._load = load
+            self.load_signal.notify()
+
+    def load(self) -> Load:
+        return self._load
+
+    async def generate(self, request: Request) -> AsyncIterator[Delta]:
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+        if self._llm is None:
+            raise RuntimeError("the engine is not started")
+        prompt_ids = render_prompt(self._tokenizer, request)
+        check_fits(len(prompt_ids), request.max_tokens, self.info.max_model_len)
+        params = SamplingParams(
+            max_tokens=request.max_tokens,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            seed=request.seed,
+            stop=list(request.stop) or None,
+            ignore_eos=request.ignore_eos,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        completion_tokens = 0
+        finished = False
+        try:
+            async for out in self._llm.generate(TokensPrompt(prompt_token_ids=prompt_ids), params,
+                                                request.request_id):
+                completion = out.outputs[0]
+                completion_tokens += len(completion.token_ids)
+                finished = out.finished
+                yield Delta(
+                    text=completion.text,
+                    token_ids=list(completion.token_ids),
+                    finish_reason=completion.finish_reason if finished else None,
+                    prompt_tokens=len(prompt_ids),
+                    completion_tokens=completion_tokens,
+                    cached_prompt_tokens=out.num_cached_tokens or 0,
+                )
+        finally:
+            if not finished:
+                # Closed early (the client went away): free the request's KV blocks now.
+                # vLLM's own generator aborts as well when closed; abort is idempotent.
+                await self._llm.abort(request.request_id)
+                log.debug("request %s aborted", request.request_id)
+            self.load_signal.notify()
+
+    async def close(self) -> None:
+        if self._llm is not None:
+            self._llm.shutdown()
+            self._llm = None
+
+
+def _make_load_logger(engine: VllmEngine, vllm_config: Any, engine_index: int) -> Any:
+    """A vLLM stat logger that turns every step's scheduler stats into the engine's Load."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+    from vllm.v1.metrics.stats import CachingMetrics
+
+    class LoadStatLogger(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            self.prefix_cache = CachingMetrics()
+
+        def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
+                   engine_idx: int = 0) -> None:
+            if scheduler_stats is None:
+                return
+            self.prefix_cache.observe(scheduler_stats.prefix_cache_stats)
+            engine._on_scheduler_stats(Load(
+                num_running=scheduler_stats.num_running_reqs,
+                num_waiting=scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs,
+                kv_cache_usage=scheduler_stats.kv_cache_usage,
+                prefix_cache_hit_rate=self.prefix_cache.hit_rate,
+            ))
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return LoadStatLogger(vllm_config, engine_index)
+
