@@ -294,6 +294,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-port", type=int, default=50053)
     parser.add_argument("--worker-port", type=int, default=50061, help="first worker port; worker i gets +i")
     parser.add_argument("--max-num-seqs", type=int, default=WorkerConfig.max_num_seqs, help="batch cap per worker")
+    parser.add_argument("--enforce-eager", action="store_true",
+                        help="vLLM without torch.compile: starts ~2x faster, decodes ~25%% slower")
     parser.add_argument("--run-dir", type=Path, default=config.default_cache_dir() / "run",
                         help="where logs, generated configs and ready files go")
 
@@ -306,7 +308,8 @@ def spec_from_args(args: argparse.Namespace) -> MeshSpec:
         redis_port=args.redis_port,
         run_dir=args.run_dir,
         worker=WorkerConfig(port=args.worker_port, tensor_parallel_size=args.tensor_parallel_size,
-                            model=args.model, max_num_seqs=args.max_num_seqs),
+                            model=args.model, max_num_seqs=args.max_num_seqs,
+                            enforce_eager=args.enforce_eager),
         router=RouterConfig(port=args.router_port),
         cache=CacheConfig(port=args.cache_port),
         gateway=GatewayConfig(port=args.gateway_port),

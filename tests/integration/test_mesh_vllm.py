@@ -1,0 +1,192 @@
+"""`meshserve up` on the real vLLM engine, as a newcomer runs it, exercised through Envoy.
+
+One mesh for the module (vLLM starts once): gRPC and HTTP/JSON streaming, greedy equality
+with the engine called directly, response caching, cancellation, bad input, and a clean stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import httpx
+import psutil
+import pytest
+
+from services.gen import meshserve_pb2 as pb
+from services.gen import meshserve_pb2_grpc as pb_grpc
+from services.server import insecure_channel
+from tests.conftest import free_port
+from tests.integration.helpers import (
+    generate, invalid_argument, metric_sum, scrape, text, token_ids, wait_until, worker_generate,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.engine]
+
+
+@dataclass
+class UpMesh:
+    proc: subprocess.Popen[str]
+    envoy: str
+    worker: str
+    run_dir: Path
+    output: list[str]
+
+    def metrics_url(self, name: str) -> str:
+        port = (self.run_dir / f"{name}.ready").read_text().split()[1]
+        return f"http://127.0.0.1:{port}/metrics"
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator[UpMesh]:
+    run_dir = tmp_path_factory.mktemp("up")
+    ports = {name: free_port() for name in ("port", "admin", "gw", "router", "cache", "worker", "redis")}
+    argv = [
+        sys.executable, "-m", "services.cli", "up", "--engine", "vllm", "--workers", "1",
+        "--port", str(ports["port"]), "--admin-port", str(ports["admin"]),
+        "--gateway-port", str(ports["gw"]), "--router-port", str(ports["router"]),
+        "--cache-port", str(ports["cache"]), "--worker-port", str(ports["worker"]),
+        "--redis-port", str(ports["redis"]), "--run-dir", str(run_dir), "--enforce-eager",
+    ]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ})
+    lines: queue.Queue[str | None] = queue.Queue()
+    output: list[str] = []
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            output.append(line)
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    deadline = time.monotonic() + 600
+    try:
+        while True:  # wait for the launcher's own "up" announcement
+            line = lines.get(timeout=max(1.0, deadline - time.monotonic()))
+            assert line is not None, "meshserve up exited:\n" + "".join(output)
+            if line.startswith("meshserve is up"):
+                break
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert len(children) >= 6, [c.name() for c in children]  # valkey, cache, worker, router, gateway, envoy
+        yield UpMesh(proc, f"127.0.0.1:{ports['port']}", f"127.0.0.1:{ports['worker']}", run_dir, output)
+    finally:
+        children = psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C does
+        code = proc.wait(120)
+    # Stopping leaves nothing behind.
+    assert code == 0, "".join(output)
+    gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive, f"left running after Ctrl-C: {[(p.pid, p.name()) for p in alive]}"
+
+
+async def test_grpc_stream_from_vllm_through_envoy(mesh: UpMesh) -> None:
+    chunks = await generate(mesh.envoy, prompt="The quick brown fox", max_tokens=16, temperature=0, skip_cache=True)
+    assert len(chunks) >= 2  # streamed, not one blob
+    assert sum(len(c.token_ids) for c in chunks) == 16
+    assert chunks[-1].finish_reason in {"length", "stop"}
+    assert chunks[-1].usage.completion_tokens == 16 and chunks[-1].usage.prompt_tokens > 0
+    assert chunks[0].worker == "worker-0" and not chunks[0].cached
+
+
+async def test_http_json_stream_from_vllm_through_envoy(mesh: UpMesh) -> None:
+    body = {"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0, "skip_cache": True}
+    async with httpx.AsyncClient(base_url=f"http://{mesh.envoy}", timeout=60) as client:
+        async with client.stream("POST", "/v1/generate/stream", json=body) as r:
+            assert r.status_code == 200
+            events = [json.loads(line[6:]) async for line in r.aiter_lines() if line.startswith("data: ")]
+        unary = await client.post("/v1/generate", json=body)
+    assert len(events) >= 2
+    assert events[-1]["usage"]["completion_tokens"] == 12
+    streamed = "".join(e["text"] for e in events)
+    assert unary.status_code == 200 and unary.json()["text"] == streamed
+
+
+async def test_greedy_through_mesh_equals_engine_direct(mesh: UpMesh) -> None:
+    for prompt in ["Hello world", "In the beginning there was"]:
+        req = dict(prompt=prompt, max_tokens=24, temperature=0, ignore_eos=True, skip_cache=True)
+        via_mesh = await generate(mesh.envoy, **req)
+        direct = await worker_generate(mesh.worker, **req)
+        assert token_ids(via_mesh) == token_ids(direct)
+        assert text(via_mesh) == text(direct)
+
+
+async def test_second_identical_greedy_request_is_served_from_cache(mesh: UpMesh) -> None:
+    worker_metrics = mesh.metrics_url("worker-0")
+    req = dict(prompt=f"Cache me {time.time_ns()}", max_tokens=10, temperature=0)
+    first = await generate(mesh.envoy, **req)
+    assert not first[0].cached
+
+    def stored() -> bool:  # the gateway stores after the stream ends, off the request path
+        return metric_sum(scrape(mesh.metrics_url("cache")), "meshserve_cache_stores_total", result="stored") >= 1
+
+    await wait_until(stored, 10, "the completion to be stored")
+    served_before = metric_sum(scrape(worker_metrics), "meshserve_worker_requests_total")
+    second = await generate(mesh.envoy, **req)
+    assert all(c.cached for c in second) and second[0].worker == ""
+    assert text(second) == text(first) and token_ids(second) == token_ids(first)
+    assert metric_sum(scrape(worker_metrics), "meshserve_worker_requests_total") == served_before
+
+
+async def test_client_cancel_aborts_the_engine_request(mesh: UpMesh) -> None:
+    worker_metrics = mesh.metrics_url("worker-0")
+    aborted_before = metric_sum(scrape(worker_metrics), "meshserve_worker_requests_total", finish_reason="abort")
+    async with insecure_channel(mesh.envoy) as channel:
+        call = pb_grpc.InferenceStub(channel).Generate(
+            pb.GenerateRequest(prompt="Tell a long story", max_tokens=1900, ignore_eos=True, temperature=0, skip_cache=True)
+        )
+        await call.read()  # generation is under way
+        async with insecure_channel(mesh.worker) as wch:
+            load = pb_grpc.WorkerStub(wch).WatchLoad(pb.WatchLoadRequest())
+            async for report in load:
+                if report.num_running >= 1:
+                    break
+            call.cancel()
+            async for report in load:  # the engine lets the request go
+                if report.num_running == 0 and report.num_in_flight == 0:
+                    break
+            load.cancel()
+
+    def counted() -> bool:
+        return metric_sum(scrape(worker_metrics), "meshserve_worker_requests_total", finish_reason="abort") > aborted_before
+
+    await wait_until(counted, 10, "the worker to count the abort")
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"prompt": ""}, "'prompt'"),
+        ({"prompt": "x", "max_tokens": 0}, "'max_tokens'"),
+        ({"prompt": "x", "max_tokens": 100000}, "max_tokens"),
+        ({"prompt": "x", "temperature": -1}, "'temperature'"),
+        ({"prompt": "x", "top_p": 0}, "'top_p'"),
+        ({"prompt": "x", "top_p": 1.5}, "'top_p'"),
+        ({"prompt": "word " * 3000, "max_tokens": 8}, "prompt"),
+        ({"prompt": "x", "model": "gpt-17"}, "'model'"),
+    ],
+)
+async def test_bad_input_is_invalid_argument_and_mesh_keeps_serving(mesh: UpMesh, fields: dict, named: str) -> None:
+    message = await invalid_argument(mesh.envoy, **fields)
+    assert named in message
+    ok = await generate(mesh.envoy, prompt="still here", max_tokens=2, skip_cache=True)
+    assert ok[-1].finish_reason
+
+
+async def test_bad_input_over_http_is_400(mesh: UpMesh) -> None:
+    async with httpx.AsyncClient(base_url=f"http://{mesh.envoy}", timeout=60) as client:
+        r = await client.post("/v1/generate", json={"prompt": "x", "max_tokens": -3})
+        assert r.status_code == 400 and "'max_tokens'" in r.json()["message"]
+        r = await client.post("/v1/generate", json={"prompt": "x", "maxtokens": 3})
+        assert r.status_code == 400 and "maxtokens" in r.json()["message"]
