@@ -1,13 +1,20 @@
 """Generates the Envoy front-proxy config from EnvoyConfig (pyyaml), and finds the binary.
 
-One listener serves gRPC and HTTP/JSON (grpc_json_transcoder; server streams become SSE) in
-front of the gateways, with circuit breakers, outlier detection, active gRPC health checks and
-streaming-safe timeouts. ``meshserve envoy-config`` prints it; the launcher writes and runs it.
+One listener serves gRPC, our HTTP/JSON API and the OpenAI-compatible API (grpc_json_transcoder;
+server streams become SSE) in front of the gateways. Request filters, in order: strip headers
+only the edge may set -> API-key auth (tenant header) -> local rate limits (global, per tenant)
+-> strict JSON + stream steering (Lua) -> transcoder -> router. Clusters carry circuit breakers,
+outlier detection, active gRPC health checks; routes carry streaming-safe timeouts and retries
+for unary calls only. Envoy's own error replies are reshaped per API by ``local_reply_config``.
+``meshserve envoy-config`` prints it; the launcher writes and runs it.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,9 +27,13 @@ from services.config import EnvoyConfig
 
 DESCRIPTOR = Path(__file__).resolve().parent / "envoy" / "meshserve.pb"
 STRICT_JSON_LUA = Path(__file__).resolve().parent / "envoy" / "strict_json.lua"
-PUBLIC_SERVICES = ["meshserve.v1.Inference"]
+PUBLIC_SERVICES = ["meshserve.v1.Inference", "meshserve.v1.OpenAI"]
 GATEWAY_CLUSTER = "gateway"
 TENANT_HEADER = "x-meshserve-tenant"  # read by the gateway to isolate cache entries
+API_HEADER = "x-meshserve-api"        # set by the Lua filter: "openai" or "json" (shapes error bodies)
+API_KEYS_ENV = "MESHSERVE_API_KEYS"   # "KEY=TENANT,KEY=TENANT": keys from the environment
+NATIVE_JSON_PREFIX = "/v1/generate"   # our own JSON API; every other /v1/ path speaks OpenAI
+_TENANT_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 
 
 def envoy_binary() -> str:
@@ -72,6 +83,46 @@ def json_schemas(descriptor: Path = DESCRIPTOR) -> dict[str, dict[str, list[str]
     return schemas
 
 
+def stream_paths(schemas: dict[str, dict[str, list[str]]]) -> dict[str, str]:
+    """``<path>`` -> ``<path>:stream`` for every POST path that has a streaming twin: the Lua
+    filter sends ``"stream": true`` bodies there (the transcoder picks a method by path alone)."""
+    return {p.removesuffix(":stream"): p for p in schemas if p.endswith(":stream") and p.removesuffix(":stream") in schemas}
+
+
+class ApiKeyError(ValueError):
+    """The API key file or variable is malformed (the message names the line)."""
+
+
+def parse_api_keys(text: str, source: str) -> dict[str, str]:
+    """``KEY TENANT`` per line ('#' starts a comment) -> {key: tenant}. Messages never show a key."""
+    keys: dict[str, str] = {}
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        if len(parts) != 2 or not _TENANT_RE.fullmatch(parts[1]):
+            raise ApiKeyError(f"{source} line {n}: expected 'KEY TENANT' (tenant: letters, digits, _.:-)")
+        if len(parts[0]) < 8:
+            raise ApiKeyError(f"{source} line {n}: key shorter than 8 characters")
+        if parts[0] in keys:
+            raise ApiKeyError(f"{source} line {n}: duplicate key")
+        keys[parts[0]] = parts[1]
+    return keys
+
+
+def load_api_keys(cfg: EnvoyConfig, environ: dict[str, str] | os._Environ[str] = os.environ) -> dict[str, str]:
+    """Keys from ``cfg.api_keys_file`` and the MESHSERVE_API_KEYS variable, read once at startup.
+    Empty means authentication is off."""
+    keys: dict[str, str] = {}
+    if cfg.api_keys_file:
+        keys.update(parse_api_keys(Path(cfg.api_keys_file).read_text(), cfg.api_keys_file))
+    if environ.get(API_KEYS_ENV):
+        text = "\n".join(item.replace("=", " ", 1) for item in environ[API_KEYS_ENV].split(","))
+        keys.update(parse_api_keys(text, API_KEYS_ENV))
+    return keys
+
+
 def _lua_schemas(schemas: dict[str, dict[str, list[str]]]) -> str:
     def table(keys: list[str]) -> str:
         return "{" + ", ".join(f'["{k}"] = true' for k in keys) + "}"
@@ -80,10 +131,70 @@ def _lua_schemas(schemas: dict[str, dict[str, list[str]]]) -> str:
         f'["{p}"] = {{' + ", ".join(f'["{jp}"] = {table(keys)}' for jp, keys in by_path.items()) + "}"
         for p, by_path in schemas.items()
     )
-    return f"SCHEMAS = {{{paths}}}\n"
+    streams = ", ".join(f'["{p}"] = "{sp}"' for p, sp in stream_paths(schemas).items())
+    return (
+        f"SCHEMAS = {{{paths}}}\nSTREAM_PATHS = {{{streams}}}\n"
+        f'NATIVE_PREFIX = "{NATIVE_JSON_PREFIX}"\nAPI_HEADER = "{API_HEADER}"\n'
+    )
 
 
-def _http_filters(cfg: EnvoyConfig, descriptor: Path) -> list[dict[str, Any]]:
+def _token_bucket(requests: int, window_s: float) -> dict[str, Any]:
+    return {"max_tokens": requests, "tokens_per_fill": requests, "fill_interval": _seconds(window_s)}
+
+
+def _rate_limit_filter(cfg: EnvoyConfig, tenants: set[str]) -> dict[str, Any] | None:
+    """Global bucket, plus one bucket per tenant (keyed by the header the auth filter sets)."""
+    per_key = cfg.rate_limit_per_key_requests > 0 and tenants
+    if cfg.rate_limit_requests <= 0 and not per_key:
+        return None
+    percent = {"default_value": {"numerator": 100, "denominator": "HUNDRED"}, "runtime_key": "rate_limit_enabled"}
+    retry_after = str(max(1, math.ceil(cfg.rate_limit_window_s)))
+    fields: dict[str, Any] = {
+        "stat_prefix": "edge_rate_limit",
+        "filter_enabled": percent,
+        "filter_enforced": {**percent, "runtime_key": "rate_limit_enforced"},
+        "rate_limited_as_resource_exhausted": True,  # gRPC clients get RESOURCE_EXHAUSTED
+        "response_headers_to_add": [
+            {"header": {"key": "retry-after", "value": retry_after}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}
+        ],
+    }
+    if cfg.rate_limit_requests > 0:
+        fields["token_bucket"] = _token_bucket(cfg.rate_limit_requests, cfg.rate_limit_window_s)
+    else:  # the filter needs a default bucket; one that never empties, consumed by no one
+        fields["token_bucket"] = _token_bucket(2**31 - 1, cfg.rate_limit_window_s)
+        fields["always_consume_default_token_bucket"] = False
+    if per_key:
+        fields["rate_limits"] = [{"actions": [{"request_headers": {"header_name": TENANT_HEADER, "descriptor_key": "tenant"}}]}]
+        fields["descriptors"] = [
+            {
+                "entries": [{"key": "tenant", "value": tenant}],
+                "token_bucket": _token_bucket(cfg.rate_limit_per_key_requests, cfg.rate_limit_window_s),
+            }
+            for tenant in sorted(tenants)
+        ]
+    return {"name": "envoy.filters.http.local_ratelimit",
+            "typed_config": _typed("envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit", **fields)}
+
+
+def _http_filters(cfg: EnvoyConfig, descriptor: Path, keys: dict[str, str]) -> list[dict[str, Any]]:
+    # Headers that only the edge may set: a client must not choose its tenant.
+    edge_only = _typed(
+        "envoy.extensions.filters.http.header_mutation.v3.HeaderMutation",
+        mutations={"request_mutations": [{"remove": TENANT_HEADER}, {"remove": API_HEADER}]},
+    )
+    filters = [{"name": "envoy.filters.http.header_mutation", "typed_config": edge_only}]
+    if keys:
+        auth = _typed(
+            "envoy.extensions.filters.http.api_key_auth.v3.ApiKeyAuth",
+            credentials=[{"key": key, "client": tenant} for key, tenant in keys.items()],
+            key_sources=[{"header": "authorization"}],
+            # The tenant goes upstream (cache isolation, rate limit); the key never does.
+            forwarding={"header": TENANT_HEADER, "hide_credentials": True},
+        )
+        filters.append({"name": "envoy.filters.http.api_key_auth", "typed_config": auth})
+    rate_limit = _rate_limit_filter(cfg, set(keys.values()))
+    if rate_limit is not None:
+        filters.append(rate_limit)
     strict_json = _typed(
         "envoy.extensions.filters.http.lua.v3.Lua",
         default_source_code={"inline_string": _lua_schemas(json_schemas(descriptor)) + STRICT_JSON_LUA.read_text()},
@@ -102,10 +213,72 @@ def _http_filters(cfg: EnvoyConfig, descriptor: Path) -> list[dict[str, Any]]:
         request_validation_options={"reject_unknown_method": False, "reject_unknown_query_parameters": True},
     )
     return [
+        *filters,
         {"name": "envoy.filters.http.lua", "typed_config": strict_json},
         {"name": "envoy.filters.http.grpc_json_transcoder", "typed_config": transcoder},
         {"name": "envoy.filters.http.router", "typed_config": _typed("envoy.extensions.filters.http.router.v3.Router")},
     ]
+
+
+# Envoy's own error replies (status -> OpenAI error type, code, message; None keeps Envoy's text).
+LOCAL_REPLIES: dict[int, tuple[str, str, str | None]] = {
+    400: ("invalid_request_error", "invalid_request", None),
+    401: ("authentication_error", "invalid_api_key",
+          "invalid or missing API key: send 'Authorization: Bearer <key>'"),
+    403: ("permission_error", "forbidden", None),
+    404: ("not_found_error", "not_found", "no such endpoint: %REQ(:METHOD)% %REQ(:PATH)%"),
+    413: ("invalid_request_error", "request_too_large", "request body larger than {max_request_bytes} bytes"),
+    429: ("rate_limit_error", "rate_limit_exceeded", "rate limit exceeded; retry after the 'retry-after' seconds"),
+    503: ("overloaded_error", "overloaded", "the service is overloaded or unavailable; retry later"),
+    504: ("timeout", "timeout", "upstream timed out"),
+}
+# gRPC code of each status, for our own JSON API's {"code", "message", "details"} shape.
+GRPC_CODES = {400: 3, 401: 16, 403: 7, 404: 12, 413: 8, 429: 8, 503: 14, 504: 4}
+
+
+def _header_is(name: str, match: dict[str, str], invert: bool = False) -> dict[str, Any]:
+    return {"header_filter": {"header": {"name": name, "string_match": match, "invert_match": invert}}}
+
+
+def _local_reply_config(cfg: EnvoyConfig) -> dict[str, Any]:
+    """Reshapes Envoy's own replies (auth 401, rate limit 429, body 413, overflow 503, no route
+    404, transcoder 400) as OpenAI errors on OpenAI paths and as {"code","message"} on our JSON
+    API. gRPC requests match neither and keep Envoy's gRPC status."""
+    openai = {"or_filter": {"filters": [
+        _header_is(API_HEADER, {"exact": "openai"}),
+        {"and_filter": {"filters": [
+            _header_is(":path", {"prefix": "/v1/"}),
+            _header_is(":path", {"prefix": NATIVE_JSON_PREFIX}, invert=True),
+        ]}},
+    ]}}
+    native = {"or_filter": {"filters": [
+        _header_is(API_HEADER, {"exact": "json"}),
+        _header_is(":path", {"prefix": NATIVE_JSON_PREFIX}),
+    ]}}
+    retry_after = [{"header": {"key": "retry-after", "value": "1"}, "append_action": "ADD_IF_ABSENT"}]
+    mappers = []
+    for status, (kind, code, message) in LOCAL_REPLIES.items():
+        text = "%LOCAL_REPLY_BODY%" if message is None else message.format(max_request_bytes=cfg.max_request_bytes)
+        status_is = {"status_code_filter": {"comparison": {"op": "EQ", "value": {"default_value": status, "runtime_key": f"lr_{status}"}}}}
+        extra = {"headers_to_add": retry_after} if status in (429, 503) else {}
+        mappers.append({
+            "filter": {"and_filter": {"filters": [status_is, openai]}},
+            "body_format_override": {
+                "json_format": {"error": {"message": text, "type": kind, "param": None, "code": code}},
+                "content_type": "application/json",
+            },
+            **extra,
+        })
+        if status != 400:  # our JSON API's 400s are already {"code","message"} (Lua, transcoder)
+            mappers.append({
+                "filter": {"and_filter": {"filters": [status_is, native]}},
+                "body_format_override": {
+                    "json_format": {"code": GRPC_CODES[status], "message": text, "details": []},
+                    "content_type": "application/json",
+                },
+                **extra,
+            })
+    return {"mappers": mappers}
 
 
 def _routes(cfg: EnvoyConfig) -> list[dict[str, Any]]:
@@ -127,9 +300,12 @@ def _routes(cfg: EnvoyConfig) -> list[dict[str, Any]]:
         "max_stream_duration": {"grpc_timeout_header_max": _seconds(cfg.unary_timeout_s)},
         "retry_policy": {"retry_on": "connect-failure,refused-stream,unavailable", "num_retries": 1},
     }
+    unary = ["Inference/Complete", "OpenAI/ChatCompletions", "OpenAI/Completions", "OpenAI/ListModels",
+             "OpenAI/RetrieveModel"]
     return [
-        {"match": {"path": "/meshserve.v1.Inference/Complete"}, "route": unary_route},
+        *({"match": {"path": f"/meshserve.v1.{m}"}, "route": unary_route} for m in unary),
         {"match": {"prefix": "/meshserve.v1.Inference/"}, "route": stream_route},
+        {"match": {"prefix": "/meshserve.v1.OpenAI/"}, "route": stream_route},
         {"match": {"prefix": "/grpc.health.v1.Health/"}, "route": {"cluster": GATEWAY_CLUSTER, "timeout": "5s"}},
     ]
 
@@ -146,6 +322,11 @@ def _access_log() -> list[dict[str, Any]]:
         "upstream": "%UPSTREAM_HOST%",
         "request_id": "%REQ(X-REQUEST-ID)%",
         "traceparent": "%REQ(TRACEPARENT)%",
+        # Set by the auth filter from the API key; the key itself (Authorization) is never logged.
+        "tenant": "%REQ(X-MESHSERVE-TENANT)%",
+        "user_agent": "%REQ(USER-AGENT)%",
+        "bytes_received": "%BYTES_RECEIVED%",
+        "bytes_sent": "%BYTES_SENT%",
     }
     return [
         {
@@ -203,8 +384,12 @@ def _gateway_cluster(cfg: EnvoyConfig) -> dict[str, Any]:
     }
 
 
-def build_config(cfg: EnvoyConfig, descriptor: Path = DESCRIPTOR) -> dict[str, Any]:
-    """The whole Envoy bootstrap as a dict."""
+def build_config(
+    cfg: EnvoyConfig, descriptor: Path = DESCRIPTOR, api_keys: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The whole Envoy bootstrap as a dict. ``api_keys`` defaults to ``load_api_keys(cfg)``;
+    with no keys, authentication is off."""
+    keys = load_api_keys(cfg) if api_keys is None else api_keys
     hcm = _typed(
         "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
         stat_prefix="ingress",
@@ -220,12 +405,11 @@ def build_config(cfg: EnvoyConfig, descriptor: Path = DESCRIPTOR) -> dict[str, A
                     "name": "meshserve",
                     "domains": ["*"],
                     "routes": _routes(cfg),
-                    # The tenant is set by the edge (after authentication), never by the client.
-                    "request_headers_to_remove": [TENANT_HEADER],
                 }
             ],
         },
-        http_filters=_http_filters(cfg, descriptor),
+        local_reply_config=_local_reply_config(cfg),
+        http_filters=_http_filters(cfg, descriptor, keys),
     )
     return {
         "admin": {"address": _address(f"127.0.0.1:{cfg.admin_port}")},
@@ -234,6 +418,8 @@ def build_config(cfg: EnvoyConfig, descriptor: Path = DESCRIPTOR) -> dict[str, A
                 {
                     "name": "ingress",
                     "address": _address(f"{cfg.listen_host}:{cfg.listen_port}"),
+                    # Bounds every buffered request body (JSON steering, transcoding): beyond it, 413.
+                    "per_connection_buffer_limit_bytes": cfg.max_request_bytes,
                     "filter_chains": [
                         {"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}
                     ],
@@ -255,9 +441,14 @@ def build_config(cfg: EnvoyConfig, descriptor: Path = DESCRIPTOR) -> dict[str, A
     }
 
 
-def write_config(cfg: EnvoyConfig, path: Path, descriptor: Path = DESCRIPTOR) -> Path:
+def write_config(
+    cfg: EnvoyConfig, path: Path, descriptor: Path = DESCRIPTOR, api_keys: dict[str, str] | None = None
+) -> Path:
+    """Writes the config readable by its owner only: with auth on it holds the API keys."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(build_config(cfg, descriptor), sort_keys=False))
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(yaml.safe_dump(build_config(cfg, descriptor, api_keys), sort_keys=False))
     return path
 
 
@@ -275,7 +466,9 @@ def validate(path: Path) -> None:
 
 def command(config_path: Path, log_level: str = "warning") -> list[str]:
     """The command line that runs Envoy on a generated config."""
-    return [envoy_binary(), "-c", str(config_path), "--disable-hot-restart", "-l", log_level]
+    # Access log lines reach the log within a second (Envoy's default buffers them for 10 s).
+    return [envoy_binary(), "-c", str(config_path), "--disable-hot-restart", "-l", log_level,
+            "--file-flush-interval-msec", "1000"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 
 from gateway.clients import Clients
+from gateway.openai_servicer import OpenAIServicer
 from gateway.orchestrator import GatewayError, Orchestrator
 from services.config import GatewayConfig
 from services.gen import meshserve_pb2 as pb
@@ -54,25 +55,26 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             raise  # unreachable: abort raises
 
 
-def _build(cfg: GatewayConfig) -> tuple[InferenceServicer, Lifecycle]:
+def _build(cfg: GatewayConfig) -> tuple[Callable[[grpc.aio.Server], list[str]], Lifecycle]:
+    """Both public services share one orchestrator (one admission bound, one set of channels)."""
     orchestrator = Orchestrator(cfg, Clients(cfg.router, cfg.cache))
-    return InferenceServicer(orchestrator), Lifecycle(on_close=[orchestrator.close])
+    inference = InferenceServicer(orchestrator)
+    openai = OpenAIServicer(orchestrator, cfg.model, _tenant)
 
-
-def _register(servicer: InferenceServicer) -> Callable[[grpc.aio.Server], list[str]]:
     def register(server: grpc.aio.Server) -> list[str]:
-        pb_grpc.add_InferenceServicer_to_server(servicer, server)
-        return [SERVICE_NAME]
+        pb_grpc.add_InferenceServicer_to_server(inference, server)
+        pb_grpc.add_OpenAIServicer_to_server(openai, server)
+        return [SERVICE_NAME, OpenAIServicer.SERVICE_NAME]
 
-    return register
+    return register, Lifecycle(on_close=[orchestrator.close])
 
 
 async def start_gateway(cfg: GatewayConfig) -> Running:
     """Starts the gateway in this process (tests use port 0)."""
-    servicer, lifecycle = _build(cfg)
-    return await start("gateway", cfg, _register(servicer), lifecycle)
+    register, lifecycle = _build(cfg)
+    return await start("gateway", cfg, register, lifecycle)
 
 
 async def main(cfg: GatewayConfig) -> None:
-    servicer, lifecycle = _build(cfg)
-    await serve("gateway", cfg, _register(servicer), lifecycle)
+    register, lifecycle = _build(cfg)
+    await serve("gateway", cfg, register, lifecycle)

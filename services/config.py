@@ -115,6 +115,13 @@ class EnvoyConfig:
     stream_idle_timeout_s: float = _f(300.0, "reset a stream with no data for this long")
     max_stream_duration_s: float = _f(600.0, "longest a stream may last")
     unary_timeout_s: float = _f(120.0, "timeout of unary calls")
+    max_request_bytes: int = _f(1024 * 1024, "largest HTTP/JSON request body; beyond: 413")
+    api_keys_file: str = _f(
+        "", "bearer API keys, one 'KEY TENANT' per line ('#' comments); empty (and no MESHSERVE_API_KEYS): no auth"
+    )
+    rate_limit_requests: int = _f(0, "global rate limit: requests per window for all clients together (0: off)")
+    rate_limit_per_key_requests: int = _f(0, "per-API-key (tenant) rate limit: requests per window (0: off)")
+    rate_limit_window_s: float = _f(1.0, "the rate-limit window (token bucket refill interval), seconds")
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:

@@ -270,7 +270,14 @@ class Mesh:
             f"curl -N http://{self.envoy_address}/v1/generate/stream "
             """-d '{"prompt": "The quick brown fox", "max_tokens": 32, "temperature": 0}'"""
         )
-        return "meshserve is up:\n" + "\n".join(lines) + f"\n\nTry:\n  {example}\n  meshserve generate 'Hello'\n"
+        openai = (
+            f"curl http://{self.envoy_address}/v1/chat/completions "
+            """-d '{"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 16}'"""
+        )
+        return (
+            "meshserve is up:\n" + "\n".join(lines)
+            + f"\n\nTry:\n  {example}\n  {openai}\n  meshserve generate 'Hello'\n"
+        )
 
 
 def _signal_group(proc: Proc, sig: signal.Signals) -> None:
@@ -296,6 +303,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-seqs", type=int, default=WorkerConfig.max_num_seqs, help="batch cap per worker")
     parser.add_argument("--enforce-eager", action="store_true",
                         help="vLLM without torch.compile: starts ~2x faster, decodes ~25%% slower")
+    parser.add_argument("--api-keys-file", default="",
+                        help="bearer API keys for Envoy, one 'KEY TENANT' per line (default: no auth, "
+                             "unless MESHSERVE_API_KEYS is set)")
     parser.add_argument("--run-dir", type=Path, default=config.default_cache_dir() / "run",
                         help="where logs, generated configs and ready files go")
 
@@ -313,7 +323,7 @@ def spec_from_args(args: argparse.Namespace) -> MeshSpec:
         router=RouterConfig(port=args.router_port),
         cache=CacheConfig(port=args.cache_port),
         gateway=GatewayConfig(port=args.gateway_port),
-        envoy=EnvoyConfig(listen_port=args.port, admin_port=args.admin_port),
+        envoy=EnvoyConfig(listen_port=args.port, admin_port=args.admin_port, api_keys_file=args.api_keys_file),
     )
 
 

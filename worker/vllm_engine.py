@@ -3,6 +3,8 @@ scheduler stats."""
 
 from __future__ import annotations
 
+import asyncio
+
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -57,6 +59,7 @@ class VllmEngine(Engine):
         self.cfg = cfg
         self.load_signal = LoadSignal()
         self._load = Load()
+        self._active: set[str] = set()  # request ids submitted to vLLM and not yet over
         self._llm: Any = None
         self._tokenizer: Any = None
         self._model_path = ""
@@ -133,6 +136,11 @@ class VllmEngine(Engine):
             self.load_signal.notify()
 
     def load(self) -> Load:
+        # Scheduler stats arrive with engine steps; after the last request ends (an abort, say)
+        # the engine may go idle without another step, leaving the last stats stale. With
+        # nothing in the engine, its load is zero whatever the stale stats said.
+        if not self._active:
+            return Load(prefix_cache_hit_rate=self._load.prefix_cache_hit_rate)
         return self._load
 
     async def generate(self, request: Request) -> AsyncIterator[Delta]:
@@ -154,6 +162,7 @@ class VllmEngine(Engine):
         )
         completion_tokens = 0
         finished = False
+        self._active.add(request.request_id)
         try:
             async for out in self._llm.generate(TokensPrompt(prompt_token_ids=prompt_ids), params,
                                                 request.request_id):
@@ -169,10 +178,12 @@ class VllmEngine(Engine):
                     cached_prompt_tokens=out.num_cached_tokens or 0,
                 )
         finally:
+            self._active.discard(request.request_id)
             if not finished:
-                # Closed early (the client went away): free the request's KV blocks now.
-                # vLLM's own generator aborts as well when closed; abort is idempotent.
-                await self._llm.abort(request.request_id)
+                # Closed early (the client went away): free the request's KV blocks now. Shielded:
+                # a second cancellation of this task must not skip the abort. vLLM's own
+                # generator aborts as well when closed; abort is idempotent.
+                await asyncio.shield(self._llm.abort(request.request_id))
                 log.debug("request %s aborted", request.request_id)
             self.load_signal.notify()
 

@@ -1,8 +1,14 @@
--- Rejects JSON request bodies that carry fields the gRPC request message does not define.
--- Envoy's gRPC-JSON transcoder drops unknown fields silently; a client that misspells
--- "max_tokens" would get a default it never asked for. SCHEMAS (prepended by deploy/envoy.py
--- from the proto descriptor) maps each HTTP path to the allowed keys per JSON path.
--- Malformed JSON is left to the transcoder, which answers 400 itself.
+-- The HTTP/JSON side of the edge, in front of the gRPC-JSON transcoder:
+-- 1. Rejects JSON request bodies that carry fields the gRPC request message does not define.
+--    Envoy's transcoder drops unknown fields silently; a client that misspells "max_tokens"
+--    would get a default it never asked for. SCHEMAS maps each HTTP path to the allowed keys
+--    per JSON path. Malformed JSON is left to the transcoder, which answers 400 itself.
+-- 2. Steers `"stream": true` bodies to the streaming twin of the path (STREAM_PATHS): the
+--    transcoder chooses the gRPC method from the path alone.
+-- 3. Marks the request's API (API_HEADER: "openai" or "json") so Envoy's own error replies get
+--    that API's shape (local_reply_config), and reshapes gRPC errors on OpenAI paths into
+--    OpenAI's {"error": {...}} body.
+-- SCHEMAS, STREAM_PATHS, NATIVE_PREFIX and API_HEADER are prepended by deploy/envoy.py.
 
 local function skip_ws(s, i)
   return s:find("[^ \t\r\n]", i) or #s + 1
@@ -35,8 +41,10 @@ local function parse_object(s, i, path, schema, bad)
     if allowed and not allowed[key] and not bad[1] then bad[1] = child end
     i = skip_ws(s, i)
     if s:sub(i, i) ~= ":" then return nil end
-    i = parse_value(s, skip_ws(s, i + 1), child, schema, bad)
+    local start = skip_ws(s, i + 1)
+    i = parse_value(s, start, child, schema, bad)
     if not i then return nil end
+    if child == "stream" then bad.stream = s:sub(start, i - 1) end
     i = skip_ws(s, i)
     local c = s:sub(i, i)
     if c == "}" then return i + 1 end
@@ -76,10 +84,19 @@ local function json_escape(s)
   return (s:gsub('[%c"\\]', function(c) return string.format("\\u%04x", c:byte()) end))
 end
 
+local function is_openai(path)
+  return path:sub(1, 4) == "/v1/" and path:sub(1, #NATIVE_PREFIX) ~= NATIVE_PREFIX
+end
+
 function envoy_on_request(handle)
   local headers = handle:headers()
-  local schema = SCHEMAS[(headers:get(":path") or ""):gsub("%?.*", "")]
+  local path = (headers:get(":path") or ""):gsub("%?.*", "")
   local ctype = headers:get("content-type") or ""
+  if ctype:find("^application/grpc") or path:sub(1, 4) ~= "/v1/" then return end
+  local openai = is_openai(path)
+  headers:replace(API_HEADER, openai and "openai" or "json")
+  if openai then handle:streamInfo():dynamicMetadata():set("meshserve", "openai", "1") end
+  local schema = SCHEMAS[path]
   if not schema or headers:get(":method") ~= "POST" or not ctype:find("json") then return end
   local body = handle:body()
   if not body or body:length() == 0 then return end
@@ -88,9 +105,68 @@ function envoy_on_request(handle)
   local i = parse_value(s, skip_ws(s, 1), "", schema, bad)
   if i and bad[1] then
     local message = "unknown field '" .. json_escape(bad[1]) .. "' in the request body"
-    handle:respond(
-      { [":status"] = "400", ["content-type"] = "application/json" },
-      '{"code":3,"message":"' .. message .. '","details":[]}'
-    )
+    if openai then -- local_reply_config wraps it in OpenAI's error shape
+      handle:respond({ [":status"] = "400", ["content-type"] = "text/plain" }, message)
+    else
+      handle:respond(
+        { [":status"] = "400", ["content-type"] = "application/json" },
+        '{"code":3,"message":"' .. message .. '","details":[]}'
+      )
+    end
+    return
   end
+  if i and bad.stream == "true" and STREAM_PATHS[path] then
+    handle:headers():replace(":path", STREAM_PATHS[path]) -- headers() again: body() may have yielded
+  end
+end
+
+-- gRPC status code -> OpenAI error type and code.
+local ERROR_TYPES = {
+  [1] = { "cancelled", "cancelled" },
+  [3] = { "invalid_request_error", "invalid_argument" },
+  [4] = { "timeout", "deadline_exceeded" },
+  [5] = { "not_found_error", "not_found" },
+  [7] = { "permission_error", "permission_denied" },
+  [8] = { "rate_limit_error", "resource_exhausted" },
+  [11] = { "invalid_request_error", "out_of_range" },
+  [14] = { "service_unavailable", "unavailable" },
+  [16] = { "authentication_error", "unauthenticated" },
+}
+
+-- The raw (still JSON-escaped) string value of `key` in a flat JSON object, or nil.
+local function raw_string(s, key)
+  local _, j = s:find('"' .. key .. '"%s*:%s*"')
+  if not j then return nil end
+  local k = j + 1
+  while true do
+    local q = s:find('["\\]', k)
+    if not q then return nil end
+    if s:sub(q, q) == '"' then return s:sub(j + 1, q - 1) end
+    k = q + 2
+  end
+end
+
+function envoy_on_response(handle)
+  local meta = handle:streamInfo():dynamicMetadata():get("meshserve")
+  if not meta or meta["openai"] ~= "1" then return end
+  local headers = handle:headers()
+  local status = tonumber(headers:get(":status") or "200")
+  if status < 400 or not (headers:get("content-type") or ""):find("json") then return end
+  local body = handle:body()
+  if not body or body:length() == 0 then return end
+  local s = body:getBytes(0, body:length())
+  -- The transcoder's {"code": N, "message": "...", "details": []} for a gRPC error; Envoy's own
+  -- replies are already OpenAI-shaped by local_reply_config.
+  local code = tonumber(s:match('^%s*{%s*"code"%s*:%s*(%d+)'))
+  if not code then return end
+  local message = raw_string(s, "message") or ""
+  local kind = ERROR_TYPES[code] or { "server_error", "internal" }
+  local param = message:match("^'([%w_%.%[%]]+)'") or message:match("'([%w_%.%[%]]+)'")
+  local out = '{"error":{"message":"' .. message .. '","type":"' .. kind[1] .. '","param":'
+    .. (param and ('"' .. param .. '"') or "null") .. ',"code":"' .. kind[2] .. '"}}'
+  body:setBytes(out)
+  headers = handle:headers() -- again: body() may have yielded
+  headers:remove("grpc-status")
+  headers:remove("grpc-message")
+  if code == 8 and not headers:get("retry-after") then headers:replace("retry-after", "1") end
 end

@@ -154,6 +154,294 @@ class Inference:
             _registered_method=True)
 
 
+class OpenAIStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.ChatCompletions = channel.unary_unary(
+                '/meshserve.v1.OpenAI/ChatCompletions',
+                request_serializer=meshserve__pb2.ChatCompletionRequest.SerializeToString,
+                response_deserializer=meshserve__pb2.ChatCompletion.FromString,
+                _registered_method=True)
+        self.StreamChatCompletions = channel.unary_stream(
+                '/meshserve.v1.OpenAI/StreamChatCompletions',
+                request_serializer=meshserve__pb2.ChatCompletionRequest.SerializeToString,
+                response_deserializer=meshserve__pb2.ChatCompletionChunk.FromString,
+                _registered_method=True)
+        self.Completions = channel.unary_unary(
+                '/meshserve.v1.OpenAI/Completions',
+                request_serializer=meshserve__pb2.CompletionRequest.SerializeToString,
+                response_deserializer=meshserve__pb2.Completion.FromString,
+                _registered_method=True)
+        self.StreamCompletions = channel.unary_stream(
+                '/meshserve.v1.OpenAI/StreamCompletions',
+                request_serializer=meshserve__pb2.CompletionRequest.SerializeToString,
+                response_deserializer=meshserve__pb2.Completion.FromString,
+                _registered_method=True)
+        self.ListModels = channel.unary_unary(
+                '/meshserve.v1.OpenAI/ListModels',
+                request_serializer=meshserve__pb2.ListModelsRequest.SerializeToString,
+                response_deserializer=meshserve__pb2.ModelList.FromString,
+                _registered_method=True)
+        self.RetrieveModel = channel.unary_unary(
+                '/meshserve.v1.OpenAI/RetrieveModel',
+                request_serializer=meshserve__pb2.RetrieveModelRequest.SerializeToString,
+                response_deserializer=meshserve__pb2.Model.FromString,
+                _registered_method=True)
+
+
+class OpenAIServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def ChatCompletions(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StreamChatCompletions(self, request, context):
+        """The same request with "stream": true (the edge rewrites the path); chunks as SSE.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Completions(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StreamCompletions(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListModels(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RetrieveModel(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_OpenAIServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'ChatCompletions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ChatCompletions,
+                    request_deserializer=meshserve__pb2.ChatCompletionRequest.FromString,
+                    response_serializer=meshserve__pb2.ChatCompletion.SerializeToString,
+            ),
+            'StreamChatCompletions': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamChatCompletions,
+                    request_deserializer=meshserve__pb2.ChatCompletionRequest.FromString,
+                    response_serializer=meshserve__pb2.ChatCompletionChunk.SerializeToString,
+            ),
+            'Completions': grpc.unary_unary_rpc_method_handler(
+                    servicer.Completions,
+                    request_deserializer=meshserve__pb2.CompletionRequest.FromString,
+                    response_serializer=meshserve__pb2.Completion.SerializeToString,
+            ),
+            'StreamCompletions': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamCompletions,
+                    request_deserializer=meshserve__pb2.CompletionRequest.FromString,
+                    response_serializer=meshserve__pb2.Completion.SerializeToString,
+            ),
+            'ListModels': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListModels,
+                    request_deserializer=meshserve__pb2.ListModelsRequest.FromString,
+                    response_serializer=meshserve__pb2.ModelList.SerializeToString,
+            ),
+            'RetrieveModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.RetrieveModel,
+                    request_deserializer=meshserve__pb2.RetrieveModelRequest.FromString,
+                    response_serializer=meshserve__pb2.Model.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'meshserve.v1.OpenAI', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('meshserve.v1.OpenAI', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class OpenAI:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def ChatCompletions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshserve.v1.OpenAI/ChatCompletions',
+            meshserve__pb2.ChatCompletionRequest.SerializeToString,
+            meshserve__pb2.ChatCompletion.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamChatCompletions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/meshserve.v1.OpenAI/StreamChatCompletions',
+            meshserve__pb2.ChatCompletionRequest.SerializeToString,
+            meshserve__pb2.ChatCompletionChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Completions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshserve.v1.OpenAI/Completions',
+            meshserve__pb2.CompletionRequest.SerializeToString,
+            meshserve__pb2.Completion.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamCompletions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/meshserve.v1.OpenAI/StreamCompletions',
+            meshserve__pb2.CompletionRequest.SerializeToString,
+            meshserve__pb2.Completion.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListModels(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshserve.v1.OpenAI/ListModels',
+            meshserve__pb2.ListModelsRequest.SerializeToString,
+            meshserve__pb2.ModelList.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RetrieveModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshserve.v1.OpenAI/RetrieveModel',
+            meshserve__pb2.RetrieveModelRequest.SerializeToString,
+            meshserve__pb2.Model.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
 class WorkerStub:
     """Missing associated documentation comment in .proto file."""
 

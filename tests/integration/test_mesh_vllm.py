@@ -141,27 +141,33 @@ async def test_second_identical_greedy_request_is_served_from_cache(mesh: UpMesh
 
 async def test_client_cancel_aborts_the_engine_request(mesh: UpMesh) -> None:
     worker_metrics = mesh.metrics_url("worker-0")
-    aborted_before = metric_sum(scrape(worker_metrics), "meshserve_worker_requests_total", finish_reason="abort")
-    async with insecure_channel(mesh.envoy) as channel:
+
+    def count(reason: str) -> float:
+        return metric_sum(scrape(worker_metrics), "meshserve_worker_requests_total", finish_reason=reason)
+
+    aborted_before, finished_before = count("abort"), count("length")
+    async with insecure_channel(mesh.envoy) as channel, insecure_channel(mesh.worker) as wch:
         call = pb_grpc.InferenceStub(channel).Generate(
             pb.GenerateRequest(prompt="Tell a long story", max_tokens=1900, ignore_eos=True, temperature=0, skip_cache=True)
         )
-        await call.read()  # generation is under way
-        async with insecure_channel(mesh.worker) as wch:
-            load = pb_grpc.WorkerStub(wch).WatchLoad(pb.WatchLoadRequest())
-            async for report in load:
-                if report.num_running >= 1:
-                    break
-            call.cancel()
-            async for report in load:  # the engine lets the request go
-                if report.num_running == 0 and report.num_in_flight == 0:
-                    break
-            load.cancel()
+        first = await asyncio.wait_for(call.read(), 60)  # the engine is generating
+        assert first.token_ids
+        call.cancel()
+        await wait_until(lambda: count("abort") > aborted_before, 30, "the worker to count the abort")
+        # The engine let the request go: nothing runs, and it never ran to its 1900 tokens.
+        reports: list[tuple[int, int]] = []
 
-    def counted() -> bool:
-        return metric_sum(scrape(worker_metrics), "meshserve_worker_requests_total", finish_reason="abort") > aborted_before
+        async def idle() -> None:
+            async for r in pb_grpc.WorkerStub(wch).WatchLoad(pb.WatchLoadRequest()):
+                reports.append((r.num_running, r.num_in_flight))
+                if r.num_running == 0 and r.num_in_flight == 0:
+                    return
 
-    await wait_until(counted, 10, "the worker to count the abort")
+        try:
+            await asyncio.wait_for(idle(), 30)
+        except TimeoutError:
+            raise AssertionError(f"the worker still reports load (running, in flight): {reports[-5:]}") from None
+    assert count("length") == finished_before
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,353 @@
+"""The OpenAI-compatible edge end to end: the official `openai` client, unchanged, against the
+real Envoy and a sim mesh started by the launcher; authentication, tenants, rate limits, body
+limit, load shedding and error shapes, a fuzz test of random JSON bodies, and a slow reader."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+
+import grpc
+import httpx
+import openai
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from deploy import envoy
+from services.config import CacheConfig, EnvoyConfig, GatewayConfig, RouterConfig, WorkerConfig
+from services.gen import meshserve_pb2 as pb
+from services.gen import meshserve_pb2_grpc as pb_grpc
+from services.launcher import Mesh, MeshSpec
+from services.server import insecure_channel
+from tests.conftest import free_port
+from tests.integration.helpers import metric_sum, scrape, wait_until
+
+pytestmark = pytest.mark.integration
+
+KEYS = {"sk-alice-0123456789": "alice", "sk-bob-0123456789": "bob", "sk-carol-0123456789": "carol"}
+ALICE, BOB, CAROL = KEYS
+MODEL = "meshserve-tiny"
+MAX_BODY = 64 * 1024
+GATEWAY_MAX_IN_FLIGHT = 4
+LONG = 1500  # max_tokens of a stream that stays open for seconds (sim: ~7 ms per token)
+
+
+@pytest.fixture(scope="module")
+def keys_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("keys") / "api-keys.txt"
+    path.write_text("# test keys\n" + "".join(f"{k} {t}\n" for k, t in KEYS.items()))
+    return path
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory: pytest.TempPathFactory, keys_file: Path) -> Iterator[Mesh]:
+    spec = MeshSpec(
+        engine="sim",
+        workers=1,
+        redis_port=free_port(),
+        run_dir=tmp_path_factory.mktemp("openai-mesh"),
+        worker=WorkerConfig(port=free_port(), grace_seconds=1),
+        router=RouterConfig(port=free_port(), grace_seconds=1),
+        cache=CacheConfig(port=free_port(), grace_seconds=1),
+        gateway=GatewayConfig(port=free_port(), grace_seconds=1, max_in_flight=GATEWAY_MAX_IN_FLIGHT),
+        envoy=EnvoyConfig(
+            listen_port=free_port(), admin_port=free_port(), api_keys_file=str(keys_file), max_request_bytes=MAX_BODY
+        ),
+        ready_timeout_s=120,
+    )
+    with Mesh(spec) as m:
+        yield m
+
+
+@contextmanager
+def run_envoy(cfg: EnvoyConfig, path: Path) -> Iterator[str]:
+    """A second Envoy in front of the same gateway (a different protection config)."""
+    envoy.write_config(cfg, path)
+    proc = subprocess.Popen(envoy.command(path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert proc.poll() is None, "Envoy exited"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{cfg.admin_port}/ready", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                assert time.monotonic() < deadline, "Envoy never became ready"
+                time.sleep(0.05)  # readiness probe of a process we just started
+        yield f"http://127.0.0.1:{cfg.listen_port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def client(mesh: Mesh, key: str = ALICE) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"http://{mesh.envoy_address}/v1", api_key=key, max_retries=0)
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}
+
+
+async def grpc_text(mesh: Mesh, key: str = ALICE, **fields: object) -> tuple[str, list[pb.GenerateResponse]]:
+    async with insecure_channel(mesh.envoy_address) as channel:
+        call = pb_grpc.InferenceStub(channel).Generate(pb.GenerateRequest(**fields), metadata=(("authorization", f"Bearer {key}"),))
+        chunks = [c async for c in call]
+    return "".join(c.text for c in chunks), chunks
+
+
+async def gateway_idle(mesh: Mesh) -> None:
+    """Closed client streams free their gateway slot asynchronously: wait for it."""
+    await wait_until(
+        lambda: metric_sum(scrape(mesh.metrics["gateway"]), "meshserve_gateway_in_flight") == 0, 10, "an idle gateway"
+    )
+
+
+@asynccontextmanager
+async def open_stream(base: str, key: str, max_tokens: int = LONG) -> AsyncIterator[httpx.Response]:
+    """A chat stream whose first event has arrived (so it holds its slots), then left unread."""
+    async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hold"}], "max_tokens": max_tokens,
+                "stream": True, "skip_cache": True}
+        async with http.stream("POST", "/v1/chat/completions", json=body, headers=auth(key)) as r:
+            assert r.status_code == 200
+            lines = r.aiter_lines()
+            while not (await lines.__anext__()).startswith("data: "):
+                pass
+            yield r
+
+
+# -- the openai client -------------------------------------------------------------------------
+
+
+async def test_openai_chat_equals_grpc_output(mesh: Mesh) -> None:
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "Name three colours."}]
+    expected, chunks = await grpc_text(
+        mesh, messages=[pb.ChatMessage(**m) for m in messages], max_tokens=12, temperature=0, skip_cache=True
+    )
+    assert expected and chunks[-1].finish_reason == "length"
+
+    oa = client(mesh)
+    whole = await oa.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=12, temperature=0, extra_body={"skip_cache": True}
+    )
+    assert whole.object == "chat.completion" and whole.model == MODEL
+    assert whole.choices[0].message.role == "assistant"
+    assert whole.choices[0].message.content == expected
+    assert whole.choices[0].finish_reason == "length"
+    assert whole.usage.completion_tokens == 12
+    assert whole.usage.total_tokens == whole.usage.prompt_tokens + 12
+
+    stream = await oa.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=12, temperature=0, stream=True,
+        stream_options={"include_usage": True}, extra_body={"skip_cache": True},
+    )
+    got = [c async for c in stream]
+    content = [c for c in got if c.choices]
+    assert content[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in content) == expected
+    assert content[-1].choices[0].finish_reason == "length"
+    assert got[-1].choices == [] and got[-1].usage.completion_tokens == 12
+    assert {c.id for c in got} == {got[0].id} and got[0].object == "chat.completion.chunk"
+
+
+async def test_openai_completions_equal_grpc_output(mesh: Mesh) -> None:
+    expected, _ = await grpc_text(mesh, prompt="The quick brown fox", max_tokens=8, temperature=0, skip_cache=True)
+    oa = client(mesh)
+    whole = await oa.completions.create(model=MODEL, prompt="The quick brown fox", max_tokens=8, temperature=0)
+    assert whole.object == "text_completion" and whole.choices[0].text == expected
+    stream = await oa.completions.create(model=MODEL, prompt="The quick brown fox", max_tokens=8, temperature=0,
+                                         stream=True)
+    parts = [c async for c in stream]
+    assert "".join(c.choices[0].text for c in parts) == expected
+    assert parts[-1].choices[0].finish_reason == "length"
+
+
+async def test_models_list_and_retrieve(mesh: Mesh) -> None:
+    oa = client(mesh)
+    models = await oa.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    assert (await oa.models.retrieve(MODEL)).owned_by == "meshserve"
+    with pytest.raises(openai.NotFoundError):
+        await oa.models.retrieve("gpt-4o")
+
+
+async def test_client_errors_surface_with_the_service_message(mesh: Mesh) -> None:
+    oa = client(mesh)
+    with pytest.raises(openai.BadRequestError) as err:
+        await oa.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], n=2)
+    assert err.value.status_code == 400 and "'n' must be 1" in err.value.message
+    assert err.value.body["param"] == "n"
+    with pytest.raises(openai.BadRequestError, match="'model' must be"):
+        await oa.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}], stream=True)
+    with pytest.raises(openai.AuthenticationError):
+        await client(mesh, key="sk-wrong-0123456789").models.list()
+
+
+# -- status codes at the edge ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("headers", "body", "status", "kind", "says"),
+    [
+        ({}, {"messages": [{"role": "user", "content": "x"}]}, 401, "authentication_error", "API key"),
+        (auth("sk-nope-0123456789"), {"messages": [{"role": "user", "content": "x"}]}, 401,
+         "authentication_error", "API key"),
+        (auth(ALICE), b"{not json", 400, "invalid_request_error", "not json"),
+        (auth(ALICE), {"messages": [{"role": "user", "content": "x"}], "logit_bias": {}}, 400,
+         "invalid_request_error", "unknown field 'logit_bias'"),
+        (auth(ALICE), {"messages": [{"role": "user", "content": "x"}], "max_tokens": "many"}, 400,
+         "invalid_request_error", ""),
+        (auth(ALICE), {"messages": []}, 400, "invalid_request_error", "'messages' is empty"),
+        (auth(ALICE), {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
+         "invalid_request_error", "'messages[0].content[0]'"),
+        (auth(ALICE), {"messages": [{"role": "user", "content": "x" * (MAX_BODY + 1)}]}, 413,
+         "invalid_request_error", "larger than"),
+    ],
+    ids=["no-key", "bad-key", "malformed", "unknown-field", "wrong-type", "no-messages", "image-part", "too-big"],
+)
+async def test_edge_status_codes_have_openai_error_bodies(
+    mesh: Mesh, headers: dict, body: dict | bytes, status: int, kind: str, says: str
+) -> None:
+    async with httpx.AsyncClient(base_url=f"http://{mesh.envoy_address}") as http:
+        content = body if isinstance(body, bytes) else json.dumps(body).encode()
+        r = await http.post("/v1/chat/completions", content=content,
+                            headers={**headers, "content-type": "application/json"})
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["type"] == kind and says in error["message"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert "grpc-status" not in r.headers
+
+
+async def test_tenant_from_the_key_isolates_the_cache(mesh: Mesh) -> None:
+    fields = {"prompt": "tenant isolation probe", "max_tokens": 4, "temperature": 0}
+    _, first = await grpc_text(mesh, ALICE, **fields)
+    _, again = await grpc_text(mesh, ALICE, **fields)
+    _, other = await grpc_text(mesh, BOB, **fields)
+    assert not first[0].cached
+    assert again[0].cached  # same tenant: served from the cache
+    assert not other[0].cached  # another key's tenant never sees alice's entries
+    log_path = mesh.run_dir / "envoy.log"
+    await wait_until(lambda: '"tenant":"bob"' in log_path.read_text(), 10, "bob's access log line")
+    log = log_path.read_text()
+    assert '"tenant":"alice"' in log
+    assert ALICE not in log and BOB not in log  # keys are never logged
+
+
+async def test_gateway_overload_is_a_quick_429_with_retry_after(mesh: Mesh) -> None:
+    base = f"http://{mesh.envoy_address}"
+    async with open_stream(base, ALICE), open_stream(base, ALICE), open_stream(base, BOB), open_stream(base, BOB):
+        async with httpx.AsyncClient(base_url=base) as http:
+            r = await http.post("/v1/chat/completions", headers=auth(CAROL),
+                                json={"messages": [{"role": "user", "content": "one more"}], "max_tokens": 2})
+        assert r.status_code == 429, r.text
+        assert r.headers["retry-after"] == "1"
+        assert r.json()["error"]["type"] == "rate_limit_error"
+        assert "capacity" in r.json()["error"]["message"]
+        with pytest.raises(openai.RateLimitError):
+            await client(mesh, CAROL).completions.create(model=MODEL, prompt="x", max_tokens=2)
+    await gateway_idle(mesh)
+    ok = await client(mesh, CAROL).completions.create(model=MODEL, prompt="x", max_tokens=2)
+    assert ok.choices[0].finish_reason == "length"
+
+
+async def test_rate_limits_per_key_and_circuit_breaker_overflow(
+    mesh: Mesh, keys_file: Path, tmp_path: Path
+) -> None:
+    cfg = EnvoyConfig(
+        listen_port=free_port(), admin_port=free_port(), gateways=[mesh.gateway_address],
+        api_keys_file=str(keys_file), rate_limit_per_key_requests=2, rate_limit_window_s=60, max_requests=1,
+    )
+    with run_envoy(cfg, tmp_path / "tight.yaml") as base:
+        oa = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key=ALICE, max_retries=0)
+        for _ in range(2):
+            await oa.completions.create(model=MODEL, prompt="x", max_tokens=2)
+        with pytest.raises(openai.RateLimitError) as err:
+            await oa.completions.create(model=MODEL, prompt="x", max_tokens=2)
+        assert err.value.response.headers["retry-after"] == "60"
+        assert err.value.body["code"] == "rate_limit_exceeded"
+        # Another key has its own bucket.
+        bob = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key=BOB, max_retries=0)
+        await bob.completions.create(model=MODEL, prompt="x", max_tokens=2)
+
+        # max_requests=1: while carol's stream is open, another request overflows at once.
+        async with open_stream(base, CAROL):
+            async with httpx.AsyncClient(base_url=base) as http:
+                r = await http.post("/v1/completions", json={"prompt": "x"}, headers=auth(BOB))
+            assert r.status_code == 503, r.text
+            assert r.json()["error"]["type"] == "overloaded_error" and r.headers["retry-after"]
+    await gateway_idle(mesh)
+
+
+# -- robustness --------------------------------------------------------------------------------
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=12,
+)
+fields = st.sampled_from(
+    ["model", "messages", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "n",
+     "prompt", "user", "logprobs", "echo", "presence_penalty", "max_completion_tokens", "ignore_eos", "x"]
+)
+message = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "bot", ""]), "content": json_values})
+bodies = st.one_of(
+    json_values,
+    st.dictionaries(fields, json_values, max_size=6),
+    st.fixed_dictionaries(
+        {"messages": st.lists(message, max_size=3)},
+        optional={"max_tokens": st.integers(-5, 40), "stream": st.booleans(), "temperature": json_values,
+                  "stop": json_values, "n": st.integers(0, 3), "prompt": json_values},
+    ),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(path=st.sampled_from(["/v1/chat/completions", "/v1/completions"]), body=bodies)
+def test_fuzz_random_json_bodies_never_5xx(mesh: Mesh, path: str, body: object) -> None:
+    with httpx.Client(base_url=f"http://{mesh.envoy_address}", timeout=30) as http:
+        r = http.post(path, json=body, headers=auth(ALICE))
+    assert r.status_code < 500 or r.status_code == 503 and "overload" in r.text, (r.status_code, r.text)
+    if r.status_code >= 400:
+        assert r.json()["error"]["message"]
+
+
+async def test_services_alive_after_fuzzing(mesh: Mesh) -> None:
+    assert all(p.popen.poll() is None for p in mesh.procs)
+    ok = await client(mesh).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                                    max_tokens=3)
+    assert ok.choices[0].message.content
+
+
+async def test_slow_reader_does_not_hold_up_another_client(mesh: Mesh) -> None:
+    await gateway_idle(mesh)
+    base = f"http://{mesh.envoy_address}"
+    async with open_stream(base, ALICE) as slow:  # reads one event, then pauses
+        oa = client(mesh, BOB)
+        stream = await oa.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "quick"}], max_tokens=64, stream=True,
+            extra_body={"skip_cache": True},
+        )
+        chunks = await asyncio.wait_for(_collect(stream), 30)
+        assert chunks[-1].choices[0].finish_reason == "length"
+        assert not slow.is_closed  # the paused stream is still open: it did not finish first
+    await gateway_idle(mesh)
+
+
+async def _collect(stream: openai.AsyncStream) -> list:
+    return [c async for c in stream]
+
+
+async def test_grpc_clients_need_the_key_too(mesh: Mesh) -> None:
+    async with insecure_channel(mesh.envoy_address) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await pb_grpc.InferenceStub(channel).Complete(pb.GenerateRequest(prompt="x", max_tokens=2))
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED

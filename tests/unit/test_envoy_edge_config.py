@@ -1,0 +1,92 @@
+"""The edge's protections in the generated Envoy config: API keys, rate limits, body limit,
+error shapes, stream steering, and an access log that carries the tenant but never the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from deploy import envoy
+from services.config import EnvoyConfig
+
+KEYS = {"sk-one-12345678": "one", "sk-two-12345678": "two"}
+
+
+def _hcm(cfg: dict) -> dict:
+    return cfg["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+
+
+def _filters(cfg: dict) -> dict[str, dict]:
+    return {f["name"]: f["typed_config"] for f in _hcm(cfg)["http_filters"]}
+
+
+def test_api_keys_file_format(tmp_path: Path) -> None:
+    assert envoy.parse_api_keys("# c\n\nsk-aaaaaaaa alice  # trailing\nsk-bbbbbbbb bob\n", "f") == {
+        "sk-aaaaaaaa": "alice", "sk-bbbbbbbb": "bob"}
+    for bad in ["sk-aaaaaaaa", "sk-aaaaaaaa a b", "short t", "sk-aaaaaaaa a\nsk-aaaaaaaa b", "sk-aaaaaaaa bad/tenant"]:
+        with pytest.raises(envoy.ApiKeyError) as err:
+            envoy.parse_api_keys(bad, "f")
+        assert "sk-aaaaaaaa" not in str(err.value)  # a key never appears in an error message
+
+
+def test_keys_from_file_and_environment(tmp_path: Path) -> None:
+    path = tmp_path / "keys"
+    path.write_text("sk-file-1234 filetenant\n")
+    cfg = EnvoyConfig(api_keys_file=str(path))
+    keys = envoy.load_api_keys(cfg, {envoy.API_KEYS_ENV: "sk-env-12345=envtenant,sk-env-67890=other"})
+    assert keys == {"sk-file-1234": "filetenant", "sk-env-12345": "envtenant", "sk-env-67890": "other"}
+    assert envoy.load_api_keys(EnvoyConfig(), {}) == {}
+
+
+def test_no_keys_means_no_auth_but_tenant_headers_are_still_stripped() -> None:
+    filters = _filters(envoy.build_config(EnvoyConfig(), api_keys={}))
+    assert "envoy.filters.http.api_key_auth" not in filters
+    removed = [m["remove"] for m in filters["envoy.filters.http.header_mutation"]["mutations"]["request_mutations"]]
+    assert envoy.TENANT_HEADER in removed
+
+
+def test_auth_forwards_the_tenant_and_hides_the_key() -> None:
+    cfg = envoy.build_config(EnvoyConfig(), api_keys=KEYS)
+    names = [f["name"] for f in _hcm(cfg)["http_filters"]]
+    assert names.index("envoy.filters.http.header_mutation") < names.index("envoy.filters.http.api_key_auth")
+    auth = _filters(cfg)["envoy.filters.http.api_key_auth"]
+    assert auth["forwarding"] == {"header": envoy.TENANT_HEADER, "hide_credentials": True}
+    assert {c["client"] for c in auth["credentials"]} == {"one", "two"}
+    log = _hcm(cfg)["access_log"][0]["typed_config"]["log_format"]["json_format"]
+    assert log["tenant"] == "%REQ(X-MESHSERVE-TENANT)%"
+    assert not any("AUTHORIZATION" in str(v).upper() for v in log.values())
+
+
+def test_rate_limits_global_and_per_tenant() -> None:
+    cfg = envoy.build_config(
+        EnvoyConfig(rate_limit_requests=100, rate_limit_per_key_requests=5, rate_limit_window_s=2), api_keys=KEYS
+    )
+    rl = _filters(cfg)["envoy.filters.http.local_ratelimit"]
+    assert rl["token_bucket"] == {"max_tokens": 100, "tokens_per_fill": 100, "fill_interval": "2s"}
+    assert {d["entries"][0]["value"]: d["token_bucket"]["max_tokens"] for d in rl["descriptors"]} == {"one": 5, "two": 5}
+    assert rl["rate_limits"][0]["actions"][0]["request_headers"]["header_name"] == envoy.TENANT_HEADER
+    assert rl["response_headers_to_add"][0]["header"] == {"key": "retry-after", "value": "2"}
+    assert "envoy.filters.http.local_ratelimit" not in _filters(envoy.build_config(EnvoyConfig(), api_keys=KEYS))
+
+
+def test_body_limit_and_error_shapes() -> None:
+    cfg = envoy.build_config(EnvoyConfig(max_request_bytes=1234), api_keys={})
+    assert cfg["static_resources"]["listeners"][0]["per_connection_buffer_limit_bytes"] == 1234
+    bodies = [m["body_format_override"]["json_format"] for m in _hcm(cfg)["local_reply_config"]["mappers"]]
+    openai = [b["error"] for b in bodies if "error" in b]
+    assert {"message", "type", "param", "code"} == set(openai[0])
+    assert any("1234 bytes" in e["message"] for e in openai)
+
+
+def test_stream_steering_pairs_each_path_with_its_streaming_twin() -> None:
+    paths = envoy.stream_paths(envoy.json_schemas())
+    assert paths == {"/v1/chat/completions": "/v1/chat/completions:stream",
+                     "/v1/completions": "/v1/completions:stream"}
+
+
+def test_full_protection_config_is_accepted_by_envoy(tmp_path: Path) -> None:
+    cfg = EnvoyConfig(listen_port=18080, admin_port=19901, rate_limit_requests=50, rate_limit_per_key_requests=5)
+    path = envoy.write_config(cfg, tmp_path / "envoy.yaml", api_keys=KEYS)
+    assert path.stat().st_mode & 0o077 == 0  # it holds the keys: owner-only
+    envoy.validate(path)
