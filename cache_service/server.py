@@ -12,6 +12,7 @@ from collections.abc import Callable
 import grpc
 import prometheus_client
 import redis.exceptions
+from opentelemetry import trace
 
 from cache_service.store import ExactStore, connect
 from services.config import CacheConfig
@@ -42,11 +43,16 @@ class CacheServicer(pb_grpc.CacheServicer):
             chunks = await self._exact.lookup(request.request, request.tenant)
         except redis.exceptions.RedisError as e:
             LOOKUPS.labels("error", self._exact.kind).inc()
+            trace.get_current_span().set_attribute("meshserve.cache.result", "error")
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"cache backend (Redis) unavailable: {e}")
+        result = "miss" if chunks is None else "hit"
+        # The span of this call (tracing interceptor in services.server).
+        trace.get_current_span().set_attributes(
+            {"meshserve.cache.result": result, "meshserve.cache.kind": self._exact.kind}
+        )
+        LOOKUPS.labels(result, self._exact.kind).inc()
         if chunks is None:
-            LOOKUPS.labels("miss", self._exact.kind).inc()
             return pb.LookupResponse(hit=False)
-        LOOKUPS.labels("hit", self._exact.kind).inc()
         return pb.LookupResponse(hit=True, kind=self._exact.kind, chunks=chunks)
 
     async def Store(self, request: pb.StoreRequest, context: grpc.aio.ServicerContext) -> pb.StoreResponse:
@@ -56,6 +62,9 @@ class CacheServicer(pb_grpc.CacheServicer):
             STORES.labels("error").inc()
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"cache backend (Redis) unavailable: {e}")
         STORES.labels("stored" if result.stored else "refused").inc()
+        trace.get_current_span().set_attribute(
+            "meshserve.cache.result", "stored" if result.stored else "refused"
+        )
         if not result.stored:
             log.debug("not stored (request %s): %s", request.request.request_id, result.reason)
         return pb.StoreResponse(stored=result.stored, reason=result.reason)

@@ -29,6 +29,7 @@ DESCRIPTOR = Path(__file__).resolve().parent / "envoy" / "meshserve.pb"
 STRICT_JSON_LUA = Path(__file__).resolve().parent / "envoy" / "strict_json.lua"
 PUBLIC_SERVICES = ["meshserve.v1.Inference", "meshserve.v1.OpenAI"]
 GATEWAY_CLUSTER = "gateway"
+OTLP_CLUSTER = "otlp_collector"       # where Envoy's tracer sends its spans (OTLP/gRPC)
 TENANT_HEADER = "x-meshserve-tenant"  # read by the gateway to isolate cache entries
 API_HEADER = "x-meshserve-api"        # set by the Lua filter: "openai" or "json" (shapes error bodies)
 API_KEYS_ENV = "MESHSERVE_API_KEYS"   # "KEY=TENANT,KEY=TENANT": keys from the environment
@@ -322,6 +323,7 @@ def _access_log() -> list[dict[str, Any]]:
         "upstream": "%UPSTREAM_HOST%",
         "request_id": "%REQ(X-REQUEST-ID)%",
         "traceparent": "%REQ(TRACEPARENT)%",
+        "trace_id": "%TRACE_ID%",
         # Set by the auth filter from the API key; the key itself (Authorization) is never logged.
         "tenant": "%REQ(X-MESHSERVE-TENANT)%",
         "user_agent": "%REQ(USER-AGENT)%",
@@ -384,6 +386,39 @@ def _gateway_cluster(cfg: EnvoyConfig) -> dict[str, Any]:
     }
 
 
+def _tracing(cfg: EnvoyConfig) -> dict[str, Any]:
+    """Envoy's OpenTelemetry tracer: the trace starts here (or continues a client's
+    ``traceparent``), and Envoy sends ``traceparent`` on to the gateway."""
+    provider = _typed(
+        "envoy.config.trace.v3.OpenTelemetryConfig",
+        grpc_service={"envoy_grpc": {"cluster_name": OTLP_CLUSTER}, "timeout": "2s"},
+        service_name="envoy",
+    )
+    return {
+        "random_sampling": {"value": 100.0 * cfg.trace_sampling_ratio},
+        "spawn_upstream_span": False,
+        "provider": {"name": "envoy.tracers.opentelemetry", "typed_config": provider},
+    }
+
+
+def _otlp_cluster(cfg: EnvoyConfig) -> dict[str, Any]:
+    return {
+        "name": OTLP_CLUSTER,
+        "type": "STRICT_DNS",
+        "connect_timeout": "1s",
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": _typed(
+                "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                explicit_http_config={"http2_protocol_options": {}},
+            )
+        },
+        "load_assignment": {
+            "cluster_name": OTLP_CLUSTER,
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _address(cfg.otlp_endpoint)}}]}],
+        },
+    }
+
+
 def build_config(
     cfg: EnvoyConfig, descriptor: Path = DESCRIPTOR, api_keys: dict[str, str] | None = None
 ) -> dict[str, Any]:
@@ -411,7 +446,11 @@ def build_config(
         local_reply_config=_local_reply_config(cfg),
         http_filters=_http_filters(cfg, descriptor, keys),
     )
-    return {
+    clusters = [_gateway_cluster(cfg)]
+    if cfg.otlp_endpoint:
+        hcm["tracing"] = _tracing(cfg)
+        clusters.append(_otlp_cluster(cfg))
+    bootstrap: dict[str, Any] = {
         "admin": {"address": _address(f"127.0.0.1:{cfg.admin_port}")},
         "static_resources": {
             "listeners": [
@@ -425,7 +464,7 @@ def build_config(
                     ],
                 }
             ],
-            "clusters": [_gateway_cluster(cfg)],
+            "clusters": clusters,
         },
         "overload_manager": {
             "resource_monitors": [
@@ -439,6 +478,12 @@ def build_config(
             ]
         },
     }
+    if cfg.otlp_endpoint:
+        # Envoy's tracer sends its buffered spans every 5 s by default; 1 s, like our services.
+        bootstrap["layered_runtime"] = {"layers": [{"name": "tracing", "static_layer": {
+            "tracing.opentelemetry.flush_interval_ms": 1000,
+        }}]}
+    return bootstrap
 
 
 def write_config(

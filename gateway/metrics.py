@@ -21,6 +21,12 @@ INTER_TOKEN_LATENCY = prometheus_client.Histogram(
     buckets=[0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
              10.0, 20.0, 40.0, 80.0],
 )
+TIME_PER_OUTPUT_TOKEN = prometheus_client.Histogram(
+    "meshserve_gateway_time_per_output_token_seconds",
+    "Per request: (end - first token) / (tokens - 1), as the client sees it (cache hits excluded)",
+    buckets=[0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+             10.0, 20.0, 40.0, 80.0],
+)
 E2E_REQUEST_LATENCY = prometheus_client.Histogram(
     "meshserve_gateway_e2e_request_latency_seconds",
     "From request arrival at the gateway to its end, whatever the outcome",

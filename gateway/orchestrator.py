@@ -15,10 +15,11 @@ from contextlib import aclosing
 from dataclasses import dataclass
 
 import grpc
+from opentelemetry import trace
 
 from gateway import metrics
 from gateway.clients import Clients
-from services import validation
+from services import telemetry, validation
 from services.config import GatewayConfig
 from services.gen import meshserve_pb2 as pb
 
@@ -107,6 +108,7 @@ class Orchestrator:
                         if outcome.ttft is None:
                             outcome.ttft = now - started
                             metrics.TIME_TO_FIRST_TOKEN.observe(outcome.ttft)
+                            trace.get_current_span().add_event("first_token")
                         elif not outcome.cached:
                             metrics.INTER_TOKEN_LATENCY.observe(now - last)
                         last = now
@@ -117,6 +119,9 @@ class Orchestrator:
                 metrics.IN_FLIGHT.dec()
         except GatewayError as e:
             outcome.code, outcome.detail = e.code, e.message
+            # Trailers given to abort() replace the x-trace-id set by the tracing interceptor.
+            if e.trailers and not any(k == telemetry.TRACE_ID_METADATA for k, _ in e.trailers):
+                e.trailers = (*e.trailers, *telemetry.trace_metadata())
             raise
         except (asyncio.CancelledError, GeneratorExit):
             outcome.code = grpc.StatusCode.CANCELLED
@@ -200,16 +205,22 @@ class Orchestrator:
 
     async def _lookup(self, req: pb.GenerateRequest, tenant: str) -> pb.LookupResponse | None:
         assert self._clients.cache is not None
-        try:
-            resp = await self._clients.cache.Lookup(
-                pb.LookupRequest(request=self._cache_view(req), tenant=tenant),
-                timeout=self._cfg.cache_timeout_s,
-            )
-        except grpc.aio.AioRpcError as e:
-            self._cache_failed("lookup", req, e)
-            return None
-        self._cache_worked()
-        return resp if resp.hit and resp.chunks else None
+        with telemetry.tracer.start_as_current_span("cache lookup") as span:
+            try:
+                resp = await self._clients.cache.Lookup(
+                    pb.LookupRequest(request=self._cache_view(req), tenant=tenant),
+                    timeout=self._cfg.cache_timeout_s,
+                    metadata=telemetry.outgoing_metadata(),
+                )
+            except grpc.aio.AioRpcError as e:
+                span.set_attribute("meshserve.cache.result", "error")
+                self._cache_failed("lookup", req, e)
+                return None
+            self._cache_worked()
+            hit = resp.hit and bool(resp.chunks)
+            span.set_attributes({"meshserve.cache.result": "hit" if hit else "miss",
+                                 "meshserve.cache.kind": resp.kind})
+            return resp if hit else None
 
     def _cache_view(self, req: pb.GenerateRequest) -> pb.GenerateRequest:
         """The request as the cache keys it: an unnamed model is the served model."""
@@ -223,10 +234,16 @@ class Orchestrator:
     async def _pick(self, req: pb.GenerateRequest, exclude: Sequence[str]) -> pb.PickResponse:
         prompt = req.prompt or "\n".join(f"{m.role}: {m.content}" for m in req.messages)
         try:
-            return await self._clients.router.Pick(
-                pb.PickRequest(request_id=req.request_id, prompt=prompt, exclude=exclude),
-                timeout=PICK_TIMEOUT_S,
-            )
+            with telemetry.tracer.start_as_current_span("router pick") as span:
+                span.set_attribute("meshserve.router.excluded", len(exclude))
+                pick = await self._clients.router.Pick(
+                    pb.PickRequest(request_id=req.request_id, prompt=prompt, exclude=exclude),
+                    timeout=PICK_TIMEOUT_S,
+                    metadata=telemetry.outgoing_metadata(),
+                )
+                span.set_attributes({"meshserve.worker": pick.worker_id,
+                                     "meshserve.router.reason": pick.reason})
+                return pick
         except grpc.aio.AioRpcError as e:
             if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 raise GatewayError(
@@ -243,7 +260,7 @@ class Orchestrator:
             outcome.worker = pick.worker_id
             forwarded = 0
             try:
-                async with aclosing(self._stream_worker(pick, req)) as stream:
+                async with aclosing(self._stream_worker(pick, req, attempt)) as stream:
                     async for chunk in stream:
                         forwarded += 1
                         yield chunk
@@ -268,12 +285,21 @@ class Orchestrator:
                 exclude.append(pick.worker_id)
 
     async def _stream_worker(
-        self, pick: pb.PickResponse, req: pb.GenerateRequest
+        self, pick: pb.PickResponse, req: pb.GenerateRequest, attempt: int
     ) -> AsyncIterator[pb.GenerateResponse]:
         """One worker's stream; any failure, silence included, becomes _WorkerFailed."""
-        call = self._clients.worker(pick.address).Generate(req)
+        # Not the current span: this generator yields, so it must not attach contexts.
+        span = telemetry.tracer.start_span(
+            "worker stream",
+            attributes={"meshserve.worker": pick.worker_id, "meshserve.worker.address": pick.address,
+                        "meshserve.attempt": attempt},
+        )
+        call = self._clients.worker(pick.address).Generate(
+            req, metadata=telemetry.outgoing_metadata(trace.set_span_in_context(span))
+        )
         timeout = self._cfg.first_token_timeout_s
         last: pb.GenerateResponse | None = None
+        tokens = 0
         try:
             while True:
                 try:
@@ -287,13 +313,22 @@ class Orchestrator:
                     raise _WorkerFailed(e.code(), e.details() or e.code().name) from None
                 if msg is grpc.aio.EOF:
                     break
+                if last is None:
+                    span.add_event("first_token")
                 last = msg
+                tokens += len(msg.token_ids)
                 yield msg
             if last is None or not last.finish_reason:
                 raise _WorkerFailed(grpc.StatusCode.UNAVAILABLE, "stream ended without a finish_reason")
+            span.set_attribute("meshserve.finish_reason", last.finish_reason)
+        except _WorkerFailed as e:
+            span.set_status(trace.Status(trace.StatusCode.ERROR, f"{e.code.name}: {e.detail}"))
+            raise
         finally:
             # Covers the client going away while we wait at `yield`: the worker aborts the request.
             call.cancel()
+            span.set_attribute("meshserve.tokens", tokens)
+            span.end()
 
     def _store_later(self, req: pb.GenerateRequest, tenant: str, chunks: list[pb.GenerateResponse]) -> None:
         if len(self._pending_stores) >= MAX_PENDING_STORES:
@@ -308,14 +343,18 @@ class Orchestrator:
 
     async def _store(self, req: pb.GenerateRequest, tenant: str, chunks: list[pb.GenerateResponse]) -> None:
         assert self._clients.cache is not None
-        try:
-            resp = await self._clients.cache.Store(
-                pb.StoreRequest(request=self._cache_view(req), tenant=tenant, chunks=chunks),
-                timeout=self._cfg.cache_timeout_s,
-            )
-        except grpc.aio.AioRpcError as e:
-            self._cache_failed("store", req, e)
-            return
+        with telemetry.tracer.start_as_current_span("cache store") as span:
+            try:
+                resp = await self._clients.cache.Store(
+                    pb.StoreRequest(request=self._cache_view(req), tenant=tenant, chunks=chunks),
+                    timeout=self._cfg.cache_timeout_s,
+                    metadata=telemetry.outgoing_metadata(),
+                )
+            except grpc.aio.AioRpcError as e:
+                span.set_attribute("meshserve.cache.result", "error")
+                self._cache_failed("store", req, e)
+                return
+            span.set_attribute("meshserve.cache.result", "stored" if resp.stored else "refused")
         self._cache_worked()
         if not resp.stored:
             log.debug("request %s: not cached: %s", req.request_id, resp.reason)
@@ -336,6 +375,20 @@ class Orchestrator:
         e2e = self._clock() - started
         metrics.REQUESTS.labels(outcome.code.name).inc()
         metrics.E2E_REQUEST_LATENCY.observe(e2e)
+        if outcome.ttft is not None and outcome.tokens > 1 and not outcome.cached:
+            metrics.TIME_PER_OUTPUT_TOKEN.observe((e2e - outcome.ttft) / (outcome.tokens - 1))
+        span = trace.get_current_span()  # the gateway's span of this call (tracing interceptor)
+        if span.is_recording():
+            span.set_attributes({
+                "meshserve.request_id": outcome.request_id,
+                "meshserve.worker": outcome.worker,
+                "meshserve.cached": outcome.cached,
+                "meshserve.tokens": outcome.tokens,
+                "meshserve.e2e_s": e2e,
+                "meshserve.status": outcome.code.name,
+            })
+            if outcome.ttft is not None:
+                span.set_attribute("meshserve.ttft_s", outcome.ttft)
         log.info(
             "request %s worker=%s cached=%s ttft=%s tokens=%d e2e=%.3fs status=%s%s",
             outcome.request_id or "-",

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import grpc
 import prometheus_client
+from opentelemetry import trace
 
 from router.policies import Choice, NoWorker, PickContext, Policy, build_policy
 from router.state import WorkerTable, WorkerView
@@ -89,6 +90,17 @@ class RouterServicer(pb_grpc.RouterServicer):
             f"{reason}: score {choice.score:.2f} of {choice.num_candidates} candidates, "
             f"outstanding {worker.outstanding}"
         )
+        # The span of this call (tracing interceptor in services.server): the choice and why.
+        trace.get_current_span().set_attributes({
+            "meshserve.request_id": request.request_id,
+            "meshserve.worker": worker.worker_id,
+            "meshserve.router.policy": self._router.policy.name,
+            "meshserve.router.reason": reason,
+            "meshserve.router.score": choice.score,
+            "meshserve.router.candidates": choice.num_candidates,
+            "meshserve.router.outstanding": worker.outstanding,
+            "meshserve.router.excluded": len(ctx.exclude),
+        })
         return pb.PickResponse(worker_id=worker.worker_id, address=worker.address, reason=detail)
 
     async def ListWorkers(

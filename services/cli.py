@@ -15,6 +15,7 @@ SERVICES: dict[str, tuple[type, str]] = {
     "router": (config.RouterConfig, "router.server"),
     "cache": (config.CacheConfig, "cache_service.server"),
     "worker": (config.WorkerConfig, "worker.server"),
+    "traces": (config.TracesConfig, "services.traces"),
 }
 
 # Other subcommands live in their own modules, each with `add_arguments(parser)` and `main(args)`.
@@ -24,6 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("services.bench", "load-test the mesh or one worker (like `vllm bench serve`)"),
     "make-model": ("worker.tiny_model", "build the project's tiny LLaMA model and tokenizer"),
     "envoy-config": ("deploy.envoy", "print the generated Envoy config"),
+    "trace": ("services.trace_cmd", "print one trace from the local trace receiver as a waterfall"),
+    "traces": ("services.traces_cmd", "list the slowest recent traces in the local trace receiver"),
 }
 
 

@@ -1,7 +1,7 @@
 """``meshserve up``: runs the whole mesh on this machine as separate processes.
 
-Start order follows the dependencies (Valkey -> cache -> workers -> router -> gateway ->
-Envoy); each step waits until the process reports ready (gRPC health SERVING, Redis PING,
+Start order follows the dependencies (trace receiver -> Valkey -> cache -> workers -> router ->
+gateway -> Envoy); each step waits until the process reports ready (gRPC health SERVING, Redis PING,
 Envoy /ready) before the next. Stopping goes in reverse, SIGTERM first so every service drains,
 then SIGKILL for whatever outlived its grace period. Tests use ``Mesh`` the same way.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import os
 import signal
@@ -26,7 +27,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services import config
-from services.config import CacheConfig, EnvoyConfig, GatewayConfig, RouterConfig, WorkerConfig
+from services.config import CacheConfig, EnvoyConfig, GatewayConfig, RouterConfig, TracesConfig, WorkerConfig
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,13 @@ class MeshSpec:
     cache: CacheConfig = field(default_factory=CacheConfig)
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     envoy: EnvoyConfig = field(default_factory=EnvoyConfig)
+    traces: TracesConfig = field(default_factory=TracesConfig)
+    # Tracing: with tracing on, a local receiver (`meshserve serve traces`) gets every span, or
+    # the collector at otlp_endpoint if set; off, nothing is exported (ids still propagate).
+    # `meshserve up` turns it on; tests that look at traces do.
+    tracing: bool = False
+    otlp_endpoint: str = ""
+    trace_sampling_ratio: float = 1.0
     ready_timeout_s: float = 600.0
     stop_timeout_s: float = 30.0
 
@@ -135,6 +143,9 @@ class Mesh:
         self.router_address = f"{spec.router.host}:{spec.router.port}"
         self.cache_address = f"{spec.cache.host}:{spec.cache.port}"
         self.envoy_address = f"{spec.envoy.listen_host}:{spec.envoy.listen_port}"
+        self.traces_address = f"{spec.traces.host}:{spec.traces.port}"
+        # Where every service and Envoy export spans ('' = nowhere).
+        self.otlp_endpoint = (spec.otlp_endpoint or self.traces_address) if spec.tracing else ""
         self.admin_url = f"http://127.0.0.1:{spec.envoy.admin_port}"
 
     # -- processes ---------------------------------------------------------------------------
@@ -155,11 +166,18 @@ class Mesh:
     def _serve(self, name: str, service: str, cfg: config.ServerConfig) -> Proc:
         ready_file = self.run_dir / f"{name}.ready"
         ready_file.unlink(missing_ok=True)
-        cfg = dataclasses.replace(cfg, ready_file=str(ready_file))
+        cfg = dataclasses.replace(
+            cfg, ready_file=str(ready_file), trace_sampling_ratio=self.spec.trace_sampling_ratio,
+            otlp_endpoint=self.otlp_endpoint if service != "traces" else "",  # the receiver never traces itself
+        )
         argv = [sys.executable, "-m", "services.cli", "serve", service, *config.to_argv(cfg)]
         proc = self._spawn(name, argv)
         wait_grpc_serving(proc, f"{cfg.host}:{cfg.port}", time.monotonic() + self.spec.ready_timeout_s)
-        # The service wrote "host:port metrics_port" before it reported SERVING.
+        # The service wrote "host:port metrics_port" before it reported SERVING; without it, the
+        # SERVING answer came from some other process on that port.
+        if not ready_file.exists():
+            proc.popen.poll()
+            raise StartupError(f"{name}: port {cfg.port} is answered by another process:\n{proc.log_tail()}")
         metrics_port = int(ready_file.read_text().split()[1])
         if metrics_port > 0:
             self.metrics[name] = f"http://{cfg.host}:{metrics_port}/metrics"
@@ -192,6 +210,9 @@ class Mesh:
     def start(self) -> Mesh:
         spec = self.spec
         try:
+            # 0. The trace receiver first: every other process exports spans to it.
+            if spec.tracing and not spec.otlp_endpoint:
+                self._serve("traces", "traces", spec.traces)
             # 1. Redis/Valkey, then the cache in front of it.
             if not self.redis_url:
                 self._start_valkey()
@@ -211,15 +232,29 @@ class Mesh:
                 dataclasses.replace(spec.gateway, router=self.router_address, cache=self.cache_address),
             )
             self._start_envoy()
+            self._write_prometheus_targets()
         except BaseException:
             self.stop()
             raise
         return self
 
+    def _write_prometheus_targets(self) -> None:
+        """``prometheus-targets.json`` in the run dir: file_sd targets for deploy/prometheus."""
+        groups = [
+            {"targets": [url.removeprefix("http://").removesuffix("/metrics")],
+             "labels": {"job": f"meshserve-{name.partition('-')[0]}", "name": name}}
+            for name, url in self.metrics.items()
+        ]
+        groups.append({"targets": [self.admin_url.removeprefix("http://")],
+                       "labels": {"job": "meshserve-envoy", "name": "envoy",
+                                  "__metrics_path__": "/stats/prometheus"}})
+        (self.run_dir / "prometheus-targets.json").write_text(json.dumps(groups, indent=2) + "\n")
+
     def _start_envoy(self) -> None:
         from deploy import envoy
 
-        cfg = dataclasses.replace(self.spec.envoy, gateways=[self.gateway_address])
+        cfg = dataclasses.replace(self.spec.envoy, gateways=[self.gateway_address], otlp_endpoint=self.otlp_endpoint,
+                                  trace_sampling_ratio=self.spec.trace_sampling_ratio)
         path = envoy.write_config(cfg, self.run_dir / "envoy.yaml")
         proc = self._spawn("envoy", envoy.command(path))
 
@@ -260,6 +295,7 @@ class Mesh:
             ("router", self.router_address),
             ("cache", self.cache_address),
             ("redis", self.redis_url),
+            ("traces (OTLP/gRPC)", self.otlp_endpoint or "off"),
             *((f"worker-{i} ({self.spec.engine})", a) for i, a in enumerate(self.worker_addresses)),
             *((f"{name} metrics", url) for name, url in self.metrics.items()),
             ("logs", str(self.run_dir)),
@@ -274,9 +310,14 @@ class Mesh:
             f"curl http://{self.envoy_address}/v1/chat/completions "
             """-d '{"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 16}'"""
         )
+        traces = (
+            f"  meshserve traces --slowest 5 --receiver {self.traces_address}   "
+            "(then: meshserve trace ID, ID = the x-trace-id response header)\n"
+            if self.spec.tracing and not self.spec.otlp_endpoint else ""
+        )
         return (
             "meshserve is up:\n" + "\n".join(lines)
-            + f"\n\nTry:\n  {example}\n  {openai}\n  meshserve generate 'Hello'\n"
+            + f"\n\nTry:\n  {example}\n  {openai}\n  meshserve generate 'Hello'\n{traces}"
         )
 
 
@@ -301,11 +342,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-port", type=int, default=50053)
     parser.add_argument("--worker-port", type=int, default=50061, help="first worker port; worker i gets +i")
     parser.add_argument("--max-num-seqs", type=int, default=WorkerConfig.max_num_seqs, help="batch cap per worker")
+    parser.add_argument("--gateway-max-in-flight", type=int, default=GatewayConfig.max_in_flight,
+                        help="most streams the gateway serves at once; beyond: RESOURCE_EXHAUSTED (HTTP 429)")
     parser.add_argument("--enforce-eager", action="store_true",
                         help="vLLM without torch.compile: starts ~2x faster, decodes ~25%% slower")
     parser.add_argument("--api-keys-file", default="",
                         help="bearer API keys for Envoy, one 'KEY TENANT' per line (default: no auth, "
                              "unless MESHSERVE_API_KEYS is set)")
+    parser.add_argument("--trace-port", type=int, default=TracesConfig.port,
+                        help="port of the local trace receiver (OTLP/gRPC; `meshserve trace ID` reads it)")
+    parser.add_argument("--otlp-endpoint", default="",
+                        help="send spans to this OTLP/gRPC collector host:port instead of a local receiver")
+    parser.add_argument("--trace-sampling-ratio", type=float, default=1.0, help="fraction of requests traced")
+    parser.add_argument("--tracing", action=argparse.BooleanOptionalAction, default=True,
+                        help="export spans (--no-tracing: trace ids are still propagated and logged)")
     parser.add_argument("--run-dir", type=Path, default=config.default_cache_dir() / "run",
                         help="where logs, generated configs and ready files go")
 
@@ -322,8 +372,12 @@ def spec_from_args(args: argparse.Namespace) -> MeshSpec:
                             enforce_eager=args.enforce_eager),
         router=RouterConfig(port=args.router_port),
         cache=CacheConfig(port=args.cache_port),
-        gateway=GatewayConfig(port=args.gateway_port),
+        gateway=GatewayConfig(port=args.gateway_port, max_in_flight=args.gateway_max_in_flight),
         envoy=EnvoyConfig(listen_port=args.port, admin_port=args.admin_port, api_keys_file=args.api_keys_file),
+        traces=TracesConfig(port=args.trace_port),
+        tracing=args.tracing,
+        otlp_endpoint=args.otlp_endpoint,
+        trace_sampling_ratio=args.trace_sampling_ratio,
     )
 
 

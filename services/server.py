@@ -16,6 +16,7 @@ import prometheus_client
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from services import telemetry
 from services.config import ServerConfig
 
 log = logging.getLogger(__name__)
@@ -31,10 +32,13 @@ CHANNEL_OPTIONS = [
 
 
 def configure_logging(level: str) -> None:
+    """Every line carries the trace id of the request it is about ('-' outside any)."""
     logging.basicConfig(
         level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        format="%(asctime)s %(levelname)s %(name)s trace=%(trace_id)s: %(message)s",
     )
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(telemetry.TraceIdLogFilter())
 
 
 def insecure_channel(address: str) -> grpc.aio.Channel:
@@ -71,6 +75,7 @@ class Running:
         await self.server.stop(self.grace_seconds)
         for hook in self.lifecycle.on_close:
             await hook()
+        await asyncio.to_thread(telemetry.flush)
 
 
 async def start(
@@ -80,7 +85,11 @@ async def start(
     lifecycle: Lifecycle | None = None,
 ) -> Running:
     """Starts a service: ``register`` adds its servicers and returns their full names."""
-    server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    telemetry.setup_tracing(name.partition("[")[0], cfg)
+    # No SO_REUSEPORT: a second server on a busy port must fail, not share it silently.
+    server = grpc.aio.server(
+        options=[*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)], interceptors=[telemetry.TracingInterceptor()]
+    )
     service_names = list(register(server))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

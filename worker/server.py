@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
+from opentelemetry import trace
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
 from services import server as bootstrap
@@ -79,6 +80,7 @@ class WorkerMetrics:
         self.ttft: Any = None
         self.itl: Any = None
         self.e2e: Any = None
+        self.tpot: Any = None
         if not export_load_metrics:
             return
         load_gauges = [
@@ -95,6 +97,9 @@ class WorkerMetrics:
                            ["worker"], buckets=ITL_BUCKETS).labels(worker_id)
         self.e2e = _metric(Histogram, "vllm:e2e_request_latency_seconds", "End-to-end request latency",
                            ["worker"], buckets=E2E_BUCKETS).labels(worker_id)
+        self.tpot = _metric(Histogram, "vllm:request_time_per_output_token_seconds",
+                            "Per request: decode time / (output tokens - 1)", ["worker"],
+                            buckets=ITL_BUCKETS).labels(worker_id)
 
     def finished(self, reason: str) -> None:
         self.requests(self.worker_id, reason).inc()
@@ -175,6 +180,8 @@ class WorkerServicer(pb_grpc.WorkerServicer):
     async def _stream(self, req: Request) -> AsyncIterator[pb.GenerateResponse]:
         metrics = self.metrics
         assert metrics is not None, "bind() not called"
+        span = trace.get_current_span()  # this call's span (tracing interceptor in services.server)
+        span.set_attributes({"meshserve.request_id": req.request_id, "meshserve.worker": self.worker_id})
         start = last = time.monotonic()
         ttft = 0.0
         last_delta: Delta | None = None
@@ -186,6 +193,8 @@ class WorkerServicer(pb_grpc.WorkerServicer):
                         if not ttft:
                             ttft = now - start
                             metrics.observe(metrics.ttft, ttft)
+                            span.add_event("first_token")
+                            span.set_attribute("meshserve.ttft_s", ttft)
                         else:
                             metrics.observe(metrics.itl, (now - last) / len(delta.token_ids))
                         last = now
@@ -208,6 +217,17 @@ class WorkerServicer(pb_grpc.WorkerServicer):
         reason = (last_delta.finish_reason if last_delta else None) or "abort"
         metrics.observe(metrics.e2e, e2e)
         metrics.finished(reason)
+        completion_tokens = last_delta.completion_tokens if last_delta else 0
+        if completion_tokens > 1:
+            metrics.observe(metrics.tpot, (e2e - ttft) / (completion_tokens - 1))
+        if span.is_recording():
+            span.set_attributes({
+                "meshserve.finish_reason": reason,
+                "meshserve.prompt_tokens": last_delta.prompt_tokens if last_delta else 0,
+                "meshserve.cached_prompt_tokens": last_delta.cached_prompt_tokens if last_delta else 0,
+                "meshserve.tokens": completion_tokens,
+                "meshserve.e2e_s": e2e,
+            })
         log.info("request %s finished (%s): %d prompt + %d completion tokens, ttft %.3fs, total %.3fs",
                  req.request_id, reason, last_delta.prompt_tokens if last_delta else 0,
                  last_delta.completion_tokens if last_delta else 0, ttft, e2e)

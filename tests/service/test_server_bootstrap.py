@@ -7,6 +7,7 @@ import urllib.request
 from collections.abc import AsyncIterator
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -79,3 +80,12 @@ async def test_health_reflection_metrics_and_drain(tmp_path) -> None:  # noqa: A
         assert await stream.read() is grpc.aio.EOF
         await shutdown
     assert closed == ["closed"]
+
+
+async def test_a_busy_port_is_refused_not_shared() -> None:
+    first = await start("first", ServerConfig(port=0, metrics_port=-1, grace_seconds=0), _register(SlowLoad()))
+    try:
+        with pytest.raises(RuntimeError):
+            await start("second", ServerConfig(port=first.port, metrics_port=-1), _register(SlowLoad()))
+    finally:
+        await first.shutdown()

@@ -1,0 +1,198 @@
+"""Tracing for every meshserve service: the OpenTelemetry SDK set up from ServerConfig, W3C
+``traceparent`` carried in gRPC metadata, one SERVER span per call, the trace id in logs and in
+the response metadata.
+
+Spans are exported in batches by a background thread (BatchSpanProcessor: a full queue drops
+spans, it never blocks a request). With no OTLP endpoint nothing is exported, but spans, trace
+ids and propagation work exactly the same, so logs and the ``x-trace-id`` header still tie a
+request together across services.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+from typing import Any
+
+import grpc
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from services.config import ServerConfig
+
+log = logging.getLogger(__name__)
+
+TRACE_ID_METADATA = "x-trace-id"
+# Calls that are not part of a request: health, reflection, the trace receiver itself, the
+# router's long-lived load streams and worker probes.
+UNTRACED_PREFIXES = ("/grpc.", "/opentelemetry.", "/meshserve.traces.", "/meshserve.v1.Worker/WatchLoad",
+                     "/meshserve.v1.Worker/Info")
+EXPORT_DELAY_MS = 1000   # how long a finished span may wait before its batch is sent
+EXPORT_QUEUE_SIZE = 8192  # spans buffered for export; beyond, new spans are dropped
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+tracer = trace.get_tracer("meshserve")
+
+
+def setup_tracing(service_name: str, cfg: ServerConfig) -> TracerProvider:
+    """Installs the process's tracer provider (OpenTelemetry's API is process-global).
+
+    A process runs one service; when tests run several in one process, the first one's
+    settings apply to all of them.
+    """
+    current = trace.get_tracer_provider()
+    if isinstance(current, TracerProvider):
+        return current
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": service_name}),
+        sampler=ParentBased(TraceIdRatioBased(cfg.trace_sampling_ratio)),
+    )
+    if cfg.otlp_endpoint:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        exporter = OTLPSpanExporter(endpoint=cfg.otlp_endpoint, insecure=True, timeout=5)
+        provider.add_span_processor(
+            BatchSpanProcessor(exporter, max_queue_size=EXPORT_QUEUE_SIZE, schedule_delay_millis=EXPORT_DELAY_MS)
+        )
+    trace.set_tracer_provider(provider)
+    log.info("tracing: %s (sampling %g)", cfg.otlp_endpoint or "not exported", cfg.trace_sampling_ratio)
+    return provider
+
+
+def flush(timeout_s: float = 2.0) -> None:
+    """Exports what is still buffered (on shutdown)."""
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, TracerProvider):
+        provider.force_flush(int(timeout_s * 1000))
+
+
+# -- propagation ------------------------------------------------------------------------------
+
+
+def outgoing_metadata(ctx: otel_context.Context | None = None) -> tuple[tuple[str, str], ...]:
+    """The trace context (default: the current one) as gRPC metadata (``traceparent``), for
+    calls to other services."""
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier, ctx)
+    return tuple(carrier.items())
+
+
+def incoming_context(metadata: Any) -> otel_context.Context:
+    """The caller's trace context from gRPC invocation metadata (an empty context if none)."""
+    carrier = {k: v for k, v in metadata or () if isinstance(v, str)}
+    return _PROPAGATOR.extract(carrier)
+
+
+def current_trace_id() -> str:
+    """The current trace id as 32 hex digits, or '-' outside any trace."""
+    ctx = trace.get_current_span().get_span_context()
+    return trace.format_trace_id(ctx.trace_id) if ctx.is_valid else "-"
+
+
+def trace_metadata() -> tuple[tuple[str, str], ...]:
+    """``x-trace-id`` for response metadata (initial or trailing), empty outside any trace."""
+    trace_id = current_trace_id()
+    return ((TRACE_ID_METADATA, trace_id),) if trace_id != "-" else ()
+
+
+class TraceIdLogFilter(logging.Filter):
+    """Adds ``trace_id`` to every log record (the current span's, or '-')."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.trace_id = current_trace_id()
+        return True
+
+
+# -- the server side --------------------------------------------------------------------------
+
+
+def _set_status(span: trace.Span, context: grpc.aio.ServicerContext) -> None:
+    code = context.code()
+    if code is None or code == grpc.StatusCode.OK:
+        return
+    span.set_attribute("rpc.grpc.status_code", code.value[0])
+    span.set_status(Status(StatusCode.ERROR, f"{code.name}: {context.details() or ''}"))
+
+
+def _failed(span: trace.Span, error: BaseException) -> None:
+    """Marks a span for a call that ended by an exception other than ``context.abort``."""
+    if isinstance(error, grpc.aio.AbortError):
+        return  # the status code says it all (set by _set_status)
+    if isinstance(error, (asyncio.CancelledError, GeneratorExit)):
+        span.set_attribute("rpc.grpc.status_code", grpc.StatusCode.CANCELLED.value[0])
+        span.set_status(Status(StatusCode.ERROR, "CANCELLED"))
+        return
+    span.record_exception(error)
+    span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+
+
+class TracingInterceptor(grpc.aio.ServerInterceptor):
+    """Continues the caller's trace (or starts one) with a SERVER span around each call, and
+    returns the trace id: ``x-trace-id`` in the initial metadata with the first response, and
+    in the trailing metadata of calls that fail before any."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        method = details.method
+        if handler is None or method.startswith(UNTRACED_PREFIXES):
+            return handler
+        parent = incoming_context(details.invocation_metadata)
+        name = method.lstrip("/").removeprefix("meshserve.v1.")
+        attributes = {"rpc.system": "grpc", "rpc.method": method}
+        if handler.unary_unary is not None:
+            return handler._replace(unary_unary=_traced_unary(handler.unary_unary, name, parent, attributes))
+        if handler.unary_stream is not None:
+            return handler._replace(unary_stream=_traced_stream(handler.unary_stream, name, parent, attributes))
+        return handler
+
+
+def _traced_unary(inner: Any, name: str, parent: otel_context.Context, attributes: dict[str, str]) -> Any:
+    async def behavior(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        with tracer.start_as_current_span(name, parent, SpanKind.SERVER, attributes,
+                                          record_exception=False, set_status_on_exception=False) as span:
+            context.set_trailing_metadata(trace_metadata())
+            try:
+                response = await inner(request, context)
+            except BaseException as e:
+                _failed(span, e)
+                raise
+            finally:
+                _set_status(span, context)
+            await context.send_initial_metadata(trace_metadata())
+            return response
+
+    return behavior
+
+
+def _traced_stream(inner: Any, name: str, parent: otel_context.Context, attributes: dict[str, str]) -> Any:
+    async def behavior(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        with tracer.start_as_current_span(name, parent, SpanKind.SERVER, attributes,
+                                          record_exception=False, set_status_on_exception=False) as span:
+            context.set_trailing_metadata(trace_metadata())
+            first = True
+            try:
+                async with aclosing(inner(request, context)) as stream:
+                    async for response in stream:
+                        if first:
+                            await context.send_initial_metadata(trace_metadata())
+                            first = False
+                        yield response
+            except BaseException as e:
+                _failed(span, e)
+                raise
+            finally:
+                _set_status(span, context)
+
+    return behavior

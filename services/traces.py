@@ -1,0 +1,318 @@
+"""A local trace receiver for looking at traces without a tracing backend.
+
+``meshserve serve traces`` accepts OTLP/gRPC (the standard TraceService/Export, what every
+service's exporter and Envoy's tracer send), keeps the most recent traces in memory (bounded)
+and answers two queries on the same port: one trace by id, the N slowest. ``meshserve trace ID``
+prints a trace as a waterfall and ``meshserve traces --slowest N`` lists the slowest ones.
+In production, point the exporters at an OpenTelemetry Collector instead (deploy/otel/).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import grpc
+from google.protobuf import wrappers_pb2
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.proto.common.v1 import common_pb2
+from opentelemetry.proto.resource.v1 import resource_pb2
+from opentelemetry.proto.trace.v1 import trace_pb2
+
+from services.config import TracesConfig
+
+DEFAULT_ADDRESS = "127.0.0.1:4317"
+QUERY_SERVICE = "meshserve.traces.v1.TraceQuery"
+GET_METHOD = f"/{QUERY_SERVICE}/Get"          # StringValue (trace id, hex) -> TracesData
+SLOWEST_METHOD = f"/{QUERY_SERVICE}/Slowest"  # UInt32Value (N) -> TracesData of the N slowest
+
+
+# -- the store --------------------------------------------------------------------------------
+
+
+@dataclass
+class _Trace:
+    spans: list[tuple[str, trace_pb2.Span]] = field(default_factory=list)  # (service, span)
+    start_ns: int = 2**63
+    end_ns: int = 0
+
+    @property
+    def duration_ns(self) -> int:
+        return max(0, self.end_ns - self.start_ns)
+
+
+class TraceStore:
+    """The most recent traces, by the time their first span arrived. Bounded: past
+    ``max_traces`` the oldest trace goes; past ``max_spans`` a trace's new spans are dropped."""
+
+    def __init__(self, max_traces: int, max_spans: int) -> None:
+        self._traces: OrderedDict[bytes, _Trace] = OrderedDict()
+        self._max_traces = max_traces
+        self._max_spans = max_spans
+        self.dropped_spans = 0
+
+    def add(self, resource_spans: Iterable[trace_pb2.ResourceSpans]) -> None:
+        for rs in resource_spans:
+            service = _service_name(rs.resource)
+            for scope in rs.scope_spans:
+                for span in scope.spans:
+                    self._add(service, span)
+
+    def _add(self, service: str, span: trace_pb2.Span) -> None:
+        t = self._traces.get(span.trace_id)
+        if t is None:
+            t = self._traces[span.trace_id] = _Trace()
+            while len(self._traces) > self._max_traces:
+                self._traces.popitem(last=False)
+        if len(t.spans) >= self._max_spans:
+            self.dropped_spans += 1
+            return
+        t.spans.append((service, span))
+        t.start_ns = min(t.start_ns, span.start_time_unix_nano)
+        t.end_ns = max(t.end_ns, span.end_time_unix_nano)
+
+    def get(self, trace_id: bytes) -> trace_pb2.TracesData | None:
+        t = self._traces.get(trace_id)
+        return None if t is None else _traces_data(t.spans)
+
+    def slowest(self, n: int) -> trace_pb2.TracesData:
+        ranked = sorted(self._traces.values(), key=lambda t: t.duration_ns, reverse=True)[:n]
+        return _traces_data(s for t in ranked for s in t.spans)
+
+    def __len__(self) -> int:
+        return len(self._traces)
+
+
+def _service_name(resource: resource_pb2.Resource) -> str:
+    for kv in resource.attributes:
+        if kv.key == "service.name":
+            return kv.value.string_value
+    return "unknown"
+
+
+def _traces_data(spans: Iterable[tuple[str, trace_pb2.Span]]) -> trace_pb2.TracesData:
+    by_service: dict[str, list[trace_pb2.Span]] = {}
+    for service, span in spans:
+        by_service.setdefault(service, []).append(span)
+    out = trace_pb2.TracesData()
+    for service, service_spans in by_service.items():
+        rs = out.resource_spans.add()
+        rs.resource.attributes.add(key="service.name", value=common_pb2.AnyValue(string_value=service))
+        rs.scope_spans.add().spans.extend(service_spans)
+    return out
+
+
+# -- the server -------------------------------------------------------------------------------
+
+
+class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
+    """OTLP/gRPC TraceService: every exported batch goes into the store."""
+
+    def __init__(self, store: TraceStore) -> None:
+        self._store = store
+
+    async def Export(
+        self, request: trace_service_pb2.ExportTraceServiceRequest, context: grpc.aio.ServicerContext
+    ) -> trace_service_pb2.ExportTraceServiceResponse:
+        self._store.add(request.resource_spans)
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+def _query_handler(store: TraceStore) -> grpc.GenericRpcHandler:
+    async def get(request: wrappers_pb2.StringValue, context: grpc.aio.ServicerContext) -> trace_pb2.TracesData:
+        try:
+            trace_id = bytes.fromhex(request.value)
+        except ValueError:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"'trace_id' is not hex: {request.value!r}")
+        found = store.get(trace_id)
+        if found is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"trace {request.value} not found (or already dropped)")
+        return found
+
+    async def slowest(request: wrappers_pb2.UInt32Value, context: grpc.aio.ServicerContext) -> trace_pb2.TracesData:
+        return store.slowest(request.value or 10)
+
+    def handler(fn: Callable, request_type: type) -> grpc.RpcMethodHandler:  # type: ignore[type-arg]
+        return grpc.unary_unary_rpc_method_handler(
+            fn, request_deserializer=request_type.FromString, response_serializer=trace_pb2.TracesData.SerializeToString
+        )
+
+    return grpc.method_handlers_generic_handler(QUERY_SERVICE, {
+        "Get": handler(get, wrappers_pb2.StringValue),
+        "Slowest": handler(slowest, wrappers_pb2.UInt32Value),
+    })
+
+
+def _register(store: TraceStore) -> Callable[[grpc.aio.Server], list[str]]:
+    def register(server: grpc.aio.Server) -> list[str]:
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Receiver(store), server)
+        server.add_generic_rpc_handlers([_query_handler(store)])
+        return [trace_service_pb2.DESCRIPTOR.services_by_name["TraceService"].full_name]
+
+    return register
+
+
+async def start_traces(cfg: TracesConfig):  # noqa: ANN201 - services.server.Running
+    """Starts the receiver in this process (tests use port 0)."""
+    from services.server import start
+
+    return await start("traces", cfg, _register(TraceStore(cfg.max_traces, cfg.max_spans_per_trace)))
+
+
+async def main(cfg: TracesConfig) -> None:
+    from services.server import serve
+
+    await serve("traces", cfg, _register(TraceStore(cfg.max_traces, cfg.max_spans_per_trace)))
+
+
+# -- the client -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Span:
+    """One span as the CLI and tests look at it."""
+
+    service: str
+    name: str
+    trace_id: str
+    span_id: str
+    parent_id: str          # '' for a root
+    kind: int
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, object]
+    events: dict[str, int]  # event name -> time (ns)
+    error: bool
+
+    @property
+    def duration_ms(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e6
+
+
+def _value(v: common_pb2.AnyValue) -> object:
+    kind = v.WhichOneof("value")
+    return getattr(v, kind) if kind in ("string_value", "bool_value", "int_value", "double_value") else str(v)
+
+
+def spans_of(data: trace_pb2.TracesData) -> list[Span]:
+    out = []
+    for rs in data.resource_spans:
+        service = _service_name(rs.resource)
+        for scope in rs.scope_spans:
+            for s in scope.spans:
+                out.append(Span(
+                    service=service, name=s.name, trace_id=s.trace_id.hex(), span_id=s.span_id.hex(),
+                    parent_id=s.parent_span_id.hex(), kind=s.kind,
+                    start_ns=s.start_time_unix_nano, end_ns=s.end_time_unix_nano,
+                    attributes={a.key: _value(a.value) for a in s.attributes},
+                    events={e.name: e.time_unix_nano for e in s.events},
+                    error=s.status.code == trace_pb2.Status.STATUS_CODE_ERROR,
+                ))
+    return sorted(out, key=lambda s: s.start_ns)
+
+
+async def fetch_trace(address: str, trace_id: str) -> list[Span]:
+    """The spans of one trace; raises grpc.aio.AioRpcError (NOT_FOUND) if the receiver has none."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        call = channel.unary_unary(GET_METHOD, wrappers_pb2.StringValue.SerializeToString, trace_pb2.TracesData.FromString)
+        return spans_of(await call(wrappers_pb2.StringValue(value=trace_id), timeout=5))
+
+
+async def fetch_slowest(address: str, n: int) -> dict[str, list[Span]]:
+    """The N slowest traces: trace id -> spans, slowest first."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        call = channel.unary_unary(SLOWEST_METHOD, wrappers_pb2.UInt32Value.SerializeToString, trace_pb2.TracesData.FromString)
+        data = await call(wrappers_pb2.UInt32Value(value=n), timeout=5)
+    traces: dict[str, list[Span]] = {}
+    for span in spans_of(data):
+        traces.setdefault(span.trace_id, []).append(span)
+    return dict(sorted(traces.items(), key=lambda kv: -_extent_ms(kv[1])))
+
+
+def _extent_ms(spans: list[Span]) -> float:
+    return (max(s.end_ns for s in spans) - min(s.start_ns for s in spans)) / 1e6
+
+
+# -- rendering --------------------------------------------------------------------------------
+
+BAR_WIDTH = 40
+SHOWN_ATTRIBUTES = ("meshserve.request_id", "meshserve.worker", "meshserve.cached", "meshserve.cache.result",
+                    "meshserve.router.reason", "meshserve.router.candidates", "meshserve.ttft_s", "meshserve.tokens",
+                    "meshserve.finish_reason", "meshserve.status", "rpc.grpc.status_code")
+
+
+def tree_order(spans: list[Span]) -> list[tuple[int, Span]]:
+    """(depth, span) in depth-first order, children by start time; orphans are roots."""
+    ids = {s.span_id for s in spans}
+    children: dict[str, list[Span]] = {}
+    for s in spans:
+        children.setdefault(s.parent_id if s.parent_id in ids else "", []).append(s)
+    out: list[tuple[int, Span]] = []
+
+    def walk(parent: str, depth: int) -> None:
+        for s in sorted(children.get(parent, []), key=lambda s: s.start_ns):
+            out.append((depth, s))
+            walk(s.span_id, depth + 1)
+
+    walk("", 0)
+    return out
+
+
+def _bar(span: Span, t0: int, total: int) -> str:
+    scale = BAR_WIDTH / max(total, 1)
+    start = min(BAR_WIDTH - 1, int((span.start_ns - t0) * scale))
+    length = max(1, round((span.end_ns - span.start_ns) * scale))
+    cells = [" "] * BAR_WIDTH
+    for i in range(start, min(BAR_WIDTH, start + length)):
+        cells[i] = "█"
+    if "first_token" in span.events:  # TTFT: where the first token left this span
+        cells[min(BAR_WIDTH - 1, int((span.events["first_token"] - t0) * scale))] = "▌"
+    return "".join(cells)
+
+
+def _details(span: Span) -> str:
+    shown = [f"{k.removeprefix('meshserve.')}={_short(span.attributes[k])}" for k in SHOWN_ATTRIBUTES
+             if k in span.attributes and span.attributes[k] != ""]
+    if "first_token" in span.events:
+        shown.append(f"first_token=+{(span.events['first_token'] - span.start_ns) / 1e6:.1f}ms")
+    return " ".join(shown)
+
+
+def _short(value: object) -> str:
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def render_waterfall(spans: list[Span]):  # noqa: ANN201 - rich.table.Table (imported lazily)
+    from rich.table import Table
+
+    t0 = min(s.start_ns for s in spans)
+    total = max(s.end_ns for s in spans) - t0
+    services = sorted({s.service for s in spans})
+    table = Table(title=f"trace {spans[0].trace_id}: {len(spans)} spans, {len(services)} services "
+                        f"({', '.join(services)}), {total / 1e6:.1f} ms", title_justify="left")
+    for column, justify in (("service", "left"), ("span", "left"), ("start ms", "right"),
+                            ("ms", "right"), ("timeline (▌ first token)", "left"), ("details", "left")):
+        table.add_column(column, justify=justify, no_wrap=column != "details")
+    for depth, s in tree_order(spans):
+        style = "red" if s.error else None
+        table.add_row(s.service, "  " * depth + s.name, f"{(s.start_ns - t0) / 1e6:.1f}",
+                      f"{s.duration_ms:.1f}", _bar(s, t0, total), _details(s), style=style)
+    return table
+
+
+def render_slowest(traces: dict[str, list[Span]]):  # noqa: ANN201 - rich.table.Table
+    from rich.table import Table
+
+    table = Table(title=f"{len(traces)} slowest traces", title_justify="left")
+    for column in ("trace id", "started", "ms", "root", "spans", "services", "status"):
+        table.add_column(column, no_wrap=True)
+    for trace_id, spans in traces.items():
+        root = tree_order(spans)[0][1]
+        started = time.strftime("%H:%M:%S", time.localtime(min(s.start_ns for s in spans) / 1e9))
+        services = ",".join(sorted({s.service for s in spans}))
+        status = "error" if any(s.error for s in spans) else "ok"
+        table.add_row(trace_id, started, f"{_extent_ms(spans):.1f}", f"{root.service}: {root.name}",
+                      str(len(spans)), services, status, style="red" if status == "error" else None)
+    return table

@@ -1,0 +1,72 @@
+"""The tracing interceptor every service runs (services.server.start), with no exporter: the
+caller's trace is continued, the trace id comes back in the response metadata (also on errors),
+and outgoing calls carry it on."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+
+from services import telemetry
+from services.config import ServerConfig
+from services.server import Running, insecure_channel, start
+
+TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
+TRACEPARENT = f"00-{TRACE_ID}-b7ad6b7169203331-01"
+
+
+async def _unary(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    if request == b"abort":
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "'x' is bad")
+    return "".join(v for _, v in telemetry.outgoing_metadata()).encode()  # what a call from here sends
+
+
+async def _stream(request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+    for _ in range(2):
+        yield telemetry.current_trace_id().encode()
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[Running]:
+    def register(server: grpc.aio.Server) -> list[str]:
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("meshserve.v1.Echo", {
+            "Unary": grpc.unary_unary_rpc_method_handler(_unary),
+            "Stream": grpc.unary_stream_rpc_method_handler(_stream),
+        })])
+        return []
+
+    running = await start("echo", ServerConfig(port=0, metrics_port=-1, grace_seconds=0), register)
+    yield running
+    await running.shutdown()
+
+
+async def test_caller_trace_is_continued_and_returned(server: Running) -> None:
+    async with insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        call = channel.unary_unary("/meshserve.v1.Echo/Unary")(b"", metadata=(("traceparent", TRACEPARENT),))
+        sent_on = (await call).decode()
+        assert dict(await call.initial_metadata())["x-trace-id"] == TRACE_ID
+        # A call made while serving carries the same trace, under this service's own span.
+        version, trace_id, parent, flags = sent_on.split("-")
+        assert (version, trace_id, flags) == ("00", TRACE_ID, "01") and parent != "b7ad6b7169203331"
+
+        stream = channel.unary_stream("/meshserve.v1.Echo/Stream")(b"", metadata=(("traceparent", TRACEPARENT),))
+        assert [m.decode() async for m in stream] == [TRACE_ID, TRACE_ID]
+        assert dict(await stream.initial_metadata())["x-trace-id"] == TRACE_ID
+
+
+async def test_a_call_without_traceparent_starts_a_trace(server: Running) -> None:
+    async with insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        stream = channel.unary_stream("/meshserve.v1.Echo/Stream")(b"")
+        ids = {m.decode() async for m in stream}
+        assert len(ids) == 1 and len(ids.pop()) == 32
+
+
+async def test_errors_carry_the_trace_id_in_trailers(server: Running) -> None:
+    async with insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        call = channel.unary_unary("/meshserve.v1.Echo/Unary")(b"abort", metadata=(("traceparent", TRACEPARENT),))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await call
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert dict(err.value.trailing_metadata())["x-trace-id"] == TRACE_ID
