@@ -80,7 +80,7 @@ class RequestResult:
     prompt_len: int = 0  # prompt tokens from the final usage, else the approximate length asked
     output_tokens: int = 0
     ttft: float = 0.0
-    latency: float = 0.0
+    latency: float = 0.0  # send to the end of the stream, or to the error of a failed request
     itl: list[float] = field(default_factory=list)
     start_time: float = 0.0
     error_code: str = ""  # gRPC status code name, e.g. "UNAVAILABLE"
@@ -161,9 +161,11 @@ async def measure(open_stream: OpenStream, prompt_len: int) -> RequestResult:
                 usage = chunk.usage
         result.latency = time.perf_counter() - start
     except grpc.aio.AioRpcError as e:
+        result.latency = time.perf_counter() - start
         result.error_code, result.error = e.code().name, e.details() or ""
         return result
     except Exception as e:  # a client-side failure still counts as a failed request
+        result.latency = time.perf_counter() - start
         result.error_code, result.error = type(e).__name__, str(e)
         return result
     if usage is not None and usage.prompt_tokens:
@@ -193,9 +195,12 @@ def summarize(
     """The benchmark's result under vLLM's key names (``completed``, ``mean_ttft_ms``, ...).
 
     TPOT of a request is ``(e2e - ttft) / (output_tokens - 1)``; requests with one output token
-    have none. Failed requests count in ``failed`` and ``errors`` (by gRPC status code) only.
+    have none. Failed requests count in ``failed`` and ``errors`` (by gRPC status code), and their
+    time from send to the error in ``*_error_ms`` (all of them) and ``error_ms_by_code``; they are
+    in no other metric.
     """
     ok = [r for r in results if r.success]
+    failed = [r for r in results if not r.success]
     output_lens = [r.output_tokens if r.success else 0 for r in results]
     total_input = sum(r.prompt_len for r in ok)
     total_output = sum(output_lens)
@@ -218,19 +223,33 @@ def summarize(
         "max_concurrent_requests": _peak_concurrency(ok),
     }
     for name in percentile_metrics:
-        values = np.asarray(samples[name] or [0.0]) * 1000
-        result[f"mean_{name}_ms"] = float(np.mean(values))
-        result[f"median_{name}_ms"] = float(np.median(values))
-        result[f"std_{name}_ms"] = float(np.std(values))
-        for p in percentiles:
-            result[f"p{_pkey(p)}_{name}_ms"] = float(np.percentile(values, p))
-    result["errors"] = dict(Counter(r.error_code for r in results if not r.success))
-    result["error_samples"] = {r.error_code: r.error for r in reversed(results) if not r.success}
+        result |= _stats_ms(samples[name], percentiles, f"_{name}_ms")
+    # Failed requests: how fast they failed (a refusal under overload should take milliseconds).
+    result |= _stats_ms([r.latency for r in failed], percentiles, "_error_ms")
+    result["errors"] = dict(Counter(r.error_code for r in failed))
+    result["error_ms_by_code"] = {
+        code: _stats_ms([r.latency for r in failed if r.error_code == code], percentiles)
+        for code in sorted(result["errors"])
+    }
+    result["error_samples"] = {r.error_code: r.error for r in reversed(failed)}
     result["input_lens"] = [r.prompt_len for r in results]
     result["output_lens"] = output_lens
     result["ttfts"] = [r.ttft for r in results]
     result["itls"] = [r.itl for r in results]
     return result
+
+
+def _stats_ms(seconds: Sequence[float], percentiles: Sequence[float], suffix: str = "") -> dict[str, float]:
+    """Mean, median, std and ``p<N>`` of ``seconds`` in ms, keyed ``<stat><suffix>``; zeros if empty."""
+    values = np.asarray(seconds or [0.0]) * 1000
+    stats = {
+        f"mean{suffix}": float(np.mean(values)),
+        f"median{suffix}": float(np.median(values)),
+        f"std{suffix}": float(np.std(values)),
+    }
+    for p in percentiles:
+        stats[f"p{_pkey(p)}{suffix}"] = float(np.percentile(values, p))
+    return stats
 
 
 def _peak_chunks_per_second(ok: Sequence[RequestResult]) -> float:
@@ -288,9 +307,16 @@ def format_summary(
         for p in percentiles:
             row(f"P{_pkey(p)} {short} (ms):", result[f"p{_pkey(p)}_{name}_ms"], "{:<10.2f}")
     if result["errors"]:
+        lines.append("{s:{c}^{n}}".format(s="Time to Error (failed requests)", n=50, c="-"))
+        row("Mean time to error (ms):", result["mean_error_ms"], "{:<10.2f}")
+        row("Median time to error (ms):", result["median_error_ms"], "{:<10.2f}")
+        for p in percentiles:
+            row(f"P{_pkey(p)} time to error (ms):", result[f"p{_pkey(p)}_error_ms"], "{:<10.2f}")
         lines.append("{s:{c}^{n}}".format(s="Failures by status code", n=50, c="-"))
         for code, count in sorted(result["errors"].items()):
-            row(f"{code}:", count)
+            by_code = result["error_ms_by_code"][code]
+            tails = ", ".join(f"p{_pkey(p)} {by_code[f'p{_pkey(p)}']:.2f}" for p in percentiles)
+            row(f"{code}:", f"{count} (time to error ms: median {by_code['median']:.2f}, {tails})", "{}")
             lines.append(f"  e.g. {result['error_samples'][code][:200]}")
     lines.append("=" * 50)
     return "\n".join(lines)

@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from services import bench
-from services.bench import RequestResult, arrival_offsets, random_requests, summarize
+from services.bench import RequestResult, arrival_offsets, measure, random_requests, summarize
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 
@@ -73,6 +73,76 @@ def test_summarize_computes_vllm_metrics() -> None:
     assert r["max_concurrent_requests"] == 3
 
 
+def failure(code: str, latency: float) -> RequestResult:
+    return RequestResult(latency=latency, error_code=code, error=f"{code} after {latency}s")
+
+
+def test_summarize_reports_time_to_error_overall_and_by_code() -> None:
+    results = [
+        ok(0.1, 1.0, 10),  # a success's latency is not a time to error
+        failure("RESOURCE_EXHAUSTED", 0.001),
+        failure("RESOURCE_EXHAUSTED", 0.002),
+        failure("RESOURCE_EXHAUSTED", 0.003),
+        failure("DEADLINE_EXCEEDED", 5.0),
+    ]
+    r = summarize(results, duration=10.0, percentiles=(50, 99))
+
+    assert r["mean_error_ms"] == pytest.approx((1 + 2 + 3 + 5000) / 4)
+    assert r["median_error_ms"] == pytest.approx(2.5)
+    assert r["p50_error_ms"] == pytest.approx(2.5)
+    assert r["p99_error_ms"] == pytest.approx(3 + 0.97 * 4997)  # numpy's linear interpolation
+    assert r["std_error_ms"] > 0
+    by_code = r["error_ms_by_code"]
+    assert set(by_code) == {"RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED"}
+    assert by_code["RESOURCE_EXHAUSTED"]["median"] == pytest.approx(2.0)
+    assert by_code["RESOURCE_EXHAUSTED"]["p99"] == pytest.approx(2.98)
+    assert by_code["RESOURCE_EXHAUSTED"]["mean"] == pytest.approx(2.0)
+    assert by_code["DEADLINE_EXCEEDED"]["p50"] == pytest.approx(5000)
+    # vLLM's keys are untouched by failures.
+    assert r["mean_e2el_ms"] == pytest.approx(1000) and r["p99_ttft_ms"] == pytest.approx(100)
+    assert r["errors"] == {"RESOURCE_EXHAUSTED": 3, "DEADLINE_EXCEEDED": 1}
+
+
+def test_summarize_without_failures_has_zero_time_to_error() -> None:
+    r = summarize([ok(0.1, 1.0, 10)], duration=1.0)
+    assert r["mean_error_ms"] == r["median_error_ms"] == r["p99_error_ms"] == 0.0
+    assert r["error_ms_by_code"] == {} and r["errors"] == {}
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_measure_times_a_failure_from_send_to_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeClock()
+    monkeypatch.setattr(bench.time, "perf_counter", clock)
+
+    async def refused() -> AsyncIterator[pb.GenerateResponse]:
+        clock.now += 0.004
+        raise grpc.aio.AioRpcError(
+            grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.aio.Metadata(), grpc.aio.Metadata(),
+            details="at capacity",
+        )
+        yield pb.GenerateResponse()  # pragma: no cover - makes this an async generator
+
+    async def lost_mid_stream() -> AsyncIterator[pb.GenerateResponse]:
+        clock.now += 0.010
+        yield pb.GenerateResponse(text=" a", token_ids=[1])
+        clock.now += 0.5
+        raise ConnectionResetError("peer went away")
+
+    r = await measure(refused, prompt_len=3)
+    assert not r.success and r.error_code == "RESOURCE_EXHAUSTED" and r.error == "at capacity"
+    assert r.latency == pytest.approx(0.004)
+    r = await measure(lost_mid_stream, prompt_len=3)
+    assert not r.success and r.error_code == "ConnectionResetError"
+    assert r.latency == pytest.approx(0.510)
+
+
 def test_peak_output_throughput_counts_chunks_per_wall_clock_second() -> None:
     a = ok(0.25, 1.5, 6, itl=[0.25] * 5, start=0.0)  # chunks at 0.25 0.5 0.75 | 1.0 1.25 1.5
     b = ok(0.25, 1.25, 5, itl=[0.125] * 4, start=0.5)  # chunks at 0.75 0.875 | 1.0 1.125 1.25
@@ -86,21 +156,26 @@ def test_summarize_of_only_failures_has_zero_metrics_and_all_keys() -> None:
         for stat in ("mean", "median", "std", "p99"):
             assert r[f"{stat}_{name}_ms"] == 0.0
     assert r["request_throughput"] == 0.0
+    assert set(r["error_ms_by_code"]) == {"DEADLINE_EXCEEDED"} and "p99_error_ms" in r
     assert r["errors"] == {"DEADLINE_EXCEEDED": 1}
 
 
 def test_format_summary_has_vllm_lines() -> None:
-    results = [ok(0.1, 1.1, 11, itl=[0.1] * 10), RequestResult(error_code="UNAVAILABLE", error="gone")]
+    results = [ok(0.1, 1.1, 11, itl=[0.1] * 10), failure("UNAVAILABLE", 0.0125)]
     text = bench.format_summary(summarize(results, 2.0), ("ttft", "tpot", "itl", "e2el"), (99,))
     lines = [
         "============ Serving Benchmark Result ============", "Successful requests:",
         "Benchmark duration (s):", "Total input tokens:", "Total generated tokens:",
         "Request throughput (req/s):", "Output token throughput (tok/s):",
         "Mean TTFT (ms):", "Median TPOT (ms):", "P99 ITL (ms):",
-        "Mean E2EL (ms):", "UNAVAILABLE:",
+        "Mean E2EL (ms):", "UNAVAILABLE:", "Mean time to error (ms):",
     ]  # fmt: skip
     for line in lines:
         assert line in text
+    assert "P99 time to error (ms):                  12.50" in text
+    assert "(time to error ms: median 12.50, p99 12.50)" in text
+    without_failures = bench.format_summary(summarize(results[:1], 2.0), ("ttft",), (99,))
+    assert "time to error" not in without_failures
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,6 +344,12 @@ async def test_bench_counts_failures_by_status_code(
     assert [result["output_lens"][i] for i in sorted(fail)] == [0] * 8
     assert result["total_output_tokens"] == 12 * 8
     assert "p90_ttft_ms" in result and "p99_ttft_ms" not in result
+    # Each failure is timed from send to error, overall and per status code.
+    by_code = result["error_ms_by_code"]
+    assert set(by_code) == {"RESOURCE_EXHAUSTED", "UNAVAILABLE"}
+    assert set(by_code["UNAVAILABLE"]) == {"mean", "median", "std", "p50", "p90"}
+    assert 0 < result["mean_error_ms"] <= result["p90_error_ms"] < 20_000
+    assert by_code["RESOURCE_EXHAUSTED"]["mean"] > 0 and by_code["UNAVAILABLE"]["mean"] > 0
     assert not any(r.skip_cache for r in fake.requests)
     assert "RESOURCE_EXHAUSTED:" in capsys.readouterr().out
 

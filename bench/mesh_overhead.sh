@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# What the mesh adds on the request path: one sim worker, the same 300-user workload sent to
+# the worker directly and through Envoy -> gateway (cache off), alternated twice, each run with
+# its own prompts (a different --seed) so no run inherits another's prefix-cache hits.
+#   bench/mesh_overhead.sh [OUT_DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MS=.venv/bin/meshserve
+OUT=${1:-bench/results/$(date +%F)}
+mkdir -p "$OUT"
+"$MS" up --engine sim --workers 1 --run-dir "$OUT/run-overhead" > "$OUT/up-overhead.log" 2>&1 &
+UP_PID=$!
+trap 'kill -INT $UP_PID 2>/dev/null; wait $UP_PID || true' EXIT
+until grep -q "meshserve is up" "$OUT/up-overhead.log"; do kill -0 $UP_PID; sleep 1; done
+USERS=(--max-concurrency 300 --random-input-len 128 --random-output-len 64 --num-prompts 600 --disable-tqdm)
+seed=1
+for round in 1 2; do
+  for path in direct mesh; do
+    if [[ $path == direct ]]; then target=(--service worker --target 127.0.0.1:50061); else target=(--target 127.0.0.1:8080); fi
+    "$MS" bench "${target[@]}" "${USERS[@]}" --seed $seed --label "overhead-$path-$round" \
+      --save-result "$OUT/overhead-$path-$round.json" > "$OUT/overhead-$path-$round.txt"
+    seed=$((seed + 1))
+  done
+done
+.venv/bin/python - "$OUT" <<'PY'
+import json, sys
+out = sys.argv[1]
+keys = ["median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms", "median_tpot_ms", "output_throughput", "failed"]
+print(f"{'run':<22}" + "".join(f"{k:>18}" for k in keys))
+for r in (1, 2):
+    for p in ("direct", "mesh"):
+        d = json.load(open(f"{out}/overhead-{p}-{r}.json"))
+        print(f"{p + ' #' + str(r):<22}" + "".join(f"{d[k]:>18.1f}" for k in keys))
+PY
