@@ -33,18 +33,14 @@ up sim4 --engine sim --workers 4
 bench sim4-mesh --target 127.0.0.1:8080 --num-prompts 1200 "${USERS[@]}"
 down
 
-# 2. What the mesh adds: one sim worker, the same workload sent directly and through Envoy.
-up sim1 --engine sim --workers 1
-bench sim1-direct --service worker --target 127.0.0.1:50061 --num-prompts 600 "${USERS[@]}"
-bench sim1-mesh --target 127.0.0.1:8080 --num-prompts 600 "${USERS[@]}"
-down
+# (What the mesh adds on the request path: bench/mesh_overhead.sh.)
 
-# 3. The real vLLM engine (continuous batching) on the project's tiny model, through the mesh.
+# 2. The real vLLM engine (continuous batching) on the project's tiny model, through the mesh.
 up vllm1 --engine vllm --workers 1
 bench vllm1-mesh --target 127.0.0.1:8080 --num-prompts 600 "${USERS[@]}"
 down
 
-# 4. The "before" picture: plain transformers generate, one request at a time, same 300 users.
+# 3. The "before" picture: plain transformers generate, one request at a time, same 300 users.
 up hf1 --engine transformers --workers 1
 bench hf1-mesh --target 127.0.0.1:8080 --num-prompts 300 "${USERS[@]}"
 down
