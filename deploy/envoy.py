@@ -3,9 +3,10 @@
 One listener serves gRPC, our HTTP/JSON API and the OpenAI-compatible API (grpc_json_transcoder;
 server streams become SSE) in front of the gateways. Request filters, in order: strip headers
 only the edge may set -> API-key auth (tenant header) -> local rate limits (global, per tenant)
--> strict JSON + stream steering (Lua) -> transcoder -> router. Clusters carry circuit breakers,
-outlier detection, active gRPC health checks; routes carry streaming-safe timeouts and retries
-for unary calls only. Envoy's own error replies are reshaped per API by ``local_reply_config``.
+-> strict JSON + stream steering (Lua) -> transcoder -> router. Clusters carry circuit breakers
+(``max_requests`` capped by the gateways' capacity: the excess is refused here as 429 /
+RESOURCE_EXHAUSTED, before it costs a gateway anything), outlier detection, active gRPC health
+checks; routes carry streaming-safe timeouts and retries for unary calls only. Envoy's own error replies are reshaped per API by ``local_reply_config``.
 ``meshserve envoy-config`` prints it; the launcher writes and runs it.
 """
 
@@ -235,16 +236,48 @@ LOCAL_REPLIES: dict[int, tuple[str, str, str | None]] = {
 }
 # gRPC code of each status, for our own JSON API's {"code", "message", "details"} shape.
 GRPC_CODES = {400: 3, 401: 16, 403: 7, 404: 12, 413: 8, 429: 8, 503: 14, 504: 4}
+# Circuit-breaker overflow (response flag UO, Envoy's 503 + x-envoy-overloaded) is the gateways'
+# capacity reached, refused by Envoy itself: it reaches clients as the gateway's own refusal does
+# (429 / RESOURCE_EXHAUSTED, same OpenAI type and code, retry-after).
+OVERFLOW_REPLY = ("rate_limit_error", "resource_exhausted", "the gateways are at capacity; retry after 1s")
+RESOURCE_EXHAUSTED = 8
 
 
 def _header_is(name: str, match: dict[str, str], invert: bool = False) -> dict[str, Any]:
     return {"header_filter": {"header": {"name": name, "string_match": match, "invert_match": invert}}}
 
 
+def _overflow_mappers(
+    openai: dict[str, Any], native: dict[str, Any], retry_after: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Circuit-breaker overflow -> 429 + retry-after, shaped per API. For gRPC requests Envoy
+    derives grpc-status from the HTTP status unless the reply already carries one (429 would
+    become UNAVAILABLE), so the gRPC mapper sets grpc-status itself; its body text becomes
+    grpc-message. Only requests that are neither OpenAI nor JSON reach it (mappers go in order)."""
+    kind, code, message = OVERFLOW_REPLY
+    overflow = {"response_flag_filter": {"flags": ["UO"]}}
+    grpc_request = _header_is("content-type", {"prefix": "application/grpc"})
+    grpc_status = {"header": {"key": "grpc-status", "value": str(RESOURCE_EXHAUSTED)},
+                   "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}
+    openai_body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
+    native_body = {"code": RESOURCE_EXHAUSTED, "message": message, "details": []}
+
+    def mapper(api: dict[str, Any], headers: list[dict[str, Any]], body: dict[str, Any]) -> dict[str, Any]:
+        return {"filter": {"and_filter": {"filters": [overflow, api]}}, "status_code": 429,
+                "headers_to_add": headers, "body_format_override": body}
+
+    return [
+        mapper(openai, retry_after, {"json_format": openai_body, "content_type": "application/json"}),
+        mapper(native, retry_after, {"json_format": native_body, "content_type": "application/json"}),
+        mapper(grpc_request, [*retry_after, grpc_status], {"text_format": message}),
+    ]
+
+
 def _local_reply_config(cfg: EnvoyConfig) -> dict[str, Any]:
     """Reshapes Envoy's own replies (auth 401, rate limit 429, body 413, overflow 503, no route
     404, transcoder 400) as OpenAI errors on OpenAI paths and as {"code","message"} on our JSON
-    API. gRPC requests match neither and keep Envoy's gRPC status."""
+    API. gRPC requests match neither and keep Envoy's gRPC status, except circuit-breaker
+    overflow, which every API gets as 429 / RESOURCE_EXHAUSTED (``_overflow_mappers``)."""
     openai = {"or_filter": {"filters": [
         _header_is(API_HEADER, {"exact": "openai"}),
         {"and_filter": {"filters": [
@@ -257,7 +290,7 @@ def _local_reply_config(cfg: EnvoyConfig) -> dict[str, Any]:
         _header_is(":path", {"prefix": NATIVE_JSON_PREFIX}),
     ]}}
     retry_after = [{"header": {"key": "retry-after", "value": "1"}, "append_action": "ADD_IF_ABSENT"}]
-    mappers = []
+    mappers = _overflow_mappers(openai, native, retry_after)
     for status, (kind, code, message) in LOCAL_REPLIES.items():
         text = "%LOCAL_REPLY_BODY%" if message is None else message.format(max_request_bytes=cfg.max_request_bytes)
         status_is = {"status_code_filter": {"comparison": {"op": "EQ", "value": {"default_value": status, "runtime_key": f"lr_{status}"}}}}
@@ -340,6 +373,14 @@ def _access_log() -> list[dict[str, Any]]:
     ]
 
 
+def max_requests(cfg: EnvoyConfig) -> int:
+    """The gateway cluster's ``max_requests``: capped by the gateways' total capacity when known,
+    so the excess is refused here, in C++, rather than by the gateways (which stay the second line)."""
+    if cfg.gateway_max_in_flight > 0:
+        return min(cfg.max_requests, cfg.gateway_max_in_flight)
+    return cfg.max_requests
+
+
 def _gateway_cluster(cfg: EnvoyConfig) -> dict[str, Any]:
     return {
         "name": GATEWAY_CLUSTER,
@@ -358,7 +399,7 @@ def _gateway_cluster(cfg: EnvoyConfig) -> dict[str, Any]:
                     "priority": "DEFAULT",
                     "max_connections": cfg.max_connections,
                     "max_pending_requests": cfg.max_pending_requests,
-                    "max_requests": cfg.max_requests,
+                    "max_requests": max_requests(cfg),
                     "max_retries": 16,
                 }
             ]

@@ -389,7 +389,10 @@ class Orchestrator:
             })
             if outcome.ttft is not None:
                 span.set_attribute("meshserve.ttft_s", outcome.ttft)
-        log.info(
+        # Refusals come in floods under overload: counted in REQUESTS{code}, logged at DEBUG only.
+        level = logging.DEBUG if outcome.code == grpc.StatusCode.RESOURCE_EXHAUSTED else logging.INFO
+        log.log(
+            level,
             "request %s worker=%s cached=%s ttft=%s tokens=%d e2e=%.3fs status=%s%s",
             outcome.request_id or "-",
             outcome.worker or "-",

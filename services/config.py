@@ -127,6 +127,10 @@ class EnvoyConfig:
     max_connections: int = _f(1024, "circuit breaker: most connections to the gateways")
     max_pending_requests: int = _f(1024, "circuit breaker: most requests waiting for a connection")
     max_requests: int = _f(4096, "circuit breaker: most concurrent requests to the gateways")
+    gateway_max_in_flight: int = _f(
+        0, "the gateways' total max_in_flight: caps max_requests, so Envoy itself refuses the excess "
+           "(429 / RESOURCE_EXHAUSTED + retry-after) before it reaches a gateway (0: unknown, no cap)"
+    )
     stream_idle_timeout_s: float = _f(300.0, "reset a stream with no data for this long")
     max_stream_duration_s: float = _f(600.0, "longest a stream may last")
     unary_timeout_s: float = _f(120.0, "timeout of unary calls")

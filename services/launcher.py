@@ -253,8 +253,11 @@ class Mesh:
     def _start_envoy(self) -> None:
         from deploy import envoy
 
-        cfg = dataclasses.replace(self.spec.envoy, gateways=[self.gateway_address], otlp_endpoint=self.otlp_endpoint,
-                                  trace_sampling_ratio=self.spec.trace_sampling_ratio)
+        gateways = [self.gateway_address]
+        # Envoy refuses what the gateways would refuse anyway, before it reaches them.
+        cfg = dataclasses.replace(self.spec.envoy, gateways=gateways, otlp_endpoint=self.otlp_endpoint,
+                                  trace_sampling_ratio=self.spec.trace_sampling_ratio,
+                                  gateway_max_in_flight=self.spec.gateway.max_in_flight * len(gateways))
         path = envoy.write_config(cfg, self.run_dir / "envoy.yaml")
         proc = self._spawn("envoy", envoy.command(path))
 

@@ -242,8 +242,20 @@ async def test_tenant_from_the_key_isolates_the_cache(mesh: Mesh) -> None:
     assert ALICE not in log and BOB not in log  # keys are never logged
 
 
+def envoy_active_requests(cfg: EnvoyConfig) -> float:
+    """Requests Envoy counts against the gateway cluster's circuit breaker now."""
+    url = f"http://127.0.0.1:{cfg.admin_port}/stats?filter=^cluster.{envoy.GATEWAY_CLUSTER}.upstream_rq_active$"
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return float(r.read().decode().rpartition(":")[2])
+
+
+def gateway_refusals(mesh: Mesh) -> float:
+    return metric_sum(scrape(mesh.metrics["gateway"]), "meshserve_gateway_requests_total", code="RESOURCE_EXHAUSTED")
+
+
 async def test_gateway_overload_is_a_quick_429_with_retry_after(mesh: Mesh) -> None:
     base = f"http://{mesh.envoy_address}"
+    refused_by_gateway = gateway_refusals(mesh)
     async with open_stream(base, ALICE), open_stream(base, ALICE), open_stream(base, BOB), open_stream(base, BOB):
         async with httpx.AsyncClient(base_url=base) as http:
             r = await http.post("/v1/chat/completions", headers=auth(CAROL),
@@ -254,6 +266,10 @@ async def test_gateway_overload_is_a_quick_429_with_retry_after(mesh: Mesh) -> N
         assert "capacity" in r.json()["error"]["message"]
         with pytest.raises(openai.RateLimitError):
             await client(mesh, CAROL).completions.create(model=MODEL, prompt="x", max_tokens=2)
+        # The launcher sized Envoy's circuit breaker to the gateway's capacity: Envoy refused
+        # both, and the gateway never saw them.
+        assert r.headers["x-envoy-overloaded"] == "true"
+        assert gateway_refusals(mesh) == refused_by_gateway
     await gateway_idle(mesh)
     ok = await client(mesh, CAROL).completions.create(model=MODEL, prompt="x", max_tokens=2)
     assert ok.choices[0].finish_reason == "length"
@@ -277,13 +293,58 @@ async def test_rate_limits_per_key_and_circuit_breaker_overflow(
         # Another key has its own bucket.
         bob = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key=BOB, max_retries=0)
         await bob.completions.create(model=MODEL, prompt="x", max_tokens=2)
+    await gateway_idle(mesh)
 
-        # max_requests=1: while carol's stream is open, another request overflows at once.
+
+async def test_circuit_breaker_overflow_is_429_and_resource_exhausted(
+    mesh: Mesh, keys_file: Path, tmp_path: Path
+) -> None:
+    """An Envoy told the gateways take 1 stream at once: while one is open, every API gets the
+    excess refused by Envoy (x-envoy-overloaded) as the gateway would refuse it."""
+    cfg = EnvoyConfig(
+        listen_port=free_port(), admin_port=free_port(), gateways=[mesh.gateway_address],
+        api_keys_file=str(keys_file), gateway_max_in_flight=1,
+    )
+    with run_envoy(cfg, tmp_path / "tight.yaml") as base:
+        refused_by_gateway = gateway_refusals(mesh)
         async with open_stream(base, CAROL):
             async with httpx.AsyncClient(base_url=base) as http:
-                r = await http.post("/v1/completions", json={"prompt": "x"}, headers=auth(BOB))
-            assert r.status_code == 503, r.text
-            assert r.json()["error"]["type"] == "overloaded_error" and r.headers["retry-after"]
+                openai_reply = await http.post("/v1/completions", json={"prompt": "x"}, headers=auth(BOB))
+                native_reply = await http.post("/v1/generate", json={"prompt": "x"}, headers=auth(BOB))
+            with pytest.raises(openai.RateLimitError) as err:
+                await openai.AsyncOpenAI(base_url=f"{base}/v1", api_key=BOB, max_retries=0).chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=2, stream=True)
+            async with insecure_channel(base.removeprefix("http://")) as channel:
+                call = pb_grpc.InferenceStub(channel).Generate(
+                    pb.GenerateRequest(prompt="x", max_tokens=2), metadata=(("authorization", f"Bearer {BOB}"),))
+                with pytest.raises(grpc.aio.AioRpcError) as grpc_err:
+                    async for _ in call:
+                        pass
+                grpc_metadata = dict(await call.initial_metadata() or ()) | dict(await call.trailing_metadata() or ())
+            assert gateway_refusals(mesh) == refused_by_gateway  # none of them reached the gateway
+
+        assert openai_reply.status_code == 429, openai_reply.text
+        assert openai_reply.headers["retry-after"] == "1" and openai_reply.headers["x-envoy-overloaded"] == "true"
+        assert "grpc-status" not in openai_reply.headers
+        error = openai_reply.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        assert (error["type"], error["code"]) == ("rate_limit_error", "resource_exhausted")
+        assert "capacity" in error["message"]
+        assert err.value.status_code == 429 and err.value.body["code"] == "resource_exhausted"
+
+        assert native_reply.status_code == 429, native_reply.text
+        assert native_reply.headers["retry-after"] == "1"
+        assert native_reply.json()["code"] == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+
+        assert grpc_err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, grpc_err.value
+        assert "capacity" in grpc_err.value.details()
+        assert grpc_metadata["retry-after"] == "1"
+
+        # With the stream closed, the same Envoy admits again.
+        await wait_until(lambda: envoy_active_requests(cfg) == 0, 10, "Envoy's slot freed")
+        ok = await openai.AsyncOpenAI(base_url=f"{base}/v1", api_key=BOB, max_retries=0).completions.create(
+            model=MODEL, prompt="x", max_tokens=2)
+        assert ok.choices[0].finish_reason == "length"
     await gateway_idle(mesh)
 
 

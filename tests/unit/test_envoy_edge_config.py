@@ -73,7 +73,8 @@ def test_rate_limits_global_and_per_tenant() -> None:
 def test_body_limit_and_error_shapes() -> None:
     cfg = envoy.build_config(EnvoyConfig(max_request_bytes=1234), api_keys={})
     assert cfg["static_resources"]["listeners"][0]["per_connection_buffer_limit_bytes"] == 1234
-    bodies = [m["body_format_override"]["json_format"] for m in _hcm(cfg)["local_reply_config"]["mappers"]]
+    mappers = _hcm(cfg)["local_reply_config"]["mappers"]
+    bodies = [m["body_format_override"]["json_format"] for m in mappers if "json_format" in m["body_format_override"]]
     openai = [b["error"] for b in bodies if "error" in b]
     assert {"message", "type", "param", "code"} == set(openai[0])
     assert any("1234 bytes" in e["message"] for e in openai)
@@ -90,3 +91,29 @@ def test_full_protection_config_is_accepted_by_envoy(tmp_path: Path) -> None:
     path = envoy.write_config(cfg, tmp_path / "envoy.yaml", api_keys=KEYS)
     assert path.stat().st_mode & 0o077 == 0  # it holds the keys: owner-only
     envoy.validate(path)
+
+
+def test_circuit_breaker_is_capped_by_the_gateways_capacity_when_known() -> None:
+    def max_requests(cfg: EnvoyConfig) -> int:
+        clusters = envoy.build_config(cfg, api_keys={})["static_resources"]["clusters"]
+        return clusters[0]["circuit_breakers"]["thresholds"][0]["max_requests"]
+
+    assert max_requests(EnvoyConfig()) == EnvoyConfig.max_requests  # unknown: as configured
+    assert max_requests(EnvoyConfig(gateway_max_in_flight=32)) == 32
+    assert max_requests(EnvoyConfig(max_requests=8, gateway_max_in_flight=32)) == 8
+
+
+def test_overflow_is_429_with_retry_after_for_every_api_and_resource_exhausted_for_grpc() -> None:
+    mappers = _hcm(envoy.build_config(EnvoyConfig(), api_keys={}))["local_reply_config"]["mappers"]
+    overflow = [m for m in mappers if {"response_flag_filter": {"flags": ["UO"]}} in m["filter"]["and_filter"]["filters"]]
+    assert len(overflow) == 3
+    assert mappers[:3] == overflow  # before the generic 503 mappers: the first match wins
+    for m in overflow:
+        assert m["status_code"] == 429
+        assert {"key": "retry-after", "value": "1"} in [h["header"] for h in m["headers_to_add"]]
+    openai, native, grpc_ = (m["body_format_override"] for m in overflow)
+    assert openai["json_format"]["error"]["type"] == "rate_limit_error"
+    assert set(openai["json_format"]["error"]) == {"message", "type", "param", "code"}
+    assert native["json_format"]["code"] == 8
+    assert {"key": "grpc-status", "value": "8"} in [h["header"] for h in overflow[2]["headers_to_add"]]
+    assert "capacity" in grpc_["text_format"]
