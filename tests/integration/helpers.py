@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import re
+import subprocess
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import grpc
 
+from deploy import envoy
+from services.config import EnvoyConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.server import insecure_channel
@@ -73,3 +79,25 @@ async def invalid_argument(target: str, **fields: object) -> str:
         assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, (e.code(), e.details())
         return e.details() or ""
     raise AssertionError(f"request {fields} was accepted")
+
+
+@contextmanager
+def run_envoy(cfg: EnvoyConfig, path: Path) -> Iterator[str]:
+    """The real Envoy on a config generated from ``cfg``; yields its listener's host:port."""
+    envoy.write_config(cfg, path)
+    proc = subprocess.Popen(envoy.command(path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # readiness probe of Envoy's admin endpoint (startup takes ~0.1 s)
+            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else "Envoy exited"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{cfg.admin_port}/ready", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                assert time.monotonic() < deadline, "Envoy never became ready"
+                time.sleep(0.05)
+        yield f"{cfg.listen_host}:{cfg.listen_port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)

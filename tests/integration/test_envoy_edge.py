@@ -4,23 +4,19 @@ gRPC passes through, HTTP/JSON is transcoded (streams as SSE), and bad JSON gets
 from __future__ import annotations
 
 import json
-import subprocess
-import time
-import urllib.request
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import grpc
 import httpx
 import pytest
 
-from deploy import envoy
 from services.config import EnvoyConfig, ServerConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.server import insecure_channel, start
 from services.validation import InvalidRequest, validate
 from tests.conftest import free_port
+from tests.integration.helpers import run_envoy
 
 
 class EchoInference(pb_grpc.InferenceServicer):
@@ -68,23 +64,8 @@ async def backend() -> AsyncIterator[tuple[EchoInference, int]]:
 def edge(backend: tuple[EchoInference, int], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     _, port = backend
     cfg = EnvoyConfig(listen_port=free_port(), admin_port=free_port(), gateways=[f"127.0.0.1:{port}"])
-    path = envoy.write_config(cfg, tmp_path_factory.mktemp("envoy") / "envoy.yaml")
-    proc = subprocess.Popen(envoy.command(path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 30
-        while True:  # readiness probe of Envoy's admin endpoint (startup takes ~0.1 s)
-            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{cfg.admin_port}/ready", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                assert time.monotonic() < deadline, "Envoy never became ready"
-                time.sleep(0.05)
-        yield f"127.0.0.1:{cfg.listen_port}"
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with run_envoy(cfg, tmp_path_factory.mktemp("envoy") / "envoy.yaml") as address:
+        yield address
 
 
 async def test_grpc_stream_through_envoy(edge: str) -> None:

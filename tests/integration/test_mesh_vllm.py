@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 import httpx
 import psutil
 import pytest

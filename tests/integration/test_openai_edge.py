@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import time
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import grpc
@@ -27,7 +25,7 @@ from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.launcher import Mesh, MeshSpec
 from services.server import insecure_channel
 from tests.conftest import free_port
-from tests.integration.helpers import metric_sum, scrape, wait_until
+from tests.integration.helpers import metric_sum, run_envoy, scrape, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -64,28 +62,6 @@ def mesh(tmp_path_factory: pytest.TempPathFactory, keys_file: Path) -> Iterator[
     )
     with Mesh(spec) as m:
         yield m
-
-
-@contextmanager
-def run_envoy(cfg: EnvoyConfig, path: Path) -> Iterator[str]:
-    """A second Envoy in front of the same gateway (a different protection config)."""
-    envoy.write_config(cfg, path)
-    proc = subprocess.Popen(envoy.command(path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, "Envoy exited"
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{cfg.admin_port}/ready", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                assert time.monotonic() < deadline, "Envoy never became ready"
-                time.sleep(0.05)  # readiness probe of a process we just started
-        yield f"http://127.0.0.1:{cfg.listen_port}"
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def client(mesh: Mesh, key: str = ALICE) -> openai.AsyncOpenAI:
@@ -282,7 +258,8 @@ async def test_rate_limits_per_key_and_circuit_breaker_overflow(
         listen_port=free_port(), admin_port=free_port(), gateways=[mesh.gateway_address],
         api_keys_file=str(keys_file), rate_limit_per_key_requests=2, rate_limit_window_s=60, max_requests=1,
     )
-    with run_envoy(cfg, tmp_path / "tight.yaml") as base:
+    with run_envoy(cfg, tmp_path / "tight.yaml") as address:
+        base = f"http://{address}"
         oa = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key=ALICE, max_retries=0)
         for _ in range(2):
             await oa.completions.create(model=MODEL, prompt="x", max_tokens=2)
@@ -305,7 +282,8 @@ async def test_circuit_breaker_overflow_is_429_and_resource_exhausted(
         listen_port=free_port(), admin_port=free_port(), gateways=[mesh.gateway_address],
         api_keys_file=str(keys_file), gateway_max_in_flight=1,
     )
-    with run_envoy(cfg, tmp_path / "tight.yaml") as base:
+    with run_envoy(cfg, tmp_path / "tight.yaml") as address:
+        base = f"http://{address}"
         refused_by_gateway = gateway_refusals(mesh)
         async with open_stream(base, CAROL):
             async with httpx.AsyncClient(base_url=base) as http:
