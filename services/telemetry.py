@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -177,7 +177,16 @@ def _traced_unary(inner: Any, name: str, parent: otel_context.Context, attribute
 
 
 def _traced_stream(inner: Any, name: str, parent: otel_context.Context, attributes: dict[str, str]) -> Any:
-    async def behavior(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+    # A coroutine that writes with context.write, not an async generator: grpc.aio does not close
+    # a generator handler whose RPC is cancelled while it waits in a write, so the servicer's
+    # cleanup (cancel the worker call, abort the engine request) would wait for garbage
+    # collection. Here cancellation unwinds through `aclosing`, which closes the servicer's stream.
+    async def behavior(request: Any, context: grpc.aio.ServicerContext) -> None:
+        # Belt and braces: when the RPC ends (a client that went away included), make sure this
+        # handler is cancelled too, wherever it waits; after a normal finish this is a no-op.
+        task = asyncio.current_task()
+        if task is not None:
+            context.add_done_callback(lambda _: task.cancel())
         with tracer.start_as_current_span(name, parent, SpanKind.SERVER, attributes,
                                           record_exception=False, set_status_on_exception=False) as span:
             context.set_trailing_metadata(trace_metadata())
@@ -188,7 +197,7 @@ def _traced_stream(inner: Any, name: str, parent: otel_context.Context, attribut
                         if first:
                             await context.send_initial_metadata(trace_metadata())
                             first = False
-                        yield response
+                        await context.write(response)
             except BaseException as e:
                 _failed(span, e)
                 raise
