@@ -4,27 +4,9 @@
 #   bench/baseline.sh [OUT_DIR]        (default bench/results/$(date +%F))
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MS=.venv/bin/meshserve
 OUT=${1:-bench/results/$(date +%F)}
 mkdir -p "$OUT"
-UP_PID=""
-
-up() {  # up LABEL ARGS... : start a mesh and wait until it says it is up
-  local label=$1; shift
-  "$MS" up --run-dir "$OUT/run-$label" "$@" > "$OUT/up-$label.log" 2>&1 &
-  UP_PID=$!
-  until grep -q "meshserve is up" "$OUT/up-$label.log"; do
-    kill -0 "$UP_PID" 2>/dev/null || { cat "$OUT/up-$label.log"; exit 1; }
-    sleep 1
-  done
-}
-down() { kill -INT "$UP_PID"; wait "$UP_PID" || true; }
-trap '[[ -n $UP_PID ]] && kill -INT $UP_PID 2>/dev/null || true' EXIT
-
-bench() {  # bench LABEL ARGS...
-  local label=$1; shift
-  "$MS" bench --disable-tqdm --label "$label" --save-result "$OUT/$label.json" "$@" | tee "$OUT/$label.txt"
-}
+source bench/lib.sh
 
 USERS=(--max-concurrency 300 --random-input-len 128 --random-output-len 64 --num-warmups 10)
 
@@ -44,5 +26,4 @@ down
 up hf1 --engine transformers --workers 1
 bench hf1-mesh --target 127.0.0.1:8080 --num-prompts 300 "${USERS[@]}"
 down
-UP_PID=""
 echo "results in $OUT"

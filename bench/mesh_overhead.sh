@@ -5,23 +5,20 @@
 #   bench/mesh_overhead.sh [OUT_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MS=.venv/bin/meshserve
 OUT=${1:-bench/results/$(date +%F)}
 mkdir -p "$OUT"
-"$MS" up --engine sim --workers 1 --run-dir "$OUT/run-overhead" > "$OUT/up-overhead.log" 2>&1 &
-UP_PID=$!
-trap 'kill -INT $UP_PID 2>/dev/null; wait $UP_PID || true' EXIT
-until grep -q "meshserve is up" "$OUT/up-overhead.log"; do kill -0 $UP_PID; sleep 1; done
-USERS=(--max-concurrency 300 --random-input-len 128 --random-output-len 64 --num-prompts 600 --disable-tqdm)
+source bench/lib.sh
+up overhead --engine sim --workers 1
+USERS=(--max-concurrency 300 --random-input-len 128 --random-output-len 64 --num-prompts 600)
 seed=1
 for round in 1 2; do
   for path in direct mesh; do
     if [[ $path == direct ]]; then target=(--service worker --target 127.0.0.1:50061); else target=(--target 127.0.0.1:8080); fi
-    "$MS" bench "${target[@]}" "${USERS[@]}" --seed $seed --label "overhead-$path-$round" \
-      --save-result "$OUT/overhead-$path-$round.json" > "$OUT/overhead-$path-$round.txt"
+    bench "overhead-$path-$round" "${target[@]}" "${USERS[@]}" --seed $seed
     seed=$((seed + 1))
   done
 done
+down
 .venv/bin/python - "$OUT" <<'PY'
 import json, sys
 out = sys.argv[1]

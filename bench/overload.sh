@@ -8,29 +8,11 @@
 #   env: CAPACITY (16), WORKERS (4), PROMPTS_1X (900), PROMPTS_10X (20000)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MS=.venv/bin/meshserve
 OUT=${1:-bench/results/$(date +%F)-overload}
 C=${CAPACITY:-16}
 WORKERS=${WORKERS:-4}
 mkdir -p "$OUT"
-UP_PID=""
-
-up() {  # up LABEL ARGS... : start a mesh and wait until it says it is up
-  local label=$1; shift
-  "$MS" up --run-dir "$OUT/run-$label" "$@" > "$OUT/up-$label.log" 2>&1 &
-  UP_PID=$!
-  until grep -q "meshserve is up" "$OUT/up-$label.log"; do
-    kill -0 "$UP_PID" 2>/dev/null || { cat "$OUT/up-$label.log"; exit 1; }
-    sleep 1
-  done
-}
-down() { kill -INT "$UP_PID"; wait "$UP_PID" || true; }
-trap '[[ -n $UP_PID ]] && kill -INT $UP_PID 2>/dev/null || true' EXIT
-
-bench() {  # bench LABEL ARGS...
-  local label=$1; shift
-  "$MS" bench --disable-tqdm --label "$label" --save-result "$OUT/$label.json" "$@" | tee "$OUT/$label.txt"
-}
+source bench/lib.sh
 
 SHAPE=(--target 127.0.0.1:8080 --random-input-len 128 --random-output-len 64 --num-warmups 10
        --metric-percentiles 50,90,99 --metadata "capacity=$C" "workers=$WORKERS")
@@ -45,7 +27,6 @@ bench overload-10x-users --max-concurrency $((10 * C)) --num-prompts "${PROMPTS_
 RATE=$(.venv/bin/python -c "import json; print(round(10 * json.load(open('$OUT/overload-1x.json'))['request_throughput']))")
 bench overload-10x-rate --request-rate "$RATE" --num-prompts $((RATE * 30)) "${SHAPE[@]}"
 down
-UP_PID=""
 
 .venv/bin/python - "$OUT" <<'EOF'
 import json, sys

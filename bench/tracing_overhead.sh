@@ -4,23 +4,18 @@
 #   RATIO=0.1 bench/tracing_overhead.sh [OUT_DIR]     (RATIO: trace sampling ratio, default 1.0)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MS=.venv/bin/meshserve
 OUT=${1:-bench/results/$(date +%F)}
 RATIO=${RATIO:-1.0}
 mkdir -p "$OUT"
-UP_PID=""
-trap '[[ -n $UP_PID ]] && kill -INT $UP_PID 2>/dev/null; wait || true' EXIT
-USERS=(--max-concurrency 300 --random-input-len 128 --random-output-len 64 --num-prompts 1200 --num-warmups 20 --disable-tqdm)
+source bench/lib.sh
+USERS=(--max-concurrency 300 --random-input-len 128 --random-output-len 64 --num-prompts 1200 --num-warmups 20)
 seed=1
 for round in 1 2; do
   for mode in off on; do
     flag=--tracing; [[ $mode == off ]] && flag=--no-tracing
-    "$MS" up --engine sim --workers 4 $flag --trace-sampling-ratio "$RATIO" --run-dir "$OUT/run-tracing-$mode" > "$OUT/up-tracing-$mode-$round.log" 2>&1 &
-    UP_PID=$!
-    until grep -q "meshserve is up" "$OUT/up-tracing-$mode-$round.log"; do kill -0 $UP_PID; sleep 1; done
-    "$MS" bench --target 127.0.0.1:8080 "${USERS[@]}" --seed $seed --label "tracing-$RATIO-$mode-$round" \
-      --save-result "$OUT/tracing-$RATIO-$mode-$round.json" > "$OUT/tracing-$RATIO-$mode-$round.txt"
-    kill -INT $UP_PID; wait $UP_PID || true; UP_PID=""
+    up "tracing-$mode" --engine sim --workers 4 $flag --trace-sampling-ratio "$RATIO"
+    bench "tracing-$RATIO-$mode-$round" --target 127.0.0.1:8080 "${USERS[@]}" --seed $seed
+    down
     seed=$((seed + 1))
   done
 done
