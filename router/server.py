@@ -14,7 +14,7 @@ from opentelemetry import trace
 
 from router.policies import Choice, NoWorker, PickContext, Policy, build_policy
 from router.state import WorkerTable, WorkerView
-from router.watcher import Watcher
+from router.watcher import Watcher, load_to_pb
 from services import server as bootstrap
 from services.config import RouterConfig
 from services.gen import meshserve_pb2 as pb
@@ -120,20 +120,7 @@ def _worker_state(view: WorkerView, healthy: bool) -> pb.WorkerState:
         assigned_unreported=view.assigned_unreported,
     )
     if view.load is not None:
-        load = view.load
-        state.load.CopyFrom(
-            pb.LoadReport(
-                worker_id=view.worker_id,
-                num_running=load.num_running,
-                num_waiting=load.num_waiting,
-                kv_cache_usage=load.kv_cache_usage,
-                prefix_cache_hit_rate=load.prefix_cache_hit_rate,
-                max_num_seqs=load.max_num_seqs,
-                draining=load.draining,
-                sequence=load.sequence,
-                num_in_flight=load.num_in_flight,
-            )
-        )
+        state.load.CopyFrom(load_to_pb(view.worker_id, view.load))
     return state
 
 

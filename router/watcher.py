@@ -5,6 +5,7 @@ reconnects with capped exponential backoff when it breaks or goes silent.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 
 import grpc
@@ -17,17 +18,16 @@ from services.server import insecure_channel
 log = logging.getLogger(__name__)
 
 
+# WorkerLoad mirrors LoadReport field for field (less worker_id); the conversions derive from it.
+_LOAD_FIELDS = [f.name for f in dataclasses.fields(WorkerLoad)]
+
+
 def load_from_pb(report: pb.LoadReport) -> WorkerLoad:
-    return WorkerLoad(
-        num_running=report.num_running,
-        num_waiting=report.num_waiting,
-        kv_cache_usage=report.kv_cache_usage,
-        prefix_cache_hit_rate=report.prefix_cache_hit_rate,
-        max_num_seqs=report.max_num_seqs,
-        draining=report.draining,
-        sequence=report.sequence,
-        num_in_flight=report.num_in_flight,
-    )
+    return WorkerLoad(**{name: getattr(report, name) for name in _LOAD_FIELDS})
+
+
+def load_to_pb(worker_id: str, load: WorkerLoad) -> pb.LoadReport:
+    return pb.LoadReport(worker_id=worker_id, **dataclasses.asdict(load))
 
 
 class Watcher:
