@@ -121,12 +121,16 @@ async def serve(
     lifecycle: Lifecycle | None = None,
 ) -> None:
     """Runs a service until SIGTERM or SIGINT, then drains and closes it."""
-    running = await start(name, cfg, register, lifecycle)
+    await run_until_signal(name, await start(name, cfg, register, lifecycle))
+
+
+async def run_until_signal(name: str, running: Running) -> None:
+    """Waits for SIGTERM or SIGINT, then drains and closes a started service."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    log.info("%s draining (grace %.1fs)", name, cfg.grace_seconds)
+    log.info("%s draining (grace %.1fs)", name, running.grace_seconds)
     await running.shutdown()
     log.info("%s stopped", name)

@@ -8,7 +8,6 @@ import contextlib
 import importlib
 import itertools
 import logging
-import signal
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -302,18 +301,8 @@ async def start_worker(cfg: WorkerConfig, engine: Engine | None = None
 
 
 async def main(cfg: WorkerConfig) -> None:
-    """Runs a worker until SIGTERM or SIGINT, then drains it and stops the engine.
-
-    Not ``bootstrap.serve``: the default worker id is host:port, and the port is known only
-    once the server listens (port 0).
-    """
+    """Runs a worker until SIGTERM or SIGINT, then drains it and stops the engine. It starts with
+    ``start_worker``, not ``bootstrap.serve``: the default worker id is host:port, known only
+    once the server listens (port 0)."""
     running, servicer = await start_worker(cfg)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    log.info("worker %s draining (grace %.1fs)", servicer.worker_id, cfg.grace_seconds)
-    await running.shutdown()
-    log.info("worker %s stopped", servicer.worker_id)
-
+    await bootstrap.run_until_signal(f"worker {servicer.worker_id}", running)
