@@ -64,6 +64,12 @@ class WorkerConfig(ServerConfig):
     swap_space_gib: float = _f(0.0, "CPU swap space for preempted sequences, GiB (GPU only)")
     dtype: str = _f("auto", "model dtype (auto, float32, bfloat16, float16)")
     enforce_eager: bool = _f(False, "vLLM without torch.compile/CUDA graphs: starts ~2x faster, decodes ~25% slower")
+    engine_core_cpus: str = _f(
+        "auto", "CPU platform: where vLLM's engine-core process runs — 'shared' with its model workers' "
+        "CPUs, 'vllm' as vLLM places it (on its own reserved CPU), 'auto': shared on machines with "
+        "4 or fewer CPUs, where its busy-wait would otherwise starve the rest of the mesh",
+        choices=("auto", "shared", "vllm"),
+    )
     max_queue: int = _f(1024, "most requests admitted to the worker at once; beyond: RESOURCE_EXHAUSTED")
     load_report_interval_s: float = _f(0.1, "longest gap between two load reports")
     # Simulator parameters; defaults approximate an 8B model on one H100 (see docs/operations.md).
@@ -164,6 +170,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, .
             kw["type"] = str
         else:
             kw["type"] = typ
+        if "choices" in f.metadata:
+            kw["choices"] = f.metadata["choices"]
         parser.add_argument(flag, dest=f.name, **kw)
 
 

@@ -184,3 +184,21 @@ async def test_prefix_cache_reuses_a_shared_prompt(engine: VllmEngine) -> None:
     # Whole blocks of the shared prompt come from the cache.
     assert second[-1].cached_prompt_tokens >= engine.info.block_size
     assert engine.load().prefix_cache_hit_rate > 0
+
+
+def test_engine_core_shares_its_workers_cpus_on_a_small_machine(engine: VllmEngine) -> None:
+    """On a machine with few CPUs the engine core's busy-wait must not hold the CPUs the API
+    process, gateway and Envoy run on: it is moved onto its model workers' CPUs at start."""
+    import os
+
+    import psutil
+
+    from worker.vllm_engine import SMALL_MACHINE_CPUS
+
+    (core,) = [c for c in psutil.Process().children() if c.children(recursive=True)]
+    workers_cpus = set().union(*(w.cpu_affinity() for w in core.children(recursive=True)))
+    core_cpus = {frozenset(os.sched_getaffinity(t.id)) for t in core.threads()}
+    if len(os.sched_getaffinity(0)) <= SMALL_MACHINE_CPUS:
+        assert core_cpus == {frozenset(workers_cpus)}
+    else:  # vLLM's own placement: the engine core runs on the CPUs it reserved, not the workers'
+        assert core_cpus != {frozenset(workers_cpus)}
