@@ -5,7 +5,7 @@
 # requests, then by arrivals at 10x the unloaded request rate. Saves the JSONs under $OUT, then
 # prints each overload's p99 TTFT ratio to the unloaded one and its p99 refusal latency.
 #   bench/overload.sh [OUT_DIR]        (default bench/results/$(date +%F)-overload)
-#   env: CAPACITY (16), WORKERS (4), PROMPTS_1X (900), PROMPTS_10X (20000)
+#   env: CAPACITY (16), WORKERS (4), PROMPTS_1X (900), PROMPTS_10X_USERS (3000), PROMPTS_10X (20000)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-bench/results/$(date +%F)-overload}
@@ -21,8 +21,11 @@ SHAPE=(--target 127.0.0.1:8080 --random-input-len 128 --random-output-len 64 --n
 up sim$WORKERS-cap$C --engine sim --workers "$WORKERS" --gateway-max-in-flight "$C" --no-tracing
 # (a) Unloaded: CAPACITY users, every request admitted.
 bench overload-1x --max-concurrency "$C" --num-prompts "${PROMPTS_1X:-900}" "${SHAPE[@]}"
-# (b) 10x the users (closed loop): a refused user sends its next request at once (no backoff).
-bench overload-10x-users --max-concurrency $((10 * C)) --num-prompts "${PROMPTS_10X:-20000}" "${SHAPE[@]}"
+# (b) 10x the users (closed loop) who honour the refusal's retry-after, as the OpenAI SDK does.
+bench overload-10x-users --max-concurrency $((10 * C)) --num-prompts "${PROMPTS_10X_USERS:-3000}" \
+  --honor-retry-after "${SHAPE[@]}"
+# (b') the same users without any backoff: a refused user sends its next request at once.
+bench overload-10x-users-no-backoff --max-concurrency $((10 * C)) --num-prompts "${PROMPTS_10X:-20000}" "${SHAPE[@]}"
 # (c) 10x the arrival rate (open loop): Poisson arrivals at 10x the rate (a) completed, for ~30 s.
 RATE=$(.venv/bin/python -c "import json; print(round(10 * json.load(open('$OUT/overload-1x.json'))['request_throughput']))")
 bench overload-10x-rate --request-rate "$RATE" --num-prompts $((RATE * 30)) "${SHAPE[@]}"
@@ -33,7 +36,7 @@ import json, sys
 one = json.load(open(f"{sys.argv[1]}/overload-1x.json"))
 print(f"capacity {one['capacity']}, unloaded: {one['completed']} completed, refused {one['errors'] or 'none'}, "
       f"p99 TTFT {one['p99_ttft_ms']:.1f} ms")
-for label in ("overload-10x-users", "overload-10x-rate"):
+for label in ("overload-10x-users", "overload-10x-users-no-backoff", "overload-10x-rate"):
     ten = json.load(open(f"{sys.argv[1]}/{label}.json"))
     refused = ten["error_ms_by_code"].get("RESOURCE_EXHAUSTED", {})
     print(f"{label}: {ten['completed']} completed, refused {ten['errors']}; p99 TTFT of admitted "

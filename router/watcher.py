@@ -82,7 +82,10 @@ class Watcher:
             call = stub.WatchLoad(pb.WatchLoadRequest())
             first = True
             while True:
-                report = await asyncio.wait_for(call.read(), self._stale_after_s)
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
+                # cancellation that arrives with a report, and close() would wait forever.
+                async with asyncio.timeout(self._stale_after_s):
+                    report = await call.read()
                 if report is grpc.aio.EOF:
                     return
                 if first:

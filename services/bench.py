@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -59,6 +60,9 @@ VOCABULARY = (
     "least value village key this against winter black letter forty message green"
 ).split()
 
+# How a refused user waits before its next request (replaced in tests).
+backoff = asyncio.sleep
+
 # Opens one Generate stream (the call starts when this is called).
 OpenStream = Callable[[], AsyncIterable[pb.GenerateResponse]]
 
@@ -85,6 +89,7 @@ class RequestResult:
     start_time: float = 0.0
     error_code: str = ""  # gRPC status code name, e.g. "UNAVAILABLE"
     error: str = ""
+    retry_after: float = 0.0  # seconds, from a refusal's 'retry-after' metadata
 
 
 # ---------------------------------------------------------------------------------------------
@@ -163,6 +168,7 @@ async def measure(open_stream: OpenStream, prompt_len: int) -> RequestResult:
     except grpc.aio.AioRpcError as e:
         result.latency = time.perf_counter() - start
         result.error_code, result.error = e.code().name, e.details() or ""
+        result.retry_after = _retry_after(e)
         return result
     except Exception as e:  # a client-side failure still counts as a failed request
         result.latency = time.perf_counter() - start
@@ -175,6 +181,14 @@ async def measure(open_stream: OpenStream, prompt_len: int) -> RequestResult:
         result.output_tokens = usage.completion_tokens
     result.success = True
     return result
+
+
+def _retry_after(error: grpc.aio.AioRpcError) -> float:
+    for key, value in error.trailing_metadata() or ():
+        if key == "retry-after":
+            with contextlib.suppress(ValueError):
+                return max(0.0, float(value))
+    return 0.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -359,6 +373,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="gamma shape of inter-arrival times: 1 is Poisson, <1 burstier, >1 more regular")
     load.add_argument("--num-warmups", type=int, default=0, help="untimed requests sent before the benchmark")
     load.add_argument("--seed", type=int, default=0, help="seed of the prompts and arrival times")
+    load.add_argument("--honor-retry-after", action="store_true",
+                      help="a refused user waits the refusal's retry-after before its next request "
+                           "(as the OpenAI SDK does); default: it sends the next one at once")
 
     data = parser.add_argument_group("random dataset")
     data.add_argument("--random-input-len", type=_positive_int, default=1024,
@@ -447,8 +464,11 @@ async def _run_all(
     offsets: Sequence[float],
     max_concurrency: int | None,
     on_done: Callable[[], None] = lambda: None,
+    honor_retry_after: bool = False,
 ) -> tuple[list[RequestResult], float]:
     """Opens each (stream, prompt length) at its offset, at most ``max_concurrency`` at once.
+    With ``honor_retry_after``, a refused request's user waits the refusal's retry-after before
+    it sends its next request, as the OpenAI SDK and well-behaved clients do.
 
     Returns the results in request order and the duration from the first send to the last end.
     """
@@ -457,7 +477,9 @@ async def _run_all(
     async def one(open_stream: OpenStream, prompt_len: int) -> RequestResult:
         async with semaphore:
             result = await measure(open_stream, prompt_len)
-        on_done()
+            on_done()
+            if honor_retry_after and result.retry_after:
+                await backoff(result.retry_after)  # the user backs off, holding its place
         return result
 
     start = time.perf_counter()
@@ -503,6 +525,7 @@ def _run_info(args: argparse.Namespace, num_channels: int, date: str) -> dict[st
         # JSON has no infinity.
         "request_rate": args.request_rate if math.isfinite(args.request_rate) else "inf",
         "burstiness": args.burstiness,
+        "honor_retry_after": args.honor_retry_after,
         "max_concurrency": args.max_concurrency,
         "num_channels": num_channels,
         "random_input_len": args.random_input_len,
@@ -584,7 +607,8 @@ async def run(args: argparse.Namespace) -> int:
 
         with tqdm(total=len(workload), disable=args.disable_tqdm) as pbar:
             results, duration = await _run_all(
-                streams(workload, f"bench-{run_id}"), offsets, args.max_concurrency, lambda: pbar.update(1)
+                streams(workload, f"bench-{run_id}"), offsets, args.max_concurrency, lambda: pbar.update(1),
+                args.honor_retry_after,
             )
     finally:
         await asyncio.gather(*(ch.close() for ch in channels))

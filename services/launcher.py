@@ -331,6 +331,10 @@ def _signal_group(proc: Proc, sig: signal.Signals) -> None:
         pass
 
 
+def _field_choices(cls: type, name: str) -> tuple[str, ...]:
+    return next(f.metadata["choices"] for f in dataclasses.fields(cls) if f.name == name)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", default="vllm", choices=["vllm", "sim", "transformers"], help="worker engine")
     parser.add_argument("--workers", type=int, default=1, help="number of workers")
@@ -349,6 +353,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="most streams the gateway serves at once; beyond: RESOURCE_EXHAUSTED (HTTP 429)")
     parser.add_argument("--enforce-eager", action="store_true",
                         help="vLLM without torch.compile: starts ~2x faster, decodes ~25%% slower")
+    parser.add_argument("--engine-core-cpus", default=WorkerConfig.engine_core_cpus,
+                        choices=_field_choices(WorkerConfig, "engine_core_cpus"),
+                        help="vLLM on CPU: where the engine core runs (see `meshserve serve worker --help`)")
     parser.add_argument("--api-keys-file", default="",
                         help="bearer API keys for Envoy, one 'KEY TENANT' per line (default: no auth, "
                              "unless MESHSERVE_API_KEYS is set)")
@@ -372,7 +379,7 @@ def spec_from_args(args: argparse.Namespace) -> MeshSpec:
         run_dir=args.run_dir,
         worker=WorkerConfig(port=args.worker_port, tensor_parallel_size=args.tensor_parallel_size,
                             model=args.model, max_num_seqs=args.max_num_seqs,
-                            enforce_eager=args.enforce_eager),
+                            enforce_eager=args.enforce_eager, engine_core_cpus=args.engine_core_cpus),
         router=RouterConfig(port=args.router_port),
         cache=CacheConfig(port=args.cache_port),
         gateway=GatewayConfig(port=args.gateway_port, max_in_flight=args.gateway_max_in_flight),

@@ -143,6 +143,37 @@ async def test_measure_times_a_failure_from_send_to_error(monkeypatch: pytest.Mo
     assert r.latency == pytest.approx(0.510)
 
 
+@pytest.mark.parametrize("honor", [False, True])
+async def test_a_refused_user_waits_the_retry_after_only_when_asked(
+    monkeypatch: pytest.MonkeyPatch, honor: bool
+) -> None:
+    events: list[str] = []
+
+    async def backoff(seconds: float) -> None:
+        events.append(f"sleep {seconds}")
+
+    monkeypatch.setattr(bench, "backoff", backoff)
+
+    def stream(i: int) -> bench.OpenStream:
+        async def refused() -> AsyncIterator[pb.GenerateResponse]:
+            events.append(f"send {i}")
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.aio.Metadata(),
+                grpc.aio.Metadata(("retry-after", "2")), details="at capacity",
+            )
+            yield pb.GenerateResponse()  # pragma: no cover - makes this an async generator
+        return refused
+
+    # One user (concurrency 1), two requests sent at once: the second waits for the first's slot.
+    results, _ = await bench._run_all([(stream(0), 1), (stream(1), 1)], [0.0, 0.0], 1,
+                                      honor_retry_after=honor)
+    assert [r.retry_after for r in results] == [2.0, 2.0]
+    if honor:
+        assert events == ["send 0", "sleep 2.0", "send 1", "sleep 2.0"]
+    else:
+        assert events == ["send 0", "send 1"]
+
+
 def test_peak_output_throughput_counts_chunks_per_wall_clock_second() -> None:
     a = ok(0.25, 1.5, 6, itl=[0.25] * 5, start=0.0)  # chunks at 0.25 0.5 0.75 | 1.0 1.25 1.5
     b = ok(0.25, 1.25, 5, itl=[0.125] * 4, start=0.5)  # chunks at 0.75 0.875 | 1.0 1.125 1.25
