@@ -70,3 +70,29 @@ async def test_errors_carry_the_trace_id_in_trailers(server: Running) -> None:
             await call
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert dict(err.value.trailing_metadata())["x-trace-id"] == TRACE_ID
+
+
+async def test_the_exporter_sends_batches_from_its_thread_over_the_loop_and_drops_when_down() -> None:
+    """AioOTLPSpanExporter: called from the batch thread, the service's loop sends the batch to a
+    real receiver; with the receiver gone the export fails within its timeout and drops the batch."""
+    import asyncio
+
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    from services import traces
+    from services.config import TracesConfig
+    from tests.conftest import free_port
+
+    receiver = await traces.start_traces(TracesConfig(port=free_port(), metrics_port=-1, grace_seconds=0))
+    address = f"127.0.0.1:{receiver.port}"
+    span = TracerProvider().get_tracer("t").start_span("exported")
+    span.end()
+    exporter = telemetry.AioOTLPSpanExporter(address, asyncio.get_running_loop(), timeout_s=1.0)
+    assert await asyncio.to_thread(exporter.export, [span]) == SpanExportResult.SUCCESS
+    got = await traces.fetch_trace(address, f"{span.get_span_context().trace_id:032x}")
+    assert [s.name for s in got] == ["exported"]
+
+    await receiver.shutdown()
+    assert await asyncio.to_thread(exporter.export, [span]) == SpanExportResult.FAILURE
+    await asyncio.to_thread(exporter.shutdown)
