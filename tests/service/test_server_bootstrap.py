@@ -89,3 +89,20 @@ async def test_a_busy_port_is_refused_not_shared() -> None:
             await start("second", ServerConfig(port=first.port, metrics_port=-1), _register(SlowLoad()))
     finally:
         await first.shutdown()
+
+
+async def test_a_started_service_freezes_its_start_up_objects_and_collects_young_ones_less_often() -> None:
+    import gc
+
+    from services.server import GC_GEN0_THRESHOLD
+
+    gc.unfreeze()
+    gc.set_threshold(700, 10, 10)
+    survivor = [object() for _ in range(3)]  # alive at start-up: frozen, out of the collector's reach
+    running = await start("gc", ServerConfig(port=0, metrics_port=-1, grace_seconds=0), _register(SlowLoad()))
+    try:
+        assert gc.get_threshold() == (GC_GEN0_THRESHOLD, 10, 10)
+        assert gc.get_freeze_count() > len(survivor)
+        assert all(o is not survivor for o in gc.get_objects())  # frozen: not in any generation
+    finally:
+        await running.shutdown()
