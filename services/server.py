@@ -77,6 +77,7 @@ class Running:
         for hook in self.lifecycle.on_close:
             await hook()
         await asyncio.to_thread(telemetry.flush)
+        gc.unfreeze()  # a stopped service gives what it froze at start back to the collector
 
 
 async def start(

@@ -106,3 +106,4 @@ async def test_a_started_service_freezes_its_start_up_objects_and_collects_young
         assert all(o is not survivor for o in gc.get_objects())  # frozen: not in any generation
     finally:
         await running.shutdown()
+    assert gc.get_freeze_count() == 0  # given back to the collector when the service stops
