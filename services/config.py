@@ -24,6 +24,10 @@ def _f(default: Any, help: str, **kw: Any) -> Any:
     return field(default=default, metadata={"help": help, **kw})
 
 
+# Where vLLM's engine-core process may run on CPU (WorkerConfig.engine_core_cpus).
+ENGINE_CORE_PLACEMENTS = ("auto", "shared", "vllm")
+
+
 def default_cache_dir() -> Path:
     return Path(os.environ.get("MESHSERVE_CACHE_DIR", Path.home() / ".cache" / "meshserve"))
 
@@ -68,7 +72,7 @@ class WorkerConfig(ServerConfig):
         "auto", "CPU platform: where vLLM's engine-core process runs — 'shared' with its model workers' "
         "CPUs, 'vllm' as vLLM places it (on its own reserved CPU), 'auto': shared on machines with "
         "4 or fewer CPUs, where its busy-wait would otherwise starve the rest of the mesh",
-        choices=("auto", "shared", "vllm"),
+        choices=ENGINE_CORE_PLACEMENTS,
     )
     max_queue: int = _f(1024, "most requests admitted to the worker at once; beyond: RESOURCE_EXHAUSTED")
     load_report_interval_s: float = _f(0.1, "longest gap between two load reports")

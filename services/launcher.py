@@ -331,10 +331,6 @@ def _signal_group(proc: Proc, sig: signal.Signals) -> None:
         pass
 
 
-def _field_choices(cls: type, name: str) -> tuple[str, ...]:
-    return next(f.metadata["choices"] for f in dataclasses.fields(cls) if f.name == name)
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", default="vllm", choices=["vllm", "sim", "transformers"], help="worker engine")
     parser.add_argument("--workers", type=int, default=1, help="number of workers")
@@ -354,7 +350,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enforce-eager", action="store_true",
                         help="vLLM without torch.compile: starts ~2x faster, decodes ~25%% slower")
     parser.add_argument("--engine-core-cpus", default=WorkerConfig.engine_core_cpus,
-                        choices=_field_choices(WorkerConfig, "engine_core_cpus"),
+                        choices=config.ENGINE_CORE_PLACEMENTS,
                         help="vLLM on CPU: where the engine core runs (see `meshserve serve worker --help`)")
     parser.add_argument("--api-keys-file", default="",
                         help="bearer API keys for Envoy, one 'KEY TENANT' per line (default: no auth, "

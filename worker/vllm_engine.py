@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -62,7 +61,7 @@ def _share_engine_core_cpus(setting: str) -> bool:
     return setting == "shared"
 
 
-def colocate_engine_core() -> dict[int, set[int]]:
+def colocate_engine_core() -> None:
     """Moves each vLLM engine-core process (our child) onto the CPUs of its model workers (its
     children). On CPU, vLLM pins the workers' OpenMP threads and leaves the engine core on the
     CPUs it reserves for "the scheduler", where it busy-waits (``sched_yield``) for each step's
@@ -70,10 +69,9 @@ def colocate_engine_core() -> dict[int, set[int]]:
     process, the gateway and Envoy, and that spinning starves them for seconds at a time
     (measured: a 3 s gap in a token stream and in the load reports, so the router dropped the
     worker). Next to its workers the engine core yields to the model, and the other CPUs stay
-    free. Returns the engine-core pids and the CPUs they now run on."""
+    free."""
     import psutil
 
-    moved: dict[int, set[int]] = {}
     for core in psutil.Process().children():
         try:
             workers = core.children(recursive=True)
@@ -86,9 +84,7 @@ def colocate_engine_core() -> dict[int, set[int]]:
         except psutil.Error as e:  # a process that just ended: nothing to move
             log.warning("could not move the vLLM engine core (pid %d): %s", core.pid, e)
             continue
-        moved[core.pid] = cpus
         log.info("vLLM engine core (pid %d) shares its model workers' CPUs %s", core.pid, sorted(cpus))
-    return moved
 
 
 class VllmEngine(Engine):
