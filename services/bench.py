@@ -253,6 +253,10 @@ def summarize(
     return result
 
 
+# What --save-detailed adds to the saved result: one entry per request (MBs for a large run).
+PER_REQUEST_FIELDS = ("input_lens", "output_lens", "ttfts", "itls")
+
+
 def _stats_ms(seconds: Sequence[float], percentiles: Sequence[float], suffix: str = "") -> dict[str, float]:
     """Mean, median, std and ``p<N>`` of ``seconds`` in ms, keyed ``<stat><suffix>``; zeros if empty."""
     values = np.asarray(seconds or [0.0]) * 1000
@@ -397,6 +401,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     output = parser.add_argument_group("output")
     output.add_argument("--save-result", nargs="?", const=True, default=None, metavar="FILE",
                         help="save the JSON result (to FILE, or --result-filename, or a generated name)")
+    output.add_argument("--save-detailed", action="store_true",
+                        help="also save the per-request lists (input_lens, output_lens, ttfts, itls)")
     output.add_argument("--result-filename", default=None, help="file name of the saved result")
     output.add_argument("--result-dir", default=None, help="folder of the saved result")
     output.add_argument("--metadata", nargs="*", default=[], metavar="KEY=VALUE",
@@ -627,6 +633,8 @@ async def run(args: argparse.Namespace) -> int:
     if args.save_result or args.result_filename:
         path = _result_path(args, date)
         path.parent.mkdir(parents=True, exist_ok=True)
+        if not args.save_detailed:  # as vllm bench serve: per-request lists only when asked
+            result = {k: v for k, v in result.items() if k not in PER_REQUEST_FIELDS}
         path.write_text(json.dumps(result, indent=2) + "\n")
         print(f"Result saved to {path}", file=sys.stderr)
     return 0 if result["completed"] else 1

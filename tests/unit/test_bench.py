@@ -328,7 +328,7 @@ async def test_bench_against_fake_worker(serve_fake, tmp_path: Path, capsys: pyt
     fake = FakeWorker(expect_concurrency=5)
     target = await serve_fake(fake)
     out = tmp_path / "result.json"
-    argv = bench_argv(target, out, "--num-warmups", "2", "--num-channels", "2",
+    argv = bench_argv(target, out, "--num-warmups", "2", "--num-channels", "2", "--save-detailed",
                       "--metadata", "engine=fake", "gpu=none", "--label", "unit")  # fmt: skip
 
     # main() runs its own event loop; the fake server keeps running on this one.
@@ -363,7 +363,7 @@ async def test_bench_counts_failures_by_status_code(
     fail |= {i: grpc.StatusCode.UNAVAILABLE for i in (3, 10, 17)}  # after half the tokens
     fake = FakeWorker(expect_concurrency=5, fail=fail)
     out = tmp_path / "sub" / "failures.json"
-    argv = bench_argv(await serve_fake(fake), out, "--allow-cache", "--metric-percentiles", "50,90")
+    argv = bench_argv(await serve_fake(fake), out, "--allow-cache", "--metric-percentiles", "50,90", "--save-detailed")
 
     rc = await asyncio.to_thread(bench.main, parse(argv))
 
@@ -390,7 +390,10 @@ async def test_bench_with_every_request_failing_exits_1(serve_fake, tmp_path: Pa
     out = tmp_path / "all-failed.json"
     rc = await asyncio.to_thread(bench.main, parse(bench_argv(await serve_fake(fake), out)))
     assert rc == 1
-    assert json.loads(out.read_text())["failed"] == 20
+    result = json.loads(out.read_text())
+    assert result["failed"] == 20
+    # Without --save-detailed the file holds the summary only, as vllm bench serve's does.
+    assert not set(bench.PER_REQUEST_FIELDS) & set(result) and "p99_error_ms" in result
 
 
 def test_bench_unreachable_target_exits_1(capsys: pytest.CaptureFixture) -> None:
