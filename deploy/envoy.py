@@ -354,6 +354,10 @@ def _access_log() -> list[dict[str, Any]]:
         "grpc_status": "%GRPC_STATUS%",
         "flags": "%RESPONSE_FLAGS%",
         "duration_ms": "%DURATION%",
+        # Where a slow request spent its time: held in Envoy before it went upstream (queued for
+        # a connection or stream), then until the gateway's first byte (headers or first token).
+        "upstream_wait_ms": "%COMMON_DURATION(DS_RX_BEG:US_TX_BEG:ms)%",
+        "ttfb_ms": "%RESPONSE_DURATION%",
         "upstream": "%UPSTREAM_HOST%",
         "request_id": "%REQ(X-REQUEST-ID)%",
         "traceparent": "%REQ(TRACEPARENT)%",

@@ -160,7 +160,9 @@ async def test_grpc_request_is_one_trace_across_all_components(traced_mesh: Mesh
         assert _log_trace_ids(traced_mesh, service, request_id) == {trace_id}, service
     envoy_log = [json.loads(line) for line in (traced_mesh.run_dir / "envoy.log").read_text().splitlines()
                  if line.startswith("{")]
-    assert trace_id in {entry.get("trace_id") for entry in envoy_log}
+    (entry,) = [e for e in envoy_log if e.get("trace_id") == trace_id]
+    # Where the request spent its time at the edge: queued in Envoy, then until the first byte.
+    assert 0 <= entry["upstream_wait_ms"] <= entry["ttfb_ms"] <= entry["duration_ms"]
 
     # The CLI finds it: the waterfall and the slowest list.
     out = subprocess.run([sys.executable, "-m", "services.cli", "trace", trace_id, "--receiver",
