@@ -26,6 +26,8 @@ def _f(default: Any, help: str, **kw: Any) -> Any:
 
 # Where vLLM's engine-core process may run on CPU (WorkerConfig.engine_core_cpus).
 ENGINE_CORE_PLACEMENTS = ("auto", "shared", "vllm")
+# The CPU priority of vLLM's engine processes on CPU (WorkerConfig.engine_priority).
+ENGINE_PRIORITIES = ("auto", "low", "normal")
 
 
 def default_cache_dir() -> Path:
@@ -73,6 +75,12 @@ class WorkerConfig(ServerConfig):
         "CPUs, 'vllm' as vLLM places it (on its own reserved CPU), 'auto': shared on machines with "
         "4 or fewer CPUs, where its busy-wait would otherwise starve the rest of the mesh",
         choices=ENGINE_CORE_PLACEMENTS,
+    )
+    engine_priority: str = _f(
+        "auto", "CPU platform: scheduling priority of vLLM's engine processes (model workers, engine "
+        "core) — 'low' (nice 10) lets the serving path on the same CPUs (this worker's API, the "
+        "gateway, Envoy) run first, 'normal' leaves it, 'auto': low on machines with 4 or fewer CPUs",
+        choices=ENGINE_PRIORITIES,
     )
     max_queue: int = _f(1024, "most requests admitted to the worker at once; beyond: RESOURCE_EXHAUSTED")
     load_report_interval_s: float = _f(0.1, "longest gap between two load reports")

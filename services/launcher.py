@@ -352,6 +352,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine-core-cpus", default=WorkerConfig.engine_core_cpus,
                         choices=config.ENGINE_CORE_PLACEMENTS,
                         help="vLLM on CPU: where the engine core runs (see `meshserve serve worker --help`)")
+    parser.add_argument("--engine-priority", default=WorkerConfig.engine_priority,
+                        choices=config.ENGINE_PRIORITIES,
+                        help="vLLM on CPU: the engine processes' priority (see `meshserve serve worker --help`)")
     parser.add_argument("--api-keys-file", default="",
                         help="bearer API keys for Envoy, one 'KEY TENANT' per line (default: no auth, "
                              "unless MESHSERVE_API_KEYS is set)")
@@ -375,7 +378,8 @@ def spec_from_args(args: argparse.Namespace) -> MeshSpec:
         run_dir=args.run_dir,
         worker=WorkerConfig(port=args.worker_port, tensor_parallel_size=args.tensor_parallel_size,
                             model=args.model, max_num_seqs=args.max_num_seqs,
-                            enforce_eager=args.enforce_eager, engine_core_cpus=args.engine_core_cpus),
+                            enforce_eager=args.enforce_eager, engine_core_cpus=args.engine_core_cpus,
+                            engine_priority=args.engine_priority),
         router=RouterConfig(port=args.router_port),
         cache=CacheConfig(port=args.cache_port),
         gateway=GatewayConfig(port=args.gateway_port, max_in_flight=args.gateway_max_in_flight),

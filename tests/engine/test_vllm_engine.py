@@ -195,10 +195,30 @@ def test_engine_core_shares_its_workers_cpus_on_a_small_machine(engine: VllmEngi
 
     from worker.vllm_engine import SMALL_MACHINE_CPUS
 
-    (core,) = [c for c in psutil.Process().children() if c.children(recursive=True)]
+    (core,) = [c for c in psutil.Process().children() if c.name().startswith("VLLM::EngineCor")]
     workers_cpus = set().union(*(w.cpu_affinity() for w in core.children(recursive=True)))
     core_cpus = {frozenset(os.sched_getaffinity(t.id)) for t in core.threads()}
     if len(os.sched_getaffinity(0)) <= SMALL_MACHINE_CPUS:
         assert core_cpus == {frozenset(workers_cpus)}
     else:  # vLLM's own placement: the engine core runs on the CPUs it reserved, not the workers'
         assert core_cpus != {frozenset(workers_cpus)}
+
+
+def test_engine_processes_run_at_low_priority_on_a_small_machine(engine: VllmEngine) -> None:
+    """On a machine with few CPUs the model's processes must not outrank the serving path that
+    feeds them: every thread of the engine core and its model workers gets a lower priority."""
+    import os
+
+    import psutil
+
+    from worker.vllm_engine import ENGINE_NICENESS, SMALL_MACHINE_CPUS
+
+    # vLLM names its processes VLLM::EngineCore and VLLM::Worker (comm keeps 15 characters).
+    engine_procs = [p for p in psutil.Process().children(recursive=True) if p.name().startswith("VLLM::")]
+    assert {p.name()[:12] for p in engine_procs} == {"VLLM::Engine", "VLLM::Worker"}
+    niceness = {os.getpriority(os.PRIO_PROCESS, t.id) for p in engine_procs for t in p.threads()}
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    if len(os.sched_getaffinity(0)) <= SMALL_MACHINE_CPUS:
+        assert niceness == {ENGINE_NICENESS} and ours < ENGINE_NICENESS
+    else:
+        assert niceness == {ours}
