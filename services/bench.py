@@ -395,6 +395,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sampling.add_argument("--top-p", type=float, default=None, help="nucleus sampling top-p")
     sampling.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
                           help="generate exactly the requested output length")
+    sampling.add_argument("--stream-interval", type=_positive_int, default=None,
+                          help="tokens per streamed chunk after the first (default: the worker's)")
     sampling.add_argument("--allow-cache", action="store_true",
                           help="let the mesh answer from its response cache (default: skip_cache=true)")
 
@@ -462,6 +464,8 @@ def _to_proto(req: BenchRequest, request_id: str, args: argparse.Namespace) -> p
     )
     if args.top_p is not None:
         msg.top_p = args.top_p
+    if args.stream_interval is not None:
+        msg.stream_interval = args.stream_interval
     return msg
 
 
@@ -540,6 +544,7 @@ def _run_info(args: argparse.Namespace, num_channels: int, date: str) -> dict[st
         "random_prefix_len": args.random_prefix_len,
         "temperature": args.temperature,
         "ignore_eos": args.ignore_eos,
+        "stream_interval": args.stream_interval,
         "skip_cache": not args.allow_cache,
         "num_warmups": args.num_warmups,
         "seed": args.seed,

@@ -83,6 +83,10 @@ class WorkerConfig(ServerConfig):
         choices=ENGINE_PRIORITIES,
     )
     max_queue: int = _f(1024, "most requests admitted to the worker at once; beyond: RESOURCE_EXHAUSTED")
+    stream_interval: int = _f(
+        1, "tokens per streamed chunk after the first (vLLM's stream_interval); a request may ask for "
+        "more, never fewer. Larger: less CPU per token at every hop, burstier streams"
+    )
     load_report_interval_s: float = _f(0.1, "longest gap between two load reports")
     # Simulator parameters; defaults approximate an 8B model on one H100 (see docs/operations.md).
     sim_prefill_ms_per_token: float = _f(0.06, "sim: prefill cost per uncached prompt token, ms")

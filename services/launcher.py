@@ -345,6 +345,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-port", type=int, default=50053)
     parser.add_argument("--worker-port", type=int, default=50061, help="first worker port; worker i gets +i")
     parser.add_argument("--max-num-seqs", type=int, default=WorkerConfig.max_num_seqs, help="batch cap per worker")
+    parser.add_argument("--stream-interval", type=int, default=WorkerConfig.stream_interval,
+                        help="tokens per streamed chunk after the first, unless a request asks for more")
     parser.add_argument("--gateway-max-in-flight", type=int, default=GatewayConfig.max_in_flight,
                         help="most streams the gateway serves at once; beyond: RESOURCE_EXHAUSTED (HTTP 429)")
     parser.add_argument("--enforce-eager", action="store_true",
@@ -378,6 +380,7 @@ def spec_from_args(args: argparse.Namespace) -> MeshSpec:
         run_dir=args.run_dir,
         worker=WorkerConfig(port=args.worker_port, tensor_parallel_size=args.tensor_parallel_size,
                             model=args.model, max_num_seqs=args.max_num_seqs,
+                            stream_interval=args.stream_interval,
                             enforce_eager=args.enforce_eager, engine_core_cpus=args.engine_core_cpus,
                             engine_priority=args.engine_priority),
         router=RouterConfig(port=args.router_port),

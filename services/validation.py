@@ -37,6 +37,8 @@ def validate(req: pb.GenerateRequest, max_model_len: int | None = None) -> None:
     for i, s in enumerate(req.stop):
         if not s:
             raise InvalidRequest(f"'stop[{i}]' is an empty string")
+    if req.HasField("stream_interval") and req.stream_interval < 1:
+        raise InvalidRequest(f"'stream_interval' must be at least 1 (tokens per chunk), got {req.stream_interval}")
 
 
 def max_tokens(req: pb.GenerateRequest) -> int:

@@ -6,7 +6,7 @@ import abc
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,7 @@ class Request:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
+    stream_interval: int = 1                        # tokens per Delta after the first
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,10 @@ class Delta:
     prompt_tokens: int = 0
     completion_tokens: int = 0         # total so far
     cached_prompt_tokens: int = 0
+
+    def then(self, later: Delta) -> Delta:
+        """This Delta and the ``later`` one as one (the later one's status and counts)."""
+        return replace(later, text=self.text + later.text, token_ids=[*self.token_ids, *later.token_ids])
 
 
 @dataclass(frozen=True)

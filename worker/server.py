@@ -108,7 +108,8 @@ class WorkerMetrics:
             histogram.observe(value)
 
 
-def to_engine_request(req: pb.GenerateRequest) -> Request:
+def to_engine_request(req: pb.GenerateRequest, min_stream_interval: int = 1) -> Request:
+    """The engine's view of ``req``; its stream interval is at least the worker's (as vLLM's)."""
     return Request(
         request_id=req.request_id or uuid.uuid4().hex,
         prompt=req.prompt or None,
@@ -119,6 +120,7 @@ def to_engine_request(req: pb.GenerateRequest) -> Request:
         seed=req.seed if req.HasField("seed") else None,
         stop=list(req.stop),
         ignore_eos=req.ignore_eos,
+        stream_interval=max(req.stream_interval if req.HasField("stream_interval") else 1, min_stream_interval),
     )
 
 
@@ -162,7 +164,7 @@ class WorkerServicer(pb_grpc.WorkerServicer):
                 f"worker {self.worker_id} is full ({self.in_flight} requests, max_queue "
                 f"{self.cfg.max_queue}); retry later or elsewhere",
             )
-        req = to_engine_request(request)
+        req = to_engine_request(request, self.cfg.stream_interval)
         self._in_flight_changed(+1)
         try:
             async for chunk in self._stream(req):
@@ -184,6 +186,8 @@ class WorkerServicer(pb_grpc.WorkerServicer):
         start = last = time.monotonic()
         ttft = 0.0
         last_delta: Delta | None = None
+        held: Delta | None = None  # output not sent yet: chunks of stream_interval tokens
+        tokens_sent = False
         try:
             async with contextlib.aclosing(self.engine.generate(req)) as stream:
                 async for delta in stream:
@@ -197,8 +201,17 @@ class WorkerServicer(pb_grpc.WorkerServicer):
                         else:
                             metrics.observe(metrics.itl, (now - last) / len(delta.token_ids))
                         last = now
+                    # The first token goes at once; then a chunk per stream_interval tokens
+                    # (the engine may have grouped them already) and the end.
+                    held = delta if held is None else held.then(delta)
+                    if (not tokens_sent or len(held.token_ids) >= req.stream_interval
+                            or delta.finish_reason is not None):
+                        tokens_sent = tokens_sent or bool(held.token_ids)
+                        yield self._to_pb(req.request_id, held)
+                        held = None
                     last_delta = delta
-                    yield self._to_pb(req.request_id, delta)
+            if held is not None:  # the engine stopped without a finish reason
+                yield self._to_pb(req.request_id, held)
         except PromptTooLong:
             metrics.finished("rejected")
             log.info("request %s rejected: prompt too long", req.request_id)

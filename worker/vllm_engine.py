@@ -230,6 +230,8 @@ class VllmEngine(Engine):
             stop=list(request.stop) or None,
             ignore_eos=request.ignore_eos,
             output_kind=RequestOutputKind.DELTA,
+            # vLLM then builds one output per interval, not one per token.
+            stream_interval=request.stream_interval if request.stream_interval > 1 else None,
         )
         completion_tokens = 0
         finished = False

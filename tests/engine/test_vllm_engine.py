@@ -154,6 +154,16 @@ async def wait_for_load(engine: VllmEngine, ok: Any) -> Load:
     return await asyncio.wait_for(wait(), TIMEOUT)
 
 
+async def test_stream_interval_is_vllms_own(engine: VllmEngine) -> None:
+    """vLLM groups the tokens itself (one output per interval): the first alone, then by 4."""
+    one = await collect(engine, greedy("interval-1", prompt="The river runs", max_tokens=11))
+    grouped = await collect(engine, greedy("interval-4", prompt="The river runs", max_tokens=11, stream_interval=4))
+    assert [len(d.token_ids) for d in grouped] == [1, 4, 4, 2]
+    assert [t for d in grouped for t in d.token_ids] == [t for d in one for t in d.token_ids]
+    assert "".join(d.text for d in grouped) == "".join(d.text for d in one)
+    assert grouped[-1].finish_reason == "length" and grouped[-1].completion_tokens == 11
+
+
 async def test_concurrent_requests_run_as_one_continuous_batch(engine: VllmEngine) -> None:
     seen: list[Load] = []
     done = asyncio.Event()

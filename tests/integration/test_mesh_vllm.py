@@ -112,6 +112,20 @@ async def test_http_json_stream_from_vllm_through_envoy(mesh: UpMesh) -> None:
     assert unary.status_code == 200 and unary.json()["text"] == streamed
 
 
+async def test_stream_interval_over_http_json_groups_tokens_end_to_end(mesh: UpMesh) -> None:
+    body = {"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0, "ignore_eos": True,
+            "skip_cache": True}
+    async with httpx.AsyncClient(base_url=f"http://{mesh.envoy}", timeout=60) as client:
+        streams = []
+        for extra in ({}, {"stream_interval": 5}):
+            async with client.stream("POST", "/v1/generate/stream", json=body | extra) as r:
+                assert r.status_code == 200
+                streams.append([json.loads(line[6:]) async for line in r.aiter_lines() if line.startswith("data: ")])
+    one, grouped = streams
+    assert [len(e["token_ids"]) for e in grouped] == [1, 5, 5, 1]
+    assert "".join(e["text"] for e in grouped) == "".join(e["text"] for e in one)
+
+
 async def test_greedy_through_mesh_equals_engine_direct(mesh: UpMesh) -> None:
     for prompt in ["Hello world", "In the beginning there was"]:
         req = dict(prompt=prompt, max_tokens=24, temperature=0, ignore_eos=True, skip_cache=True)
@@ -178,6 +192,7 @@ async def test_client_cancel_aborts_the_engine_request(mesh: UpMesh) -> None:
         ({"prompt": "x", "temperature": -1}, "'temperature'"),
         ({"prompt": "x", "top_p": 0}, "'top_p'"),
         ({"prompt": "x", "top_p": 1.5}, "'top_p'"),
+        ({"prompt": "x", "stream_interval": -2}, "'stream_interval'"),
         ({"prompt": "word " * 3000, "max_tokens": 8}, "prompt"),
         ({"prompt": "x", "model": "gpt-17"}, "'model'"),
     ],

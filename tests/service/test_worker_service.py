@@ -83,6 +83,38 @@ async def test_generate_streams_greedy_tokens_with_usage_on_the_last_chunk(
     assert token_ids == expected[0, len(prompt_ids):].tolist()
 
 
+async def test_stream_interval_groups_tokens_after_the_first(stub: pb_grpc.WorkerStub) -> None:
+    def greedy(**kw: int) -> pb.GenerateRequest:
+        return pb.GenerateRequest(prompt="Once upon a time", max_tokens=11, temperature=0, ignore_eos=True, **kw)
+
+    one = [c async for c in stub.Generate(greedy(), timeout=TIMEOUT)]
+    grouped = [c async for c in stub.Generate(greedy(stream_interval=4), timeout=TIMEOUT)]
+
+    # The first token alone (time to first token unchanged), then 4 at a time, the rest at the end.
+    assert [len(c.token_ids) for c in grouped] == [1, 4, 4, 2]
+    assert [c.finish_reason for c in grouped] == ["", "", "", "length"]
+    assert [t for c in grouped for t in c.token_ids] == [t for c in one for t in c.token_ids]
+    assert "".join(c.text for c in grouped) == "".join(c.text for c in one)
+    assert grouped[-1].usage == one[-1].usage
+
+
+async def test_the_workers_stream_interval_is_a_floor(tiny_model: Path) -> None:
+    running, _ = await start_worker(worker_config(tiny_model, stream_interval=3))
+    try:
+        async with insecure_channel(f"127.0.0.1:{running.port}") as channel:
+            stub = pb_grpc.WorkerStub(channel)
+
+            async def sizes(**kw: int) -> list[int]:
+                request = pb.GenerateRequest(prompt="hi", max_tokens=7, temperature=0, ignore_eos=True, **kw)
+                return [len(c.token_ids) async for c in stub.Generate(request, timeout=TIMEOUT)]
+
+            assert await sizes() == [1, 3, 3]
+            assert await sizes(stream_interval=1) == [1, 3, 3]  # a request may not go below it
+            assert await sizes(stream_interval=5) == [1, 5, 1]
+    finally:
+        await running.shutdown()
+
+
 async def test_chat_messages_are_rendered_with_the_chat_template(stub: pb_grpc.WorkerStub) -> None:
     request = pb.GenerateRequest(
         messages=[pb.ChatMessage(role="system", content="Be brief."),
@@ -129,6 +161,7 @@ async def test_watch_load_reports_periodically_with_increasing_sequence(
     ({"prompt": "hi", "temperature": -1.0}, "'temperature'"),
     ({"prompt": "hi", "top_p": 0.0}, "'top_p'"),
     ({"prompt": "hi", "max_tokens": 0}, "'max_tokens'"),
+    ({"prompt": "hi", "stream_interval": 0}, "'stream_interval'"),
     ({"messages": [pb.ChatMessage(role="robot", content="x")]}, "'messages[0].role'"),
     ({"prompt": "word " * 1000, "max_tokens": 1500}, "'max_tokens'"),  # does not fit the context
 ])

@@ -351,6 +351,7 @@ async def test_bench_against_fake_worker(serve_fake, tmp_path: Path, capsys: pyt
     assert len(fake.peers) == 2  # two channels are two connections
     for r in fake.requests:
         assert r.skip_cache and r.ignore_eos and r.temperature == 0 and r.max_tokens == 8
+        assert not r.HasField("stream_interval")  # the worker's default unless asked
     assert result["engine"] == "fake" and result["gpu"] == "none" and result["label"] == "unit"
     assert result["service"] == "worker" and result["target"] == target and result["num_prompts"] == 20
     assert "============ Serving Benchmark Result ============" in capsys.readouterr().out
@@ -363,7 +364,8 @@ async def test_bench_counts_failures_by_status_code(
     fail |= {i: grpc.StatusCode.UNAVAILABLE for i in (3, 10, 17)}  # after half the tokens
     fake = FakeWorker(expect_concurrency=5, fail=fail)
     out = tmp_path / "sub" / "failures.json"
-    argv = bench_argv(await serve_fake(fake), out, "--allow-cache", "--metric-percentiles", "50,90", "--save-detailed")
+    argv = bench_argv(await serve_fake(fake), out, "--allow-cache", "--metric-percentiles", "50,90", "--save-detailed",
+                      "--stream-interval", "4")  # fmt: skip
 
     rc = await asyncio.to_thread(bench.main, parse(argv))
 
@@ -382,6 +384,7 @@ async def test_bench_counts_failures_by_status_code(
     assert 0 < result["mean_error_ms"] <= result["p90_error_ms"] < 20_000
     assert by_code["RESOURCE_EXHAUSTED"]["mean"] > 0 and by_code["UNAVAILABLE"]["mean"] > 0
     assert not any(r.skip_cache for r in fake.requests)
+    assert {r.stream_interval for r in fake.requests} == {4} and result["stream_interval"] == 4
     assert "RESOURCE_EXHAUSTED:" in capsys.readouterr().out
 
 

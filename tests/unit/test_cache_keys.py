@@ -22,10 +22,11 @@ def test_prefix_and_kind_are_in_the_key() -> None:
     assert len(key.rsplit(":", 1)[1]) == 64
 
 
-def test_request_id_and_skip_cache_are_ignored() -> None:
+def test_request_id_skip_cache_and_stream_interval_are_ignored() -> None:
     other = base()
     other.request_id = "abc"
     other.skip_cache = True
+    other.stream_interval = 8  # how the text is chunked, not what it is
     assert exact_key(other, "t") == exact_key(base(), "t")
 
 
