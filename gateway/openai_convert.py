@@ -57,7 +57,7 @@ def _unsupported(req: pb.ChatCompletionRequest | pb.CompletionRequest) -> None:
 
 
 def _sampling(req: pb.ChatCompletionRequest | pb.CompletionRequest, out: pb.GenerateRequest) -> None:
-    for name in ("temperature", "top_p", "seed"):
+    for name in ("temperature", "top_p", "seed", "stream_interval"):
         if req.HasField(name):
             setattr(out, name, getattr(req, name))
     out.stop.extend(_stop(req.stop))

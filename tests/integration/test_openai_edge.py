@@ -133,6 +133,15 @@ async def test_openai_chat_equals_grpc_output(mesh: Mesh) -> None:
     assert got[-1].choices == [] and got[-1].usage.completion_tokens == 12
     assert {c.id for c in got} == {got[0].id} and got[0].object == "chat.completion.chunk"
 
+    # vLLM's stream_interval extension: the same text in fewer chunks.
+    stream = await oa.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=12, temperature=0, stream=True,
+        extra_body={"skip_cache": True, "stream_interval": 5},
+    )
+    grouped = [c async for c in stream if c.choices]
+    assert "".join(c.choices[0].delta.content or "" for c in grouped) == expected
+    assert len(grouped) < len(content) and grouped[-1].choices[0].finish_reason == "length"
+
 
 async def test_openai_completions_equal_grpc_output(mesh: Mesh) -> None:
     expected, _ = await grpc_text(mesh, prompt="The quick brown fox", max_tokens=8, temperature=0, skip_cache=True)
@@ -335,7 +344,7 @@ json_values = st.recursive(
 )
 fields = st.sampled_from(
     ["model", "messages", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "n",
-     "prompt", "user", "logprobs", "echo", "presence_penalty", "max_completion_tokens", "ignore_eos", "x"]
+     "prompt", "user", "logprobs", "echo", "presence_penalty", "max_completion_tokens", "ignore_eos", "stream_interval", "x"]
 )
 message = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "bot", ""]), "content": json_values})
 bodies = st.one_of(

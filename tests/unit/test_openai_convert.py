@@ -31,6 +31,12 @@ def test_chat_request_maps_fields() -> None:
     assert [(m.role, m.content) for m in req.messages] == [("system", "s"), ("user", "ab"), ("assistant", "")]
     assert (req.model, req.max_tokens, req.temperature, req.top_p, req.seed) == ("m", 5, 0, 0.5, 7)
     assert list(req.stop) == ["END"] and req.HasField("temperature")
+    assert not req.HasField("stream_interval")
+
+
+def test_vllm_stream_interval_extension_is_carried() -> None:
+    assert convert.chat_request(chat(stream_interval=8)).stream_interval == 8
+    assert convert.completion_request(completion(stream_interval=4)).stream_interval == 4
 
 
 def test_max_completion_tokens_wins_and_unset_fields_stay_unset() -> None:
