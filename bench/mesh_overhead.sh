@@ -3,6 +3,7 @@
 # the worker directly and through Envoy -> gateway (cache off), alternated twice, each run with
 # its own prompts (a different --seed) so no run inherits another's prefix-cache hits.
 #   bench/mesh_overhead.sh [OUT_DIR]
+#   env: BENCH_ARGS  extra `meshserve bench` flags for every run, e.g. "--stream-interval 8"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-bench/results/$(date +%F)}
@@ -14,7 +15,8 @@ seed=1
 for round in 1 2; do
   for path in direct mesh; do
     if [[ $path == direct ]]; then target=(--service worker --target 127.0.0.1:50061); else target=(--target 127.0.0.1:8080); fi
-    bench "overhead-$path-$round" "${target[@]}" "${USERS[@]}" --seed $seed
+    # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
+    bench "overhead-$path-$round" "${target[@]}" "${USERS[@]}" --seed $seed ${BENCH_ARGS:-}
     seed=$((seed + 1))
   done
 done

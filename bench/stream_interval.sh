@@ -2,7 +2,8 @@
 # Reproduces docs/benchmarks.md "Stream interval": the 300-user workload through the whole mesh
 # with every token its own chunk (stream_interval 1, the default) and with 8 tokens per chunk
 # after the first (`meshserve bench --stream-interval 8`), alternated ROUNDS times in one mesh:
-# first a sim worker (the mesh's own cost), then the vLLM tiny model.
+# first a sim worker (the mesh's own cost), then the vLLM tiny model. Every run has its own
+# prompts (--seed): a run on the previous run's prompts would hit the prefix cache.
 #   bench/stream_interval.sh [OUT_DIR]     (default bench/results/$(date +%F)-stream-interval)
 #   env: ROUNDS (3)
 set -euo pipefail
@@ -17,7 +18,7 @@ for engine in sim vllm; do
   up "$engine" --engine "$engine" --workers 1
   for round in $(seq 1 "${ROUNDS:-3}"); do
     for interval in 1 8; do
-      bench "$engine-si$interval-$round" --seed "$round" --stream-interval "$interval" "${USERS[@]}"
+      bench "$engine-si$interval-$round" --seed "$((round * 10 + interval))" --stream-interval "$interval" "${USERS[@]}"
     done
   done
   down
