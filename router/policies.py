@@ -66,7 +66,10 @@ class Picker(abc.ABC):
 
 
 class HealthyFilter(Filter):
-    """Workers whose load stream is open and whose last report is younger than ``stale_after_s``."""
+    """Workers whose load stream is open and whose last report is younger than ``stale_after_s``;
+    when there are none, the connected workers whose reports are late: a worker too busy to
+    report on time (a long pause, a starved CPU) still serves better than a refusal, and a
+    worker that is gone closes its stream (or the watcher closes it after ``lost_after_s``)."""
 
     empty_reason = "no healthy worker"
 
@@ -74,7 +77,8 @@ class HealthyFilter(Filter):
         self.stale_after_s = stale_after_s
 
     def filter(self, ctx: PickContext, workers: list[WorkerView]) -> list[WorkerView]:
-        return [w for w in workers if w.is_healthy(self.stale_after_s)]
+        connected = [w for w in workers if w.connected and w.load is not None]
+        return [w for w in connected if w.is_healthy(self.stale_after_s)] or connected
 
 
 class NotDrainingFilter(Filter):

@@ -24,7 +24,8 @@ log = logging.getLogger(__name__)
 
 PICKS = prometheus_client.Counter(
     "meshserve_router_picks_total",
-    "Workers picked, by worker and reason (the policy, or 'retry' when the caller excluded workers)",
+    "Workers picked, by worker and reason (the policy; 'retry' when the caller excluded workers; "
+    "'late' when no worker had reported on time and a late one was picked)",
     ["worker", "reason"],
 )
 NO_WORKER = prometheus_client.Counter(
@@ -57,6 +58,8 @@ class Router:
             raise
         self.table.on_assigned(choice.worker.address)
         reason = "retry" if ctx.exclude else self.policy.name
+        if not choice.worker.is_healthy(self.stale_after_s):
+            reason = "late"  # no worker was fresh: the last resort (HealthyFilter)
         PICKS.labels(worker=choice.worker.worker_id, reason=reason).inc()
         return choice, reason
 
@@ -131,7 +134,7 @@ def _service(
     policy = build_policy(cfg.policy, cfg.stale_after_s)
     table = WorkerTable(list(dict.fromkeys(cfg.workers)), clock=clock)
     router = Router(table, policy, cfg.stale_after_s, rng)
-    watcher = Watcher(table, cfg.stale_after_s)
+    watcher = Watcher(table, cfg.stale_after_s, max(cfg.lost_after_s, cfg.stale_after_s))
 
     def register(server: grpc.aio.Server) -> list[str]:
         pb_grpc.add_RouterServicer_to_server(RouterServicer(router), server)

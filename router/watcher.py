@@ -32,17 +32,20 @@ def load_to_pb(worker_id: str, load: WorkerLoad) -> pb.LoadReport:
 
 class Watcher:
     """Watches every worker of ``table``. A stream that ends, fails or sends nothing for
-    ``stale_after_s`` marks its worker disconnected (so it is not picked) and is reopened."""
+    ``lost_after_s`` marks its worker disconnected (so it is not picked) and is reopened; until
+    then a silent worker is only late (the table's report age says so)."""
 
     def __init__(
         self,
         table: WorkerTable,
         stale_after_s: float,
+        lost_after_s: float,
         initial_backoff_s: float = 0.1,
         max_backoff_s: float = 5.0,
     ) -> None:
         self._table = table
         self._stale_after_s = stale_after_s
+        self._lost_after_s = lost_after_s
         self._initial_backoff_s = initial_backoff_s
         self._max_backoff_s = max_backoff_s
         self._tasks: list[asyncio.Task[None]] = []
@@ -84,7 +87,7 @@ class Watcher:
             while True:
                 # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
                 # cancellation that arrives with a report, and close() would wait forever.
-                async with asyncio.timeout(self._stale_after_s):
+                async with asyncio.timeout(self._lost_after_s):
                     report = await call.read()
                 if report is grpc.aio.EOF:
                     return

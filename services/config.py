@@ -103,7 +103,12 @@ class RouterConfig(ServerConfig):
     port: int = _f(50052, "gRPC port (0 picks a free port)")
     workers: list[str] = _f([], "worker addresses host:port (static discovery)", nargs="*")
     policy: str = _f("least-load", "routing policy name")
-    stale_after_s: float = _f(2.0, "a worker with no load report for this long is not picked")
+    stale_after_s: float = _f(
+        2.0, "a worker with no load report for this long is late: picked only when no worker is fresh"
+    )
+    lost_after_s: float = _f(
+        10.0, "a worker whose load stream is silent this long is lost: not picked, its stream reopened"
+    )
 
 
 @dataclass

@@ -92,13 +92,14 @@ async def start_mesh() -> AsyncIterator[StartMesh]:
         extra_addresses: Sequence[str] = (),
         stale_after_s: float = 30.0,
         interval_s: float | None = None,
+        lost_after_s: float = 60.0,
     ) -> Mesh:
         for i in range(n):
             worker = FakeWorker(f"w{i}", interval_s)
             await worker.start()
             workers.append(worker)
         cfg = RouterConfig(
-            port=0, metrics_port=-1, grace_seconds=0.5, stale_after_s=stale_after_s,
+            port=0, metrics_port=-1, grace_seconds=0.5, stale_after_s=stale_after_s, lost_after_s=lost_after_s,
             workers=[*(x.address for x in workers), *extra_addresses],
         )
         routers.append(await start_router(cfg))
@@ -202,8 +203,43 @@ async def test_a_silent_worker_goes_stale(start_mesh: StartMesh) -> None:
     workers[0].frozen = True  # its stream stays open, but no report comes
     await wait_for_workers(stub, lambda ws: not ws["w0"].healthy and ws["w1"].healthy)
     assert {(await pick(stub)).worker_id for _ in range(5)} == {"w1"}
-    workers[0].frozen = False  # reports again, on the stream the watcher reopened
+    workers[0].frozen = False  # reports again, on the same stream
     await wait_for_workers(stub, lambda ws: ws["w0"].healthy)
+
+
+async def test_a_late_worker_is_the_last_resort_until_it_is_lost(start_mesh: StartMesh) -> None:
+    stub, workers = await start_mesh(1, stale_after_s=0.2, interval_s=0.05, lost_after_s=30.0)
+    await wait_for_workers(stub, healthy_with({"w0": 1}))
+    before = picks_metric("w0", "late")
+    workers[0].frozen = True  # too busy to report, stream still open
+    await wait_for_workers(stub, lambda ws: not ws["w0"].healthy)
+    reply = await pick(stub)  # better a late worker than refusing everyone
+    assert reply.worker_id == "w0" and reply.reason.startswith("late")
+    assert picks_metric("w0", "late") == before + 1
+    workers[0].frozen = False
+    await wait_for_workers(stub, lambda ws: ws["w0"].healthy)
+    assert not (await pick(stub)).reason.startswith("late")
+
+
+async def test_a_worker_silent_past_lost_after_is_not_picked(start_mesh: StartMesh) -> None:
+    stub, workers = await start_mesh(1, stale_after_s=0.1, interval_s=0.05, lost_after_s=0.3)
+    await wait_for_workers(stub, healthy_with({"w0": 1}))
+    workers[0].frozen = True
+    # The watcher gives the stream up and reopens it; with no report on the new one the worker
+    # counts as disconnected, and nobody is picked.
+    async def refused() -> grpc.aio.AioRpcError:
+        while True:
+            try:
+                await pick(stub)
+            except grpc.aio.AioRpcError as e:
+                return e
+            await asyncio.sleep(0.05)  # polling the router's state; bounded by wait_for
+
+    err = await asyncio.wait_for(refused(), 5.0)
+    assert err.code() == grpc.StatusCode.UNAVAILABLE and err.details() == "no healthy worker"
+    workers[0].frozen = False
+    await wait_for_workers(stub, lambda ws: ws["w0"].healthy)
+    assert (await pick(stub)).worker_id == "w0"
 
 
 async def test_exclude_is_honoured_and_excluding_everyone_is_unavailable(start_mesh: StartMesh) -> None:

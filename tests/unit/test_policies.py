@@ -55,6 +55,9 @@ def ids(workers: list[WorkerView]) -> list[str]:
         (HealthyFilter(2.0), PickContext(), [w("a"), w("b", connected=False)], ["a"]),
         (HealthyFilter(2.0), PickContext(), [w("a", age=1.9), w("b", age=2.5)], ["a"]),
         (HealthyFilter(2.0), PickContext(), [w("a", age=None), w("b")], ["b"]),
+        # No fresh worker: the late ones that are still connected, as a last resort.
+        (HealthyFilter(2.0), PickContext(), [w("a", age=2.5), w("b", age=9.0), w("c", age=3.0, connected=False)],
+         ["a", "b"]),
         (NotDrainingFilter(), PickContext(), [w("a", draining=True), w("b")], ["b"]),
         (ExcludeFilter(), PickContext(exclude=frozenset({"a", "c"})), [w("a"), w("b"), w("c")], ["b"]),
         (ExcludeFilter(), PickContext(), [w("a"), w("b")], ["a", "b"]),
@@ -141,7 +144,7 @@ def test_random_picker_ignores_scores() -> None:
     ("workers", "exclude", "message"),
     [
         ([], set(), "knows no workers"),
-        ([w("a", connected=False), w("b", age=9.0)], set(), "no healthy worker"),
+        ([w("a", connected=False), w("b", age=None)], set(), "no healthy worker"),
         ([w("a", draining=True)], set(), "draining"),
         ([w("a"), w("b"), w("c", connected=False)], {"a", "b"}, "every healthy worker is excluded"),
     ],
