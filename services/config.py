@@ -11,6 +11,7 @@ import dataclasses
 import os
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -85,7 +86,7 @@ class WorkerConfig(ServerConfig):
     max_queue: int = _f(1024, "most requests admitted to the worker at once; beyond: RESOURCE_EXHAUSTED")
     stream_interval: int = _f(
         1, "tokens per streamed chunk after the first (vLLM's stream_interval); a request may ask for "
-        "more, never fewer. Larger: less CPU per token at every hop, burstier streams"
+        "more, never fewer. Larger: less CPU per token at every hop, burstier streams", minimum=1,
     )
     load_report_interval_s: float = _f(0.1, "longest gap between two load reports")
     # Simulator parameters; defaults approximate an 8B model on one H100 (see docs/operations.md).
@@ -191,9 +192,22 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, .
             kw["type"] = str
         else:
             kw["type"] = typ
+        if "minimum" in f.metadata:
+            kw["type"] = at_least(typ, f.metadata["minimum"])
         if "choices" in f.metadata:
             kw["choices"] = f.metadata["choices"]
         parser.add_argument(flag, dest=f.name, **kw)
+
+
+def at_least(typ: Callable[[str], Any], minimum: Any) -> Callable[[str], Any]:
+    """An argparse type: ``typ``, refused below ``minimum`` with a message naming the bound."""
+    def parse(text: str) -> Any:
+        value = typ(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return parse
 
 
 def from_args(cls: type[T], args: argparse.Namespace) -> T:

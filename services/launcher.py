@@ -345,7 +345,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-port", type=int, default=50053)
     parser.add_argument("--worker-port", type=int, default=50061, help="first worker port; worker i gets +i")
     parser.add_argument("--max-num-seqs", type=int, default=WorkerConfig.max_num_seqs, help="batch cap per worker")
-    parser.add_argument("--stream-interval", type=int, default=WorkerConfig.stream_interval,
+    parser.add_argument("--stream-interval", type=config.at_least(int, 1), default=WorkerConfig.stream_interval,
                         help="tokens per streamed chunk after the first, unless a request asks for more")
     parser.add_argument("--gateway-max-in-flight", type=int, default=GatewayConfig.max_in_flight,
                         help="most streams the gateway serves at once; beyond: RESOURCE_EXHAUSTED (HTTP 429)")

@@ -45,3 +45,12 @@ def test_bad_flag_value_is_refused() -> None:
     config.add_arguments(parser, config.WorkerConfig)
     with pytest.raises(SystemExit):
         parser.parse_args(["--max-num-seqs", "many"])
+
+
+def test_a_value_below_a_fields_minimum_is_refused_naming_the_flag(capsys: pytest.CaptureFixture) -> None:
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser, config.WorkerConfig)
+    assert parser.parse_args(["--stream-interval", "4"]).stream_interval == 4
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--stream-interval", "0"])
+    assert "--stream-interval: must be at least 1, got 0" in capsys.readouterr().err
