@@ -132,7 +132,7 @@ def _service(
 ) -> tuple[Callable[[grpc.aio.Server], list[str]], bootstrap.Lifecycle]:
     """The router's servicer registration and lifecycle; watching the workers starts with it."""
     policy = build_policy(cfg.policy, cfg.stale_after_s)
-    table = WorkerTable(list(dict.fromkeys(cfg.workers)), clock=clock)
+    table = WorkerTable(list(dict.fromkeys(cfg.workers)), clock=clock, pick_ttl_s=cfg.stale_after_s)
     router = Router(table, policy, cfg.stale_after_s, rng)
     watcher = Watcher(table, cfg.stale_after_s, max(cfg.lost_after_s, cfg.stale_after_s))
 

@@ -5,6 +5,7 @@ worker has not reported yet. Policies read immutable snapshots of it; watchers a
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -21,6 +22,7 @@ class WorkerLoad:
     draining: bool = False
     sequence: int = 0
     num_in_flight: int = 0
+    requests_received: int = 0
 
 
 @dataclass(frozen=True)
@@ -32,7 +34,7 @@ class WorkerView:
     connected: bool = False              # its WatchLoad stream is open
     load: WorkerLoad | None = None       # the last report (None before the first)
     report_age_s: float | None = None    # seconds since that report
-    assigned_unreported: int = 0         # picks since that report
+    assigned_unreported: int = 0         # picks the worker has not reported receiving
 
     @property
     def outstanding(self) -> int:
@@ -49,10 +51,18 @@ class WorkerView:
 
 
 class WorkerTable:
-    """Every known worker, keyed by address (static discovery); ids come from the workers."""
+    """Every known worker, keyed by address (static discovery); ids come from the workers.
 
-    def __init__(self, addresses: list[str], clock: Callable[[], float] = time.monotonic) -> None:
+    Picks count against a worker until its reports show them arrived: each report carries the
+    number of requests the worker has received, and every new one settles the oldest pick. A
+    report sent before a pick arrived therefore leaves it counted. A pick that never arrives
+    (its caller gave up first) stops counting after ``pick_ttl_s``."""
+
+    def __init__(
+        self, addresses: list[str], clock: Callable[[], float] = time.monotonic, pick_ttl_s: float = 2.0
+    ) -> None:
         self._clock = clock
+        self._pick_ttl_s = pick_ttl_s
         self._workers = {a: _Entry(WorkerView(worker_id=a, address=a)) for a in addresses}
 
     def addresses(self) -> list[str]:
@@ -60,34 +70,46 @@ class WorkerTable:
 
     def snapshot(self) -> list[WorkerView]:
         now = self._clock()
-        return [
-            replace(e.view, report_age_s=None if e.reported_at is None else now - e.reported_at)
-            for e in self._workers.values()
-        ]
+        views = []
+        for e in self._workers.values():
+            while e.picks and e.picks[0] < now - self._pick_ttl_s:
+                e.picks.popleft()
+            views.append(replace(
+                e.view, report_age_s=None if e.reported_at is None else now - e.reported_at,
+                assigned_unreported=len(e.picks),
+            ))
+        return views
 
     def on_connected(self, address: str, worker_id: str) -> None:
         entry = self._workers[address]
         entry.view = replace(entry.view, worker_id=worker_id or address, connected=True)
+        entry.received = None  # the next report starts the count on this stream
 
     def on_report(self, address: str, load: WorkerLoad) -> None:
-        """A fresh report includes every request the worker has seen, so the count of assigned
-        but unreported requests starts again from zero."""
         entry = self._workers[address]
         entry.reported_at = self._clock()
-        entry.view = replace(entry.view, load=load, assigned_unreported=0)
+        if entry.received is None or load.requests_received < entry.received:
+            # A new stream (or a restarted worker): its load includes whatever arrived.
+            entry.picks.clear()
+        else:
+            for _ in range(min(load.requests_received - entry.received, len(entry.picks))):
+                entry.picks.popleft()
+        entry.received = load.requests_received
+        entry.view = replace(entry.view, load=load)
 
     def on_disconnected(self, address: str) -> None:
         entry = self._workers[address]
         entry.view = replace(entry.view, connected=False)
 
     def on_assigned(self, address: str) -> None:
-        entry = self._workers[address]
-        entry.view = replace(entry.view, assigned_unreported=entry.view.assigned_unreported + 1)
+        self._workers[address].picks.append(self._clock())
 
 
 class _Entry:
-    __slots__ = ("view", "reported_at")
+    __slots__ = ("view", "reported_at", "received", "picks")
 
     def __init__(self, view: WorkerView) -> None:
         self.view = view
         self.reported_at: float | None = None
+        self.received: int | None = None           # requests_received of the last report
+        self.picks: deque[float] = deque()          # when each unsettled pick was made

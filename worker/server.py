@@ -133,6 +133,7 @@ class WorkerServicer(pb_grpc.WorkerServicer):
         self.worker_id = cfg.worker_id or f"{cfg.host}:{cfg.port}"
         self.metrics: WorkerMetrics | None = None
         self.in_flight = 0
+        self.requests_received = 0
         self.draining = False
         self._sequence = itertools.count(1)
 
@@ -152,6 +153,7 @@ class WorkerServicer(pb_grpc.WorkerServicer):
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
                        ) -> AsyncIterator[pb.GenerateResponse]:
+        self.requests_received += 1  # refused ones too: the router's pick has arrived either way
         try:
             validation.validate(request, max_model_len=self.engine.info.max_model_len)
         except validation.InvalidRequest as e:
@@ -266,6 +268,7 @@ class WorkerServicer(pb_grpc.WorkerServicer):
             draining=self.draining,
             sequence=next(self._sequence),
             num_in_flight=self.in_flight,
+            requests_received=self.requests_received,
         )
 
     async def WatchLoad(self, request: pb.WatchLoadRequest, context: grpc.aio.ServicerContext

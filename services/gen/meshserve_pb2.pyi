@@ -351,7 +351,7 @@ class WatchLoadRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class LoadReport(_message.Message):
-    __slots__ = ("worker_id", "num_running", "num_waiting", "kv_cache_usage", "prefix_cache_hit_rate", "max_num_seqs", "draining", "sequence", "num_in_flight")
+    __slots__ = ("worker_id", "num_running", "num_waiting", "kv_cache_usage", "prefix_cache_hit_rate", "max_num_seqs", "draining", "sequence", "num_in_flight", "requests_received")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
@@ -361,6 +361,7 @@ class LoadReport(_message.Message):
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     NUM_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     num_running: int
     num_waiting: int
@@ -370,7 +371,8 @@ class LoadReport(_message.Message):
     draining: bool
     sequence: int
     num_in_flight: int
-    def __init__(self, worker_id: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., prefix_cache_hit_rate: _Optional[float] = ..., max_num_seqs: _Optional[int] = ..., draining: _Optional[bool] = ..., sequence: _Optional[int] = ..., num_in_flight: _Optional[int] = ...) -> None: ...
+    requests_received: int
+    def __init__(self, worker_id: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., prefix_cache_hit_rate: _Optional[float] = ..., max_num_seqs: _Optional[int] = ..., draining: _Optional[bool] = ..., sequence: _Optional[int] = ..., num_in_flight: _Optional[int] = ..., requests_received: _Optional[int] = ...) -> None: ...
 
 class InfoRequest(_message.Message):
     __slots__ = ()

@@ -176,8 +176,12 @@ async def test_a_burst_spreads_across_workers_before_they_report(start_mesh: Sta
     state = await wait_for_workers(stub, lambda ws: len(ws) == 3)
     assert {k: v.assigned_unreported for k, v in state.items()} == {"w0": 2, "w1": 2, "w2": 2}
 
-    # w0's next report includes its requests, so the router stops counting them itself.
-    seq = await workers[0].set_load(num_running=2)
+    # A w0 report that does not show the picks arrived leaves them counted ...
+    seq = await workers[0].set_load(num_running=0)
+    state = await wait_for_workers(stub, healthy_with({"w0": seq}))
+    assert state["w0"].assigned_unreported == 2
+    # ... and one that does settles them, so the router stops counting them itself.
+    seq = await workers[0].set_load(num_running=2, requests_received=2)
     state = await wait_for_workers(stub, healthy_with({"w0": seq}))
     assert state["w0"].assigned_unreported == 0 and state["w1"].assigned_unreported == 2
 

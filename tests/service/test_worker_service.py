@@ -127,6 +127,17 @@ async def test_chat_messages_are_rendered_with_the_chat_template(stub: pb_grpc.W
     assert chunks[-1].usage.completion_tokens == 5
 
 
+async def test_load_reports_count_every_request_received(stub: pb_grpc.WorkerStub) -> None:
+    before = (await wait_for_report(stub, lambda r: True)).requests_received
+    ok = pb.GenerateRequest(prompt="hi", max_tokens=2, temperature=0, ignore_eos=True)
+    assert [c async for c in stub.Generate(ok, timeout=TIMEOUT)][-1].finish_reason == "length"
+    with pytest.raises(grpc.aio.AioRpcError):  # refused requests arrived too
+        async for _ in stub.Generate(pb.GenerateRequest(prompt=""), timeout=TIMEOUT):
+            pass
+    report = await wait_for_report(stub, lambda r: r.requests_received >= before + 2)
+    assert report.requests_received == before + 2
+
+
 async def test_info_describes_the_engine(
     stub: pb_grpc.WorkerStub, worker: tuple[Running, WorkerServicer]
 ) -> None:

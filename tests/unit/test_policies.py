@@ -205,10 +205,41 @@ def test_a_burst_of_picks_spreads_through_assigned_unreported() -> None:
         table.on_assigned(choice.worker.address)
         picks[choice.worker.worker_id] += 1
     assert picks == {"a": 3, "b": 3, "c": 3}
-    table.on_report("a:1", WorkerLoad(num_running=3))   # a report replaces the count
+    table.on_report("a:1", WorkerLoad(num_running=3, requests_received=3))  # all three arrived
     assert [x.assigned_unreported for x in table.snapshot()] == [0, 3, 3]
     clock[0] = 5.0
     assert not any(x.is_healthy(2.0) for x in table.snapshot())
+
+
+def test_picks_count_until_a_report_shows_them_arrived() -> None:
+    clock = [0.0]
+    table = WorkerTable(["a:1"], clock=lambda: clock[0], pick_ttl_s=2.0)
+    table.on_connected("a:1", "a")
+    table.on_report("a:1", WorkerLoad(requests_received=10))  # a new stream: the baseline
+    for _ in range(3):
+        table.on_assigned("a:1")
+
+    def unreported() -> int:
+        return table.snapshot()[0].assigned_unreported
+
+    # A report sent before the picks arrived (the race the old reset lost) settles none of them.
+    table.on_report("a:1", WorkerLoad(requests_received=10))
+    assert unreported() == 3
+    table.on_report("a:1", WorkerLoad(num_running=1, requests_received=11))
+    assert unreported() == 2
+    # Requests from elsewhere (more arrivals than picks) settle at most what is pending.
+    table.on_report("a:1", WorkerLoad(requests_received=20))
+    assert unreported() == 0
+    # A pick that never arrives stops counting after pick_ttl_s.
+    table.on_assigned("a:1")
+    clock[0] = 1.0
+    assert unreported() == 1
+    clock[0] = 2.5
+    assert unreported() == 0
+    # A restarted worker (its counter went back) or a new stream starts the count again.
+    table.on_assigned("a:1")
+    table.on_report("a:1", WorkerLoad(requests_received=0))
+    assert unreported() == 0
 
 
 def test_registry_builds_each_policy_by_name_and_rejects_unknown_names() -> None:
