@@ -28,6 +28,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from services import config
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.server import CHANNEL_OPTIONS
@@ -345,11 +346,7 @@ def format_summary(
 # ---------------------------------------------------------------------------------------------
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+_positive_int = config.at_least(int, 1)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
