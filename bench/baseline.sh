@@ -8,22 +8,20 @@ OUT=${1:-bench/results/$(date +%F)}
 mkdir -p "$OUT"
 source bench/lib.sh
 
-USERS=(--max-concurrency 300 --random-input-len 128 --random-output-len 64 --num-warmups 10)
-
 # 1. Simulated fleet (4 workers, 8B-on-H100 latency model) through Envoy.
 up sim4 --engine sim --workers 4
-bench sim4-mesh --target 127.0.0.1:8080 --num-prompts 1200 "${USERS[@]}"
+bench sim4-mesh --target 127.0.0.1:8080 --num-prompts 1200 "${USERS_300[@]}"
 down
 
 # (What the mesh adds on the request path: bench/mesh_overhead.sh.)
 
 # 2. The real vLLM engine (continuous batching) on the project's tiny model, through the mesh.
 up vllm1 --engine vllm --workers 1
-bench vllm1-mesh --target 127.0.0.1:8080 --num-prompts 600 "${USERS[@]}"
+bench vllm1-mesh --target 127.0.0.1:8080 --num-prompts 600 "${USERS_300[@]}"
 down
 
 # 3. The "before" picture: plain transformers generate, one request at a time, same 300 users.
 up hf1 --engine transformers --workers 1
-bench hf1-mesh --target 127.0.0.1:8080 --num-prompts 300 "${USERS[@]}"
+bench hf1-mesh --target 127.0.0.1:8080 --num-prompts 300 "${USERS_300[@]}"
 down
 echo "results in $OUT"

@@ -11,8 +11,7 @@ OUT=${1:-bench/results/$(date +%F)-engine-priority}
 mkdir -p "$OUT"
 source bench/lib.sh
 
-USERS=(--target 127.0.0.1:8080 --max-concurrency 300 --num-prompts 600 --random-input-len 128
-       --random-output-len 64 --num-warmups 10)
+USERS=(--target 127.0.0.1:8080 --num-prompts 600 "${USERS_300[@]}")
 for round in $(seq 1 "${ROUNDS:-4}"); do
   for priority in normal low; do
     up "$priority-$round" --engine vllm --workers 1 --engine-priority "$priority"

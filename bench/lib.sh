@@ -2,6 +2,8 @@
 # up, bench it, stop it. MS is the meshserve command; UP_PID the running `meshserve up`.
 MS=.venv/bin/meshserve
 UP_PID=""
+# The 300-user workload of docs/benchmarks.md (128 -> 64 tokens); scripts add --target and --num-prompts.
+USERS_300=(--max-concurrency 300 --random-input-len 128 --random-output-len 64 --num-warmups 10)
 
 up() {  # up LABEL ARGS... : start a mesh with `meshserve up ARGS` and wait until it says it is up
   local label=$1; shift

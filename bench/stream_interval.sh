@@ -12,8 +12,7 @@ OUT=${1:-bench/results/$(date +%F)-stream-interval}
 mkdir -p "$OUT"
 source bench/lib.sh
 
-USERS=(--target 127.0.0.1:8080 --max-concurrency 300 --num-prompts 600 --random-input-len 128
-       --random-output-len 64 --num-warmups 10)
+USERS=(--target 127.0.0.1:8080 --num-prompts 600 "${USERS_300[@]}")
 for engine in sim vllm; do
   up "$engine" --engine "$engine" --workers 1
   for round in $(seq 1 "${ROUNDS:-3}"); do
