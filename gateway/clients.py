@@ -1,9 +1,11 @@
-"""The gateway's channels: one to the router, one to the cache, one per worker address."""
+"""The gateway's channels: one to the router, one to the cache, one per worker address (with
+one Session stream on it that all requests to that worker share)."""
 
 from __future__ import annotations
 
 import grpc
 
+from gateway.relay import WorkerSession
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.server import insecure_channel
 
@@ -21,6 +23,7 @@ class Clients:
         self._cache_channel: grpc.aio.Channel | None = insecure_channel(cache) if cache else None
         self.cache = pb_grpc.CacheStub(self._cache_channel) if self._cache_channel else None
         self._workers: dict[str, tuple[grpc.aio.Channel, pb_grpc.WorkerStub]] = {}
+        self._sessions: dict[str, WorkerSession] = {}
 
     def worker(self, address: str) -> pb_grpc.WorkerStub:
         if address not in self._workers:
@@ -28,7 +31,17 @@ class Clients:
             self._workers[address] = (channel, pb_grpc.WorkerStub(channel))
         return self._workers[address][1]
 
+    def session(self, address: str) -> WorkerSession:
+        """The open Session stream to the worker at ``address`` (a new one if it has none)."""
+        session = self._sessions.get(address)
+        if session is None or session.closed:
+            session = self._sessions[address] = WorkerSession(self.worker(address), address)
+        return session
+
     async def close(self) -> None:
+        for session in self._sessions.values():
+            await session.close()
+        self._sessions.clear()
         channels = [self._router_channel, *(c for c, _ in self._workers.values())]
         if self._cache_channel is not None:
             channels.append(self._cache_channel)

@@ -19,6 +19,7 @@ from opentelemetry import trace
 
 from gateway import metrics
 from gateway.clients import Clients
+from gateway.relay import WorkerFailed
 from services import telemetry, validation
 from services.config import GatewayConfig
 from services.gen import meshserve_pb2 as pb
@@ -44,13 +45,6 @@ class GatewayError(Exception):
         self.code = code
         self.message = message
         self.trailers = trailers
-
-
-class _WorkerFailed(Exception):
-    def __init__(self, code: grpc.StatusCode, detail: str) -> None:
-        super().__init__(detail)
-        self.code = code
-        self.detail = detail
 
 
 @dataclass
@@ -265,7 +259,7 @@ class Orchestrator:
                         forwarded += 1
                         yield chunk
                 return
-            except _WorkerFailed as e:
+            except WorkerFailed as e:
                 if forwarded:
                     raise GatewayError(
                         grpc.StatusCode.UNAVAILABLE, f"worker lost mid-stream ({pick.worker_id}: {e.detail})"
@@ -287,46 +281,35 @@ class Orchestrator:
     async def _stream_worker(
         self, pick: pb.PickResponse, req: pb.GenerateRequest, attempt: int
     ) -> AsyncIterator[pb.GenerateResponse]:
-        """One worker's stream; any failure, silence included, becomes _WorkerFailed."""
+        """One request's stream from its worker, over the gateway's session to it (deltas that
+        queued while the client side was busy come merged); any failure, silence included,
+        becomes WorkerFailed."""
         # Not the current span: this generator yields, so it must not attach contexts.
         span = telemetry.tracer.start_span(
             "worker stream",
             attributes={"meshserve.worker": pick.worker_id, "meshserve.worker.address": pick.address,
                         "meshserve.attempt": attempt},
         )
-        call = self._clients.worker(pick.address).Generate(
-            req, metadata=telemetry.outgoing_metadata(trace.set_span_in_context(span))
-        )
-        timeout = self._cfg.first_token_timeout_s
+        trace_context = dict(telemetry.outgoing_metadata(trace.set_span_in_context(span)))
+        stream = self._clients.session(pick.address).start(req, trace_context, self._cfg.first_token_timeout_s)
         last: pb.GenerateResponse | None = None
         tokens = 0
         try:
-            while True:
-                try:
-                    async with asyncio.timeout(timeout):
-                        msg = await call.read()
-                except TimeoutError:
-                    raise _WorkerFailed(
-                        grpc.StatusCode.DEADLINE_EXCEEDED, f"sent nothing for {timeout:g}s"
-                    ) from None
-                except grpc.aio.AioRpcError as e:
-                    raise _WorkerFailed(e.code(), e.details() or e.code().name) from None
-                if msg is grpc.aio.EOF:
-                    break
+            while (msg := await stream.next()) is not None:
                 if last is None:
                     span.add_event("first_token")
                 last = msg
                 tokens += len(msg.token_ids)
                 yield msg
             if last is None or not last.finish_reason:
-                raise _WorkerFailed(grpc.StatusCode.UNAVAILABLE, "stream ended without a finish_reason")
+                raise WorkerFailed(grpc.StatusCode.UNAVAILABLE, "stream ended without a finish_reason")
             span.set_attribute("meshserve.finish_reason", last.finish_reason)
-        except _WorkerFailed as e:
+        except WorkerFailed as e:
             span.set_status(trace.Status(trace.StatusCode.ERROR, f"{e.code.name}: {e.detail}"))
             raise
         finally:
             # Covers the client going away while we wait at `yield`: the worker aborts the request.
-            call.cancel()
+            stream.close()
             span.set_attribute("meshserve.tokens", tokens)
             span.end()
 

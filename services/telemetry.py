@@ -36,9 +36,10 @@ log = logging.getLogger(__name__)
 
 TRACE_ID_METADATA = "x-trace-id"
 # Calls that are not part of a request: health, reflection, the trace receiver itself, the
-# router's long-lived load streams and worker probes.
+# router's long-lived load streams, worker probes, and the gateways' long-lived worker sessions
+# (each request on a session has a span of its own: worker/session.py).
 UNTRACED_PREFIXES = ("/grpc.", "/opentelemetry.", "/meshserve.traces.", "/meshserve.v1.Worker/WatchLoad",
-                     "/meshserve.v1.Worker/Info")
+                     "/meshserve.v1.Worker/Info", "/meshserve.v1.Worker/Session")
 EXPORT_DELAY_MS = 1000   # how long a finished span may wait before its batch is sent
 EXPORT_QUEUE_SIZE = 8192  # spans buffered for export; beyond, new spans are dropped
 
@@ -161,7 +162,7 @@ def _set_status(span: trace.Span, context: grpc.aio.ServicerContext) -> None:
     span.set_status(Status(StatusCode.ERROR, f"{code.name}: {context.details() or ''}"))
 
 
-def _failed(span: trace.Span, error: BaseException) -> None:
+def mark_failed(span: trace.Span, error: BaseException) -> None:
     """Marks a span for a call that ended by an exception other than ``context.abort``."""
     if isinstance(error, grpc.aio.AbortError):
         return  # the status code says it all (set by _set_status)
@@ -197,15 +198,21 @@ class TracingInterceptor(grpc.aio.ServerInterceptor):
         return handler
 
 
+def server_span(name: str, parent: otel_context.Context, attributes: dict[str, Any]) -> Any:
+    """The SERVER span of one call (or of one request on a session stream), made current;
+    errors are marked by the caller, which knows the status the call ends with."""
+    return tracer.start_as_current_span(name, parent, SpanKind.SERVER, attributes,
+                                        record_exception=False, set_status_on_exception=False)
+
+
 def _traced_unary(inner: Any, name: str, parent: otel_context.Context, attributes: dict[str, str]) -> Any:
     async def behavior(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        with tracer.start_as_current_span(name, parent, SpanKind.SERVER, attributes,
-                                          record_exception=False, set_status_on_exception=False) as span:
+        with server_span(name, parent, attributes) as span:
             context.set_trailing_metadata(trace_metadata())
             try:
                 response = await inner(request, context)
             except BaseException as e:
-                _failed(span, e)
+                mark_failed(span, e)
                 raise
             finally:
                 _set_status(span, context)
@@ -226,8 +233,7 @@ def _traced_stream(inner: Any, name: str, parent: otel_context.Context, attribut
         task = asyncio.current_task()
         if task is not None:
             context.add_done_callback(lambda _: task.cancel())
-        with tracer.start_as_current_span(name, parent, SpanKind.SERVER, attributes,
-                                          record_exception=False, set_status_on_exception=False) as span:
+        with server_span(name, parent, attributes) as span:
             context.set_trailing_metadata(trace_metadata())
             first = True
             try:
@@ -238,7 +244,7 @@ def _traced_stream(inner: Any, name: str, parent: otel_context.Context, attribut
                             first = False
                         await context.write(response)
             except BaseException as e:
-                _failed(span, e)
+                mark_failed(span, e)
                 raise
             finally:
                 _set_status(span, context)

@@ -23,6 +23,7 @@ from services.config import WorkerConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from worker.engine import Delta, Engine, PromptTooLong, Request
+from worker.session import Session
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +137,7 @@ class WorkerServicer(pb_grpc.WorkerServicer):
         self.requests_received = 0
         self.draining = False
         self._sequence = itertools.count(1)
+        self._sessions: set[Session] = set()
 
     def bind(self, port: int) -> None:
         """Called once the server listens: fixes the worker id and the metric labels."""
@@ -146,6 +148,8 @@ class WorkerServicer(pb_grpc.WorkerServicer):
     async def drain(self) -> None:
         self.draining = True
         self.engine.load_signal.notify()
+        for session in self._sessions:
+            session.wake()  # an idle session ends now
 
     def _in_flight_changed(self, delta: int) -> None:
         self.in_flight += delta
@@ -179,6 +183,19 @@ class WorkerServicer(pb_grpc.WorkerServicer):
             await context.abort(grpc.StatusCode.INTERNAL, f"worker {self.worker_id}: engine failed: {e}")
         finally:
             self._in_flight_changed(-1)
+
+    async def Session(self, request_iterator: AsyncIterator[pb.SessionRequest],
+                      context: grpc.aio.ServicerContext) -> None:
+        """Many Generate requests over one stream (the gateway's path; worker/session.py)."""
+        task = asyncio.current_task()
+        if task is not None:  # the call ended (the gateway went away): stop its requests too
+            context.add_done_callback(lambda _: task.cancel())
+        session = Session(self.Generate, ended=lambda: self.draining)
+        self._sessions.add(session)
+        try:
+            await session.serve(request_iterator, context)
+        finally:
+            self._sessions.discard(session)
 
     async def _stream(self, req: Request) -> AsyncIterator[pb.GenerateResponse]:
         metrics = self.metrics

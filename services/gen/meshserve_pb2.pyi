@@ -396,6 +396,41 @@ class WorkerInfo(_message.Message):
     max_num_seqs: int
     def __init__(self, worker_id: _Optional[str] = ..., engine: _Optional[str] = ..., model: _Optional[str] = ..., tensor_parallel_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., block_size: _Optional[int] = ..., max_num_seqs: _Optional[int] = ...) -> None: ...
 
+class SessionRequest(_message.Message):
+    __slots__ = ("generate", "cancel", "trace_context")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    GENERATE_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    generate: GenerateRequest
+    cancel: str
+    trace_context: _containers.ScalarMap[str, str]
+    def __init__(self, generate: _Optional[_Union[GenerateRequest, _Mapping]] = ..., cancel: _Optional[str] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class SessionResponse(_message.Message):
+    __slots__ = ("deltas", "errors")
+    DELTAS_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    deltas: _containers.RepeatedCompositeFieldContainer[GenerateResponse]
+    errors: _containers.RepeatedCompositeFieldContainer[SessionError]
+    def __init__(self, deltas: _Optional[_Iterable[_Union[GenerateResponse, _Mapping]]] = ..., errors: _Optional[_Iterable[_Union[SessionError, _Mapping]]] = ...) -> None: ...
+
+class SessionError(_message.Message):
+    __slots__ = ("request_id", "code", "message")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    code: int
+    message: str
+    def __init__(self, request_id: _Optional[str] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
 class PickRequest(_message.Message):
     __slots__ = ("request_id", "prompt", "exclude")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]

@@ -456,6 +456,11 @@ class WorkerStub:
                 request_serializer=meshserve__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=meshserve__pb2.GenerateResponse.FromString,
                 _registered_method=True)
+        self.Session = channel.stream_stream(
+                '/meshserve.v1.Worker/Session',
+                request_serializer=meshserve__pb2.SessionRequest.SerializeToString,
+                response_deserializer=meshserve__pb2.SessionResponse.FromString,
+                _registered_method=True)
         self.WatchLoad = channel.unary_stream(
                 '/meshserve.v1.Worker/WatchLoad',
                 request_serializer=meshserve__pb2.WatchLoadRequest.SerializeToString,
@@ -472,6 +477,12 @@ class WorkerServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Generate(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Session(self, request_iterator, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -496,6 +507,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=meshserve__pb2.GenerateRequest.FromString,
                     response_serializer=meshserve__pb2.GenerateResponse.SerializeToString,
+            ),
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
+                    request_deserializer=meshserve__pb2.SessionRequest.FromString,
+                    response_serializer=meshserve__pb2.SessionResponse.SerializeToString,
             ),
             'WatchLoad': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchLoad,
@@ -535,6 +551,33 @@ class Worker:
             '/meshserve.v1.Worker/Generate',
             meshserve__pb2.GenerateRequest.SerializeToString,
             meshserve__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Session(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/meshserve.v1.Worker/Session',
+            meshserve__pb2.SessionRequest.SerializeToString,
+            meshserve__pb2.SessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,140 @@
+"""The worker's Session stream (the gateway's path) on a real worker with the sim engine: many
+requests share one call, a step's deltas travel together, and cancels, errors and a departed
+gateway reach the engine."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+
+from services.config import WorkerConfig
+from services.gen import meshserve_pb2 as pb
+from services.gen import meshserve_pb2_grpc as pb_grpc
+from services.server import Running, insecure_channel
+from worker.server import WorkerServicer, start_worker
+
+TIMEOUT = 30.0
+
+
+@pytest.fixture(scope="module")
+async def worker() -> AsyncIterator[tuple[Running, WorkerServicer]]:
+    cfg = WorkerConfig(host="127.0.0.1", port=0, metrics_port=-1, engine="sim", worker_id="sim-session",
+                       grace_seconds=5.0, sim_itl_base_ms=2.0)
+    running, servicer = await start_worker(cfg)
+    yield running, servicer
+    await running.shutdown()
+
+
+@pytest.fixture
+async def stub(worker: tuple[Running, WorkerServicer]) -> AsyncIterator[pb_grpc.WorkerStub]:
+    async with insecure_channel(f"127.0.0.1:{worker[0].port}") as channel:
+        yield pb_grpc.WorkerStub(channel)
+
+
+def greedy(request_id: str, max_tokens: int = 8, prompt: str = "") -> pb.GenerateRequest:
+    return pb.GenerateRequest(request_id=request_id, prompt=prompt or f"prompt of {request_id}",
+                              max_tokens=max_tokens, temperature=0, ignore_eos=True)
+
+
+def finished(texts: dict[str, str], request_id: str) -> bool:
+    return texts.get(request_id, "").endswith("\0")
+
+
+async def read_until(call: grpc.aio.StreamStreamCall, done: set[str], texts: dict[str, str],
+                     errors: dict[str, pb.SessionError]) -> list[pb.SessionResponse]:
+    """Reads session messages until every request in ``done`` finished or failed (a finish
+    reason appends "\0" to its text)."""
+    messages = []
+    async with asyncio.timeout(TIMEOUT):
+        while any(not finished(texts, r) and r not in errors for r in done):
+            msg = await call.read()
+            assert msg is not grpc.aio.EOF
+            messages.append(msg)
+            for d in msg.deltas:
+                texts[d.request_id] = texts.get(d.request_id, "") + d.text + ("\0" if d.finish_reason else "")
+            for e in msg.errors:
+                errors[e.request_id] = e
+    return messages
+
+
+async def test_requests_on_one_session_get_what_generate_gives_and_share_messages(
+    stub: pb_grpc.WorkerStub,
+) -> None:
+    ids = [f"s{i}" for i in range(6)]
+    expected = {}
+    for rid in ids:
+        chunks = [c async for c in stub.Generate(greedy(f"direct-{rid}", prompt=rid), timeout=TIMEOUT)]
+        expected[rid] = "".join(c.text for c in chunks) + "\0"
+
+    call = stub.Session()
+    for rid in ids:
+        await call.write(pb.SessionRequest(generate=greedy(rid, prompt=rid)))
+    texts: dict[str, str] = {}
+    errors: dict[str, pb.SessionError] = {}
+    messages = await read_until(call, set(ids), texts, errors)
+    call.cancel()
+
+    assert not errors and texts == expected
+    deltas = sum(len(m.deltas) for m in messages)
+    assert deltas >= 6 * 8 and len(messages) < deltas  # one engine step, one message
+    assert max(len({d.request_id for d in m.deltas}) for m in messages) > 1
+
+
+async def test_bad_request_fails_alone_and_the_session_goes_on(stub: pb_grpc.WorkerStub) -> None:
+    call = stub.Session()
+    await call.write(pb.SessionRequest(generate=pb.GenerateRequest(request_id="bad", prompt="hi", temperature=-1)))
+    await call.write(pb.SessionRequest(generate=greedy("good")))
+    await call.write(pb.SessionRequest(generate=greedy("good")))  # the same id again while it runs
+    texts: dict[str, str] = {}
+    errors: dict[str, pb.SessionError] = {}
+    await read_until(call, {"bad", "good"}, texts, errors)  # until the duplicate's refusal
+    errors_so_far = dict(errors)
+    errors.clear()
+    await read_until(call, {"good"}, texts, errors)  # until the first one finished
+    errors.update(errors_so_far)
+    call.cancel()
+    assert errors["bad"].code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert "temperature" in errors["bad"].message
+    assert errors["good"].code == grpc.StatusCode.INVALID_ARGUMENT.value[0]  # the duplicate
+    assert "already running" in errors["good"].message
+    assert finished(texts, "good")  # the first one finished anyway
+
+
+async def wait_idle(servicer: WorkerServicer) -> None:
+    async with asyncio.timeout(TIMEOUT):
+        while servicer.in_flight or servicer.engine.load().num_running:
+            await servicer.engine.load_signal.wait(0.05)
+
+
+async def test_cancel_stops_the_request_in_the_engine(
+    stub: pb_grpc.WorkerStub, worker: tuple[Running, WorkerServicer]
+) -> None:
+    servicer = worker[1]
+    call = stub.Session()
+    await call.write(pb.SessionRequest(generate=greedy("long", max_tokens=1500)))
+    async with asyncio.timeout(TIMEOUT):
+        first = await call.read()
+    assert first.deltas[0].request_id == "long"
+    assert servicer.engine.load().num_running == 1
+    await call.write(pb.SessionRequest(cancel="long"))
+    await wait_idle(servicer)
+    assert servicer.engine.load().num_running == 0
+    call.cancel()
+
+
+async def test_a_gateway_that_goes_away_stops_its_requests(
+    stub: pb_grpc.WorkerStub, worker: tuple[Running, WorkerServicer]
+) -> None:
+    servicer = worker[1]
+    call = stub.Session()
+    for rid in ("gone-1", "gone-2"):
+        await call.write(pb.SessionRequest(generate=greedy(rid, max_tokens=1500)))
+    async with asyncio.timeout(TIMEOUT):
+        while servicer.engine.load().num_running < 2:
+            await call.read()
+    call.cancel()
+    await wait_idle(servicer)
+    assert servicer.in_flight == 0 and servicer.engine.load().num_running == 0
