@@ -242,8 +242,11 @@ def bench(port: int, model: str, w: Workload, seed: int, out: Path, label: str) 
 
 
 PEERS = ("vllm", "router")
+# Median ITL is not compared under load: vllm bench serve stamps each SSE event when it parses
+# it, and events that reach it in one read (a busy client or proxy) get gaps of ~0 ms, which
+# can pull the median to 0 with no token any earlier. TPOT and mean ITL have no such artefact.
 KEYS = ["completed", "failed", "output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms",
-        "median_tpot_ms", "median_e2el_ms"]
+        "mean_itl_ms", "median_tpot_ms", "median_e2el_ms"]
 
 
 def run_round(rnd: int, stacks: list[str], meshes: dict[str, Path], workloads: list[Workload], model: str,
@@ -268,7 +271,8 @@ def run_round(rnd: int, stacks: list[str], meshes: dict[str, Path], workloads: l
                        "cpu_ms_per_request": 1000 * sum(cpu.values()) / max(1, result["completed"])}
                 rows.append(row)
                 print(f"round {rnd} {name:<6} {w.name:<5} {row['output_throughput']:>9.0f} tok/s  "
-                      f"TTFT {row['median_ttft_ms']:>7.1f} ms  ITL {row['median_itl_ms']:>6.2f} ms  "
+                      f"TTFT {row['median_ttft_ms']:>7.1f} ms  TPOT {row['median_tpot_ms']:>6.2f} ms  "
+                      f"ITL {row['median_itl_ms']:>6.2f} ms  "
                       f"CPU {row['cpu_ms_per_request']:>6.2f} ms/req  failed {row['failed']}  {cpu}",
                       flush=True)
         finally:
@@ -281,15 +285,16 @@ def summary(rows: list[dict], stacks: list[str], workloads: list[Workload]) -> s
     for w in workloads:
         lines += [f"\n### {w.name}: {w.input_len} -> {w.output_len} tokens, {w.num_prompts} requests, "
                   f"{w.concurrency} concurrent\n",
-                  "| stack | output tok/s | median TTFT (ms) | p99 TTFT (ms) | median ITL (ms) | "
-                  "CPU ms/request | failed |", "|---|---|---|---|---|---|---|"]
+                  "| stack | output tok/s | median TTFT (ms) | p99 TTFT (ms) | median TPOT (ms) | "
+                  "mean / median ITL (ms) | CPU ms/request | failed |", "|---|---|---|---|---|---|---|---|"]
         med: dict[str, dict[str, float]] = {}
         for s in stacks:
             rs = [r for r in rows if r["stack"] == s and r["workload"] == w.name]
             if not rs:
                 continue
             m = {k: statistics.median(r[k] for r in rs) for k in
-                 ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "cpu_ms_per_request")}
+                 ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "mean_itl_ms",
+                  "median_itl_ms", "cpu_ms_per_request")}
             med[s] = m
 
             def each(k: str, fmt: str, rs: list[dict] = rs) -> str:
@@ -297,7 +302,8 @@ def summary(rows: list[dict], stacks: list[str], workloads: list[Workload]) -> s
 
             lines.append(f"| {s} | **{m['output_throughput']:,.0f}** ({each('output_throughput', ',.0f')}) | "
                          f"**{m['median_ttft_ms']:.1f}** ({each('median_ttft_ms', '.1f')}) | "
-                         f"{m['p99_ttft_ms']:.1f} | {m['median_itl_ms']:.2f} | "
+                         f"{m['p99_ttft_ms']:.1f} | {m['median_tpot_ms']:.2f} | "
+                         f"{m['mean_itl_ms']:.2f} / {m['median_itl_ms']:.2f} | "
                          f"**{m['cpu_ms_per_request']:.2f}** ({each('cpu_ms_per_request', '.2f')}) | "
                          f"{sum(r['failed'] for r in rs)} |")
         for mine in (s for s in med if s not in PEERS):
@@ -307,6 +313,7 @@ def summary(rows: list[dict], stacks: list[str], workloads: list[Workload]) -> s
                     lines.append(f"\n{mine} / {peer}: throughput x{a['output_throughput'] / b['output_throughput']:.3f}, "
                                  f"median TTFT x{a['median_ttft_ms'] / b['median_ttft_ms']:.3f} "
                                  f"({a['median_ttft_ms'] - b['median_ttft_ms']:+.2f} ms), "
+                                 f"median TPOT x{a['median_tpot_ms'] / b['median_tpot_ms']:.3f}, "
                                  f"median ITL {a['median_itl_ms'] - b['median_itl_ms']:+.3f} ms, "
                                  f"CPU/request x{a['cpu_ms_per_request'] / b['cpu_ms_per_request']:.3f}")
         split = {}
