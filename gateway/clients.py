@@ -1,10 +1,12 @@
-"""The gateway's channels: one to the router, one to the cache, one per worker address (with
-one Session stream on it that all requests to that worker share)."""
+"""The gateway's channels: one to the router (with one Picks stream on it for every pick), one to
+the cache, one per worker address (with one Session stream on it that all requests to that
+worker share)."""
 
 from __future__ import annotations
 
 import grpc
 
+from gateway.picks import PickStream
 from gateway.relay import WorkerSession
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.server import insecure_channel
@@ -20,6 +22,7 @@ class Clients:
     def __init__(self, router: str, cache: str) -> None:
         self._router_channel = insecure_channel(router)
         self.router = pb_grpc.RouterStub(self._router_channel)
+        self.picks = PickStream(self.router)
         self._cache_channel: grpc.aio.Channel | None = insecure_channel(cache) if cache else None
         self.cache = pb_grpc.CacheStub(self._cache_channel) if self._cache_channel else None
         self._workers: dict[str, tuple[grpc.aio.Channel, pb_grpc.WorkerStub]] = {}
@@ -39,6 +42,7 @@ class Clients:
         return session
 
     async def close(self) -> None:
+        await self.picks.close()
         for session in self._sessions.values():
             await session.close()
         self._sessions.clear()

@@ -19,6 +19,7 @@ from opentelemetry import trace
 
 from gateway import metrics
 from gateway.clients import Clients
+from gateway.picks import PickFailed
 from gateway.relay import WorkerFailed
 from services import telemetry, validation
 from services.config import GatewayConfig
@@ -230,20 +231,18 @@ class Orchestrator:
         try:
             with telemetry.tracer.start_as_current_span("router pick") as span:
                 span.set_attribute("meshserve.router.excluded", len(exclude))
-                pick = await self._clients.router.Pick(
-                    pb.PickRequest(request_id=req.request_id, prompt=prompt, exclude=exclude),
-                    timeout=PICK_TIMEOUT_S,
-                    metadata=telemetry.outgoing_metadata(),
+                pick = await self._clients.picks.pick(
+                    pb.PickRequest(request_id=req.request_id, prompt=prompt, exclude=exclude,
+                                   trace_context=dict(telemetry.outgoing_metadata())),
+                    PICK_TIMEOUT_S,
                 )
                 span.set_attributes({"meshserve.worker": pick.worker_id,
                                      "meshserve.router.reason": pick.reason})
                 return pick
-        except grpc.aio.AioRpcError as e:
-            if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                raise GatewayError(
-                    grpc.StatusCode.UNAVAILABLE, f"router unavailable: {e.details()}"
-                ) from None
-            raise GatewayError(e.code(), f"router: {e.details()}") from None
+        except PickFailed as e:
+            if e.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"router unavailable: {e.detail}") from None
+            raise GatewayError(e.code, f"router: {e.detail}") from None
 
     async def _stream_with_failover(
         self, req: pb.GenerateRequest, outcome: _Outcome

@@ -119,6 +119,31 @@ class RequestStream:
             self._session.cancel(self.request_id)
 
 
+class Outbox:
+    """The messages one long-lived bidirectional call sends, written in order by one task
+    (grpc.aio takes one write at a time). A failed write ends the call; whoever reads it sees
+    the status."""
+
+    def __init__(self, call: grpc.aio.StreamStreamCall, name: str) -> None:
+        self._call = call
+        self._queued: list[object] = []
+        self._ready = asyncio.Event()
+        self.task = asyncio.create_task(self._write_all(), name=name)
+
+    def send(self, msg: object) -> None:
+        self._queued.append(msg)
+        self._ready.set()
+
+    async def _write_all(self) -> None:
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            while True:
+                await self._ready.wait()
+                self._ready.clear()
+                msgs, self._queued = self._queued, []
+                for msg in msgs:
+                    await self._call.write(msg)
+
+
 class WorkerSession:
     """One Session stream to a worker, shared by every request this gateway sends it. A task
     writes what the requests queue (generates, cancels) in order; a task reads the worker's
@@ -130,10 +155,8 @@ class WorkerSession:
         self.address = address
         self._call = stub.Session()
         self._requests: dict[str, RequestStream] = {}
-        self._outbox: list[pb.SessionRequest] = []
-        self._outbox_ready = asyncio.Event()
+        self._outbox = Outbox(self._call, f"session writer {address}")
         self.closed = False
-        self._writer = asyncio.create_task(self._write_all(), name=f"session writer {address}")
         self._reader = asyncio.create_task(self._read_all(), name=f"session reader {address}")
 
     def start(self, request: pb.GenerateRequest, trace_context: dict[str, str], silence_s: float) -> RequestStream:
@@ -146,25 +169,12 @@ class WorkerSession:
                                     f"request id {request.request_id!r} is already running on this worker"))
         else:
             self._requests[request.request_id] = stream
-            self._send(pb.SessionRequest(generate=request, trace_context=trace_context))
+            self._outbox.send(pb.SessionRequest(generate=request, trace_context=trace_context))
         return stream
 
     def cancel(self, request_id: str) -> None:
         if self._requests.pop(request_id, None) is not None and not self.closed:
-            self._send(pb.SessionRequest(cancel=request_id))
-
-    def _send(self, msg: pb.SessionRequest) -> None:
-        self._outbox.append(msg)
-        self._outbox_ready.set()
-
-    async def _write_all(self) -> None:
-        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
-            while True:  # a failed write ends the call: the reader reports its status
-                await self._outbox_ready.wait()
-                self._outbox_ready.clear()
-                msgs, self._outbox = self._outbox, []
-                for msg in msgs:
-                    await self._call.write(msg)
+            self._outbox.send(pb.SessionRequest(cancel=request_id))
 
     async def _read_all(self) -> None:
         error = WorkerFailed(grpc.StatusCode.UNAVAILABLE, "the worker ended the session")
@@ -192,13 +202,13 @@ class WorkerSession:
             requests, self._requests = self._requests, {}
             for stream in requests.values():
                 stream.end(error)
-            self._writer.cancel()
+            self._outbox.task.cancel()
             if requests:
                 log.warning("session to worker %s ended (%s: %s); %d requests on it failed",
                             self.address, error.code.name, error.detail, len(requests))
 
     async def close(self) -> None:
         self._call.cancel()
-        for task in (self._reader, self._writer):
+        for task in (self._reader, self._outbox.task):
             task.cancel()
-        await asyncio.gather(self._reader, self._writer, return_exceptions=True)
+        await asyncio.gather(self._reader, self._outbox.task, return_exceptions=True)

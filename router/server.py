@@ -1,12 +1,13 @@
-"""The Router gRPC service: answers Pick from the live view of every worker (their WatchLoad
-streams plus the picks they have not reported yet) with the configured policy."""
+"""The Router gRPC service: answers Pick (one call) and Picks (a stream of them, the gateway's
+path) from the live view of every worker (their WatchLoad streams plus the picks they have not
+reported yet) with the configured policy."""
 
 from __future__ import annotations
 
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 import prometheus_client
@@ -16,6 +17,7 @@ from router.policies import Choice, NoWorker, PickContext, Policy, build_policy
 from router.state import WorkerTable, WorkerView
 from router.watcher import Watcher, load_to_pb
 from services import server as bootstrap
+from services import telemetry
 from services.config import RouterConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
@@ -67,6 +69,9 @@ class Router:
         return self.table.snapshot()
 
 
+PICKS_SPAN_ATTRIBUTES = {"rpc.system": "grpc", "rpc.method": "/meshserve.v1.Router/Picks"}
+
+
 class RouterServicer(pb_grpc.RouterServicer):
     """Converts protobuf to and from the Router's plain types."""
 
@@ -74,6 +79,30 @@ class RouterServicer(pb_grpc.RouterServicer):
         self._router = router
 
     async def Pick(self, request: pb.PickRequest, context: grpc.aio.ServicerContext) -> pb.PickResponse:
+        try:
+            return self._answer(request)
+        except NoWorker as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+            raise  # not reached: abort raises
+
+    async def Picks(self, request_iterator: AsyncIterator[pb.PickRequest],
+                    context: grpc.aio.ServicerContext) -> None:
+        """Pick for each request of the stream, answering in order (the gateway's path); each
+        pick has its own "Router/Pick" span in the request's trace, as a Pick call would."""
+        async for request in request_iterator:
+            parent = telemetry.incoming_context(request.trace_context.items())
+            with telemetry.server_span("Router/Pick", parent, PICKS_SPAN_ATTRIBUTES) as span:
+                try:
+                    answer = self._answer(request)
+                except NoWorker as e:
+                    code = grpc.StatusCode.UNAVAILABLE
+                    span.set_status(trace.Status(trace.StatusCode.ERROR, f"{code.name}: {e}"))
+                    answer = pb.PickResponse(error_code=code.value[0], error_message=str(e))
+            answer.pick_id = request.pick_id
+            await context.write(answer)
+
+    def _answer(self, request: pb.PickRequest) -> pb.PickResponse:
+        """The pick for ``request``, logged and on the current span; raises NoWorker."""
         ctx = PickContext(
             request_id=request.request_id, prompt=request.prompt, exclude=frozenset(request.exclude)
         )
@@ -81,8 +110,7 @@ class RouterServicer(pb_grpc.RouterServicer):
             choice, reason = self._router.pick(ctx)
         except NoWorker as e:
             log.warning("request %s: %s (excluded: %s)", request.request_id, e, sorted(ctx.exclude) or "none")
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
-            raise  # not reached: abort raises
+            raise
         worker = choice.worker
         log.info(
             "request %s -> %s (%s, score %.2f of %d candidates, outstanding %d)",

@@ -37,9 +37,9 @@ log = logging.getLogger(__name__)
 TRACE_ID_METADATA = "x-trace-id"
 # Calls that are not part of a request: health, reflection, the trace receiver itself, the
 # router's long-lived load streams, worker probes, and the gateways' long-lived worker sessions
-# (each request on a session has a span of its own: worker/session.py).
+# and pick streams (each request on one has a span of its own).
 UNTRACED_PREFIXES = ("/grpc.", "/opentelemetry.", "/meshserve.traces.", "/meshserve.v1.Worker/WatchLoad",
-                     "/meshserve.v1.Worker/Info", "/meshserve.v1.Worker/Session")
+                     "/meshserve.v1.Worker/Info", "/meshserve.v1.Worker/Session", "/meshserve.v1.Router/Picks")
 EXPORT_DELAY_MS = 1000   # how long a finished span may wait before its batch is sent
 EXPORT_QUEUE_SIZE = 8192  # spans buffered for export; beyond, new spans are dropped
 

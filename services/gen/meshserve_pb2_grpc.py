@@ -657,6 +657,11 @@ class RouterStub:
                 request_serializer=meshserve__pb2.PickRequest.SerializeToString,
                 response_deserializer=meshserve__pb2.PickResponse.FromString,
                 _registered_method=True)
+        self.Picks = channel.stream_stream(
+                '/meshserve.v1.Router/Picks',
+                request_serializer=meshserve__pb2.PickRequest.SerializeToString,
+                response_deserializer=meshserve__pb2.PickResponse.FromString,
+                _registered_method=True)
         self.ListWorkers = channel.unary_unary(
                 '/meshserve.v1.Router/ListWorkers',
                 request_serializer=meshserve__pb2.ListWorkersRequest.SerializeToString,
@@ -673,6 +678,14 @@ class RouterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Picks(self, request_iterator, context):
+        """Picks for many requests over one long-lived stream (the gateway's path): no call to set up
+        per pick. Answers come in the order of the requests.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListWorkers(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -684,6 +697,11 @@ def add_RouterServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Pick': grpc.unary_unary_rpc_method_handler(
                     servicer.Pick,
+                    request_deserializer=meshserve__pb2.PickRequest.FromString,
+                    response_serializer=meshserve__pb2.PickResponse.SerializeToString,
+            ),
+            'Picks': grpc.stream_stream_rpc_method_handler(
+                    servicer.Picks,
                     request_deserializer=meshserve__pb2.PickRequest.FromString,
                     response_serializer=meshserve__pb2.PickResponse.SerializeToString,
             ),
@@ -718,6 +736,33 @@ class Router:
             request,
             target,
             '/meshserve.v1.Router/Pick',
+            meshserve__pb2.PickRequest.SerializeToString,
+            meshserve__pb2.PickResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Picks(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/meshserve.v1.Router/Picks',
             meshserve__pb2.PickRequest.SerializeToString,
             meshserve__pb2.PickResponse.FromString,
             options,

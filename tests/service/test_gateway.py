@@ -93,12 +93,25 @@ class FakeRouter(pb_grpc.RouterServicer):
     workers: list[tuple[str, str]]
     picks: list[pb.PickRequest] = field(default_factory=list)
 
-    async def Pick(self, request: pb.PickRequest, context: grpc.aio.ServicerContext) -> pb.PickResponse:
+    def _answer(self, request: pb.PickRequest) -> pb.PickResponse:
         self.picks.append(request)
         for worker_id, address in self.workers:
             if worker_id not in request.exclude:
                 return pb.PickResponse(worker_id=worker_id, address=address, reason="first")
-        await context.abort(grpc.StatusCode.UNAVAILABLE, "no worker available")
+        return pb.PickResponse(error_code=grpc.StatusCode.UNAVAILABLE.value[0], error_message="no worker available")
+
+    async def Pick(self, request: pb.PickRequest, context: grpc.aio.ServicerContext) -> pb.PickResponse:
+        answer = self._answer(request)
+        if answer.error_code:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, answer.error_message)
+        return answer
+
+    async def Picks(self, request_iterator: AsyncIterator[pb.PickRequest],
+                    context: grpc.aio.ServicerContext) -> None:  # the gateway's path
+        async for request in request_iterator:
+            answer = self._answer(request)
+            answer.pick_id = request.pick_id
+            await context.write(answer)
 
 
 class ObservedCache(CacheServicer):

@@ -279,3 +279,26 @@ async def test_a_router_without_workers_is_unavailable(start_mesh: StartMesh) ->
         await pick(stub)
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "no healthy worker" in (err.value.details() or "")
+
+
+async def test_picks_on_one_stream_answer_in_order_like_pick_calls(start_mesh: StartMesh) -> None:
+    stub, workers = await start_mesh(3)
+    await wait_for_workers(stub, healthy_with({w.worker_id: 1 for w in workers}))
+    call = stub.Picks()
+    requests = [pb.PickRequest(request_id=f"r{i}", prompt="hello", pick_id=100 + i) for i in range(6)]
+    requests.append(pb.PickRequest(request_id="r6", exclude=["w0", "w1", "w2"], pick_id=106))
+    for request in requests:
+        await call.write(request)
+    async with asyncio.timeout(5):
+        answers = [await call.read() for _ in requests]
+    call.cancel()
+
+    assert [a.pick_id for a in answers] == [r.pick_id for r in requests]
+    # Counted against the workers like Pick calls: a burst spreads before any report.
+    assert Counter(a.worker_id for a in answers[:6]) == {"w0": 2, "w1": 2, "w2": 2}
+    assert all(a.address and not a.error_code for a in answers[:6])
+    refused = answers[6]
+    assert refused.error_code == grpc.StatusCode.UNAVAILABLE.value[0] and not refused.worker_id
+    assert "excluded" in refused.error_message
+    state = await wait_for_workers(stub, lambda ws: len(ws) == 3)
+    assert {k: v.assigned_unreported for k, v in state.items()} == {"w0": 2, "w1": 2, "w2": 2}
