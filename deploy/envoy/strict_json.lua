@@ -97,7 +97,9 @@ function envoy_on_request(handle)
   headers:replace(API_HEADER, openai and "openai" or "json")
   if openai then handle:streamInfo():dynamicMetadata():set("meshserve", "openai", "1") end
   local schema = SCHEMAS[path]
-  if not schema or headers:get(":method") ~= "POST" or not ctype:find("json") then return end
+  -- Any content type but gRPC: the transcoder reads every body as JSON (curl -d sends
+  -- application/x-www-form-urlencoded), so the same bodies are checked and steered here.
+  if not schema or headers:get(":method") ~= "POST" then return end
   local body = handle:body()
   if not body or body:length() == 0 then return end
   local s = body:getBytes(0, body:length())

@@ -111,6 +111,18 @@ async def test_unknown_json_field_is_refused_by_name(edge: str, backend: tuple[E
     assert len(servicer.requests) == seen  # never reached the backend
 
 
+async def test_a_body_sent_as_curl_sends_it_is_checked_too(edge: str, backend: tuple[EchoInference, int]) -> None:
+    # `curl -d` says application/x-www-form-urlencoded; the transcoder reads the body as JSON anyway.
+    servicer, _ = backend
+    seen = len(servicer.requests)
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    async with httpx.AsyncClient(base_url=f"http://{edge}") as client:
+        r = await client.post("/v1/generate", content=b'{"prompt": "hi", "max_tokenz": 3}', headers=form)
+        ok = await client.post("/v1/generate", content=b'{"prompt": "hi"}', headers=form)
+    assert r.status_code == 400 and "unknown field 'max_tokenz'" in r.json()["message"]
+    assert len(servicer.requests) == seen + 1 and ok.status_code == 200
+
+
 @pytest.mark.parametrize(
     "body",
     [b"{not json", b'{"prompt": 5}', b'{"prompt": "x", "max_tokens": "many"}', b'["prompt"]'],

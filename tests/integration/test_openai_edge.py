@@ -399,3 +399,16 @@ async def test_grpc_clients_need_the_key_too(mesh: Mesh) -> None:
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await pb_grpc.InferenceStub(channel).Complete(pb.GenerateRequest(prompt="x", max_tokens=2))
     assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_stream_true_sent_as_curl_sends_it_streams(mesh: Mesh) -> None:
+    # `curl -d '{"stream": true, ...}'` says application/x-www-form-urlencoded: still a stream.
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True,
+            "skip_cache": True}
+    async with httpx.AsyncClient(base_url=f"http://{mesh.envoy_address}", timeout=30) as http:
+        r = await http.post("/v1/chat/completions", content=json.dumps(body).encode(),
+                            headers={**auth(ALICE), "content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(line.removeprefix("data: ")) for line in r.text.splitlines() if line.startswith("data: ")]
+    assert events and all(e["object"] == "chat.completion.chunk" for e in events)
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
