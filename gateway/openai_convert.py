@@ -7,7 +7,6 @@ is refused with InvalidRequest naming it, rather than silently ignored.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 
 import grpc
@@ -177,57 +176,6 @@ def completion_chunks(
     yield pb.Completion(**head, choices=[choice])
     if chunk.finish_reason and include_usage:
         yield pb.Completion(**head, usage=usage(chunk.usage))
-
-
-# -- the same chunks as server-sent events (the HTTP stream) ------------------------------------
-# Built as JSON here, so Envoy passes the bytes through (google.api.HttpBody) instead of
-# transcoding every chunk. They print exactly what the transcoder printed for the messages above
-# (field names as in the proto, unset optional fields left out; tested against json_format).
-
-DONE = b"data: [DONE]\n\n"
-
-
-def sse(event: dict[str, object]) -> bytes:
-    return b"data: " + json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
-
-
-def _usage_json(u: pb.Usage) -> dict[str, object]:
-    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-            "total_tokens": u.prompt_tokens + u.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": u.cached_prompt_tokens}}
-
-
-def chat_events(chunk: pb.GenerateResponse, first: bool, model: str, created: int, include_usage: bool) -> bytes:
-    """``chat_chunks`` as SSE bytes: the delta event, then the usage event after the last."""
-    head = {"id": f"chatcmpl-{chunk.request_id}", "object": "chat.completion.chunk", "created": created,
-            "model": model}
-    choice: dict[str, object] = {"index": 0, "delta": {"role": "assistant", "content": chunk.text} if first
-                                 else {"content": chunk.text}}
-    if chunk.finish_reason:
-        choice["finish_reason"] = chunk.finish_reason
-    out = sse({**head, "choices": [choice]})
-    if chunk.finish_reason and include_usage:
-        out += sse({**head, "choices": [], "usage": _usage_json(chunk.usage)})
-    return out
-
-
-def completion_events(chunk: pb.GenerateResponse, model: str, created: int, include_usage: bool) -> bytes:
-    """``completion_chunks`` as SSE bytes."""
-    head = {"id": f"cmpl-{chunk.request_id}", "object": "text_completion", "created": created, "model": model}
-    choice: dict[str, object] = {"index": 0, "text": chunk.text}
-    if chunk.finish_reason:
-        choice["finish_reason"] = chunk.finish_reason
-    out = sse({**head, "choices": [choice]})
-    if chunk.finish_reason and include_usage:
-        out += sse({**head, "choices": [], "usage": _usage_json(chunk.usage)})
-    return out
-
-
-def error_event(obj: str, model: str, created: int, code: grpc.StatusCode, message: str) -> bytes:
-    """The event that ends a stream failing after its first chunk (``error`` as a chunk)."""
-    return sse({"id": "", "object": obj, "created": created, "model": model, "choices": [],
-                "error": {"message": message, "type": ERROR_TYPES.get(code, "server_error"),
-                          "code": code.name.lower()}})
 
 
 # gRPC status -> the OpenAI error `type` (HTTP clients see the status Envoy maps it to).

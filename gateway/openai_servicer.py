@@ -1,7 +1,6 @@
 """The OpenAI-compatible service: OpenAI messages in and out, the Orchestrator in between.
 
-Envoy transcodes ``/v1/chat/completions``, ``/v1/completions`` and ``/v1/models`` to these RPCs
-(a ``"stream": true`` body to the ``...SSE`` twins, which write the events themselves),
+Envoy transcodes ``/v1/chat/completions``, ``/v1/completions`` and ``/v1/models`` to these RPCs,
 so cache, routing, failover and admission apply exactly as for the Inference service. Errors
 before the first chunk are gRPC statuses (Envoy maps them to HTTP); after it, the stream ends
 with one chunk carrying only an ``error`` object, since the HTTP status is already sent.
@@ -15,7 +14,6 @@ from contextlib import aclosing
 from typing import TypeVar
 
 import grpc
-from google.api import httpbody_pb2
 
 from gateway import openai_convert as convert
 from gateway.orchestrator import GatewayError, Orchestrator
@@ -25,8 +23,7 @@ from services.validation import InvalidRequest
 
 OWNED_BY = "meshserve"
 
-Chunk = TypeVar("Chunk", pb.ChatCompletionChunk, pb.Completion, httpbody_pb2.HttpBody)
-SSE_CONTENT_TYPE = "text/event-stream"
+Chunk = TypeVar("Chunk", pb.ChatCompletionChunk, pb.Completion)
 
 
 class OpenAIServicer(pb_grpc.OpenAIServicer):
@@ -95,36 +92,6 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
         async for chunk in self._stream(req, context, chunks, failed):
             yield chunk
 
-    async def StreamChatCompletionsSSE(
-        self, request: pb.ChatCompletionRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[httpbody_pb2.HttpBody]:
-        """StreamChatCompletions for HTTP clients: the same chunks as SSE bytes."""
-        req = await self._convert(convert.chat_request, request, context)
-        created, usage = int(self._clock()), request.stream_options.include_usage
-        first = True
-
-        def events(c: pb.GenerateResponse) -> bytes:
-            nonlocal first
-            out = convert.chat_events(c, first, self._model, created, usage)
-            first = False
-            return out
-
-        async for body in self._sse(req, context, events, "chat.completion.chunk", created):
-            yield body
-
-    async def StreamCompletionsSSE(
-        self, request: pb.CompletionRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[httpbody_pb2.HttpBody]:
-        """StreamCompletions for HTTP clients: the same chunks as SSE bytes."""
-        req = await self._convert(convert.completion_request, request, context)
-        created, usage = int(self._clock()), request.stream_options.include_usage
-
-        def events(c: pb.GenerateResponse) -> bytes:
-            return convert.completion_events(c, self._model, created, usage)
-
-        async for body in self._sse(req, context, events, "text_completion", created):
-            yield body
-
     async def ListModels(self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext) -> pb.ModelList:
         return pb.ModelList(object="list", data=[self._model_card()])
 
@@ -152,31 +119,6 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
         except GatewayError as e:
             await context.abort(e.code, e.message, trailing_metadata=e.trailers)
             raise  # unreachable: abort raises
-
-    async def _sse(
-        self,
-        req: pb.GenerateRequest,
-        context: grpc.aio.ServicerContext,
-        events: Callable[[pb.GenerateResponse], bytes],
-        obj: str,
-        created: int,
-    ) -> AsyncIterator[httpbody_pb2.HttpBody]:
-        """One HttpBody per mesh chunk (its delta event, and the usage event after the last), then
-        ``data: [DONE]``, as OpenAI and vLLM end their streams."""
-
-        def chunks(c: pb.GenerateResponse) -> Iterable[httpbody_pb2.HttpBody]:
-            return (httpbody_pb2.HttpBody(data=events(c)),)
-
-        def failed(e: GatewayError) -> httpbody_pb2.HttpBody:
-            return httpbody_pb2.HttpBody(data=convert.error_event(obj, self._model, created, e.code, e.message))
-
-        first = True
-        async for body in self._stream(req, context, chunks, failed):
-            if first:  # Envoy takes the response's content type from the first message
-                body.content_type = SSE_CONTENT_TYPE
-                first = False
-            yield body
-        yield httpbody_pb2.HttpBody(data=convert.DONE)
 
     async def _stream(
         self,

@@ -1,5 +1,4 @@
 from google.api import annotations_pb2 as _annotations_pb2
-from google.api import httpbody_pb2 as _httpbody_pb2
 from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor

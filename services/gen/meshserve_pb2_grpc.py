@@ -3,7 +3,6 @@
 import grpc
 import warnings
 
-from google.api import httpbody_pb2 as google_dot_api_dot_httpbody__pb2
 from . import meshserve_pb2 as meshserve__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -174,11 +173,6 @@ class OpenAIStub:
                 request_serializer=meshserve__pb2.ChatCompletionRequest.SerializeToString,
                 response_deserializer=meshserve__pb2.ChatCompletionChunk.FromString,
                 _registered_method=True)
-        self.StreamChatCompletionsSSE = channel.unary_stream(
-                '/meshserve.v1.OpenAI/StreamChatCompletionsSSE',
-                request_serializer=meshserve__pb2.ChatCompletionRequest.SerializeToString,
-                response_deserializer=google_dot_api_dot_httpbody__pb2.HttpBody.FromString,
-                _registered_method=True)
         self.Completions = channel.unary_unary(
                 '/meshserve.v1.OpenAI/Completions',
                 request_serializer=meshserve__pb2.CompletionRequest.SerializeToString,
@@ -188,11 +182,6 @@ class OpenAIStub:
                 '/meshserve.v1.OpenAI/StreamCompletions',
                 request_serializer=meshserve__pb2.CompletionRequest.SerializeToString,
                 response_deserializer=meshserve__pb2.Completion.FromString,
-                _registered_method=True)
-        self.StreamCompletionsSSE = channel.unary_stream(
-                '/meshserve.v1.OpenAI/StreamCompletionsSSE',
-                request_serializer=meshserve__pb2.CompletionRequest.SerializeToString,
-                response_deserializer=google_dot_api_dot_httpbody__pb2.HttpBody.FromString,
                 _registered_method=True)
         self.ListModels = channel.unary_unary(
                 '/meshserve.v1.OpenAI/ListModels',
@@ -216,16 +205,7 @@ class OpenAIServicer:
         raise NotImplementedError('Method not implemented!')
 
     def StreamChatCompletions(self, request, context):
-        """"stream": true, for gRPC clients: the chunks as messages.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def StreamChatCompletionsSSE(self, request, context):
-        """"stream": true over HTTP (the edge rewrites the path): the same chunks, written by the
-        gateway as server-sent events ("data: {json}", then "data: [DONE]"); Envoy passes the bytes
-        through instead of transcoding every chunk.
+        """The same request with "stream": true (the edge rewrites the path); chunks as SSE.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -238,12 +218,6 @@ class OpenAIServicer:
         raise NotImplementedError('Method not implemented!')
 
     def StreamCompletions(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def StreamCompletionsSSE(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -274,11 +248,6 @@ def add_OpenAIServicer_to_server(servicer, server):
                     request_deserializer=meshserve__pb2.ChatCompletionRequest.FromString,
                     response_serializer=meshserve__pb2.ChatCompletionChunk.SerializeToString,
             ),
-            'StreamChatCompletionsSSE': grpc.unary_stream_rpc_method_handler(
-                    servicer.StreamChatCompletionsSSE,
-                    request_deserializer=meshserve__pb2.ChatCompletionRequest.FromString,
-                    response_serializer=google_dot_api_dot_httpbody__pb2.HttpBody.SerializeToString,
-            ),
             'Completions': grpc.unary_unary_rpc_method_handler(
                     servicer.Completions,
                     request_deserializer=meshserve__pb2.CompletionRequest.FromString,
@@ -288,11 +257,6 @@ def add_OpenAIServicer_to_server(servicer, server):
                     servicer.StreamCompletions,
                     request_deserializer=meshserve__pb2.CompletionRequest.FromString,
                     response_serializer=meshserve__pb2.Completion.SerializeToString,
-            ),
-            'StreamCompletionsSSE': grpc.unary_stream_rpc_method_handler(
-                    servicer.StreamCompletionsSSE,
-                    request_deserializer=meshserve__pb2.CompletionRequest.FromString,
-                    response_serializer=google_dot_api_dot_httpbody__pb2.HttpBody.SerializeToString,
             ),
             'ListModels': grpc.unary_unary_rpc_method_handler(
                     servicer.ListModels,
@@ -370,33 +334,6 @@ class OpenAI:
             _registered_method=True)
 
     @staticmethod
-    def StreamChatCompletionsSSE(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_stream(
-            request,
-            target,
-            '/meshserve.v1.OpenAI/StreamChatCompletionsSSE',
-            meshserve__pb2.ChatCompletionRequest.SerializeToString,
-            google_dot_api_dot_httpbody__pb2.HttpBody.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
     def Completions(request,
             target,
             options=(),
@@ -440,33 +377,6 @@ class OpenAI:
             '/meshserve.v1.OpenAI/StreamCompletions',
             meshserve__pb2.CompletionRequest.SerializeToString,
             meshserve__pb2.Completion.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def StreamCompletionsSSE(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_stream(
-            request,
-            target,
-            '/meshserve.v1.OpenAI/StreamCompletionsSSE',
-            meshserve__pb2.CompletionRequest.SerializeToString,
-            google_dot_api_dot_httpbody__pb2.HttpBody.FromString,
             options,
             channel_credentials,
             insecure,

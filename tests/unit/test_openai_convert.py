@@ -3,9 +3,6 @@ the shapes of replies and stream chunks."""
 
 from __future__ import annotations
 
-import json
-
-import grpc
 import pytest
 from google.protobuf import json_format
 
@@ -101,35 +98,3 @@ def test_chat_chunks_carry_role_first_then_finish_then_usage() -> None:
 def test_no_usage_chunk_unless_asked() -> None:
     out = list(convert.completion_chunks(pb.GenerateResponse(request_id="r", finish_reason="length"), "m", 1, False))
     assert len(out) == 1 and out[0].choices[0].finish_reason == "length"
-
-
-def _printed(msg) -> dict:  # noqa: ANN001
-    """A message as Envoy's transcoder printed it (proto field names, primitives always)."""
-    return json_format.MessageToDict(msg, preserving_proto_field_name=True,
-                                     always_print_fields_with_no_presence=True)
-
-
-def _events(data: bytes) -> list[dict]:
-    parts = data.decode().split("\n\n")
-    assert parts[-1] == "" and all(p.startswith("data: ") for p in parts[:-1])
-    return [json.loads(p.removeprefix("data: ")) for p in parts[:-1]]
-
-
-@pytest.mark.parametrize("first", [True, False])
-@pytest.mark.parametrize("finish", ["", "length"])
-@pytest.mark.parametrize("include_usage", [True, False])
-def test_sse_events_print_what_the_chunks_print(first: bool, finish: str, include_usage: bool) -> None:
-    chunk = pb.GenerateResponse(request_id="r1", text='a "quoted" é\n', finish_reason=finish,
-                                usage=pb.Usage(prompt_tokens=4, completion_tokens=2, cached_prompt_tokens=1))
-    chat = convert.chat_events(chunk, first, "m", 7, include_usage)
-    assert _events(chat) == [_printed(c) for c in convert.chat_chunks(chunk, first, "m", 7, include_usage)]
-    text = convert.completion_events(chunk, "m", 7, include_usage)
-    assert _events(text) == [_printed(c) for c in convert.completion_chunks(chunk, "m", 7, include_usage)]
-
-
-def test_sse_error_event_prints_what_the_error_chunk_prints() -> None:
-    code, message = grpc.StatusCode.UNAVAILABLE, "worker lost mid-stream"
-    event = convert.error_event("chat.completion.chunk", "m", 7, code, message)
-    chunk = pb.ChatCompletionChunk(object="chat.completion.chunk", created=7, model="m",
-                                   error=convert.error(code, message))
-    assert _events(event) == [_printed(chunk)]
