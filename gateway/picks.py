@@ -11,22 +11,14 @@ import logging
 
 import grpc
 
-from gateway.relay import Outbox
+from gateway.relay import STATUS_BY_VALUE, Outbox, StreamFailed
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
-_STATUS = {code.value[0]: code for code in grpc.StatusCode}
-
-
-class PickFailed(Exception):
+class PickFailed(StreamFailed):
     """No answer: the router refused (no worker), is unreachable, or did not answer in time."""
-
-    def __init__(self, code: grpc.StatusCode, detail: str) -> None:
-        super().__init__(detail)
-        self.code = code
-        self.detail = detail
 
 
 class PickStream:
@@ -58,7 +50,7 @@ class PickStream:
         finally:
             self._waiting.pop(pick_id, None)
         if resp.error_code:
-            raise PickFailed(_STATUS.get(resp.error_code, grpc.StatusCode.UNKNOWN), resp.error_message)
+            raise PickFailed(STATUS_BY_VALUE.get(resp.error_code, grpc.StatusCode.UNKNOWN), resp.error_message)
         return resp
 
     def _open(self) -> None:

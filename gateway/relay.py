@@ -23,16 +23,20 @@ from services.gen import meshserve_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
-_STATUS = {code.value[0]: code for code in grpc.StatusCode}
+STATUS_BY_VALUE = {code.value[0]: code for code in grpc.StatusCode}  # a status sent as a number
 
 
-class WorkerFailed(Exception):
-    """A request's stream from its worker ended badly: an error, silence, or a lost session."""
+class StreamFailed(Exception):
+    """What a long-lived stream reported for one request, or why it could not: a status."""
 
     def __init__(self, code: grpc.StatusCode, detail: str) -> None:
         super().__init__(detail)
         self.code = code
         self.detail = detail
+
+
+class WorkerFailed(StreamFailed):
+    """A request's stream from its worker ended badly: an error, silence, or a lost session."""
 
 
 def merge(chunks: list[pb.GenerateResponse]) -> pb.GenerateResponse:
@@ -191,7 +195,7 @@ class WorkerSession:
                 for failed in msg.errors:
                     stream = self._requests.pop(failed.request_id, None)
                     if stream is not None:
-                        code = _STATUS.get(failed.code, grpc.StatusCode.UNKNOWN)
+                        code = STATUS_BY_VALUE.get(failed.code, grpc.StatusCode.UNKNOWN)
                         stream.end(WorkerFailed(code, failed.message or code.name))
         except grpc.aio.AioRpcError as e:
             error = WorkerFailed(e.code(), e.details() or e.code().name)

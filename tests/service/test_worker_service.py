@@ -33,12 +33,6 @@ async def worker(tiny_model: Path) -> AsyncIterator[tuple[Running, WorkerService
     await running.shutdown()
 
 
-@pytest.fixture
-async def stub(worker: tuple[Running, WorkerServicer]) -> AsyncIterator[pb_grpc.WorkerStub]:
-    async with insecure_channel(f"127.0.0.1:{worker[0].port}") as channel:
-        yield pb_grpc.WorkerStub(channel)
-
-
 async def wait_for_report(stub: pb_grpc.WorkerStub, ok: Callable[[pb.LoadReport], bool]) -> pb.LoadReport:
     """The first load report satisfying ``ok`` (fails after TIMEOUT)."""
     async def first() -> pb.LoadReport:

@@ -13,7 +13,7 @@ import pytest
 from services.config import WorkerConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.server import Running, insecure_channel
+from services.server import Running
 from worker.server import WorkerServicer, start_worker
 
 TIMEOUT = 30.0
@@ -26,12 +26,6 @@ async def worker() -> AsyncIterator[tuple[Running, WorkerServicer]]:
     running, servicer = await start_worker(cfg)
     yield running, servicer
     await running.shutdown()
-
-
-@pytest.fixture
-async def stub(worker: tuple[Running, WorkerServicer]) -> AsyncIterator[pb_grpc.WorkerStub]:
-    async with insecure_channel(f"127.0.0.1:{worker[0].port}") as channel:
-        yield pb_grpc.WorkerStub(channel)
 
 
 def greedy(request_id: str, max_tokens: int = 8, prompt: str = "") -> pb.GenerateRequest:
