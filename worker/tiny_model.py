@@ -44,21 +44,29 @@ CHAT_TEMPLATE = (
 )
 
 
-def default_model_dir() -> Path:
-    return default_cache_dir() / "models" / f"{NAME}-{VERSION}"
+# The "decisive" variant: the same model with its attention and MLP outputs (o_proj, down_proj)
+# scaled by this, so every step's logits are dominated by the residual stream and their top two
+# are never near a tie. Comparisons whose two sides sum in another order (tensor parallel vs one
+# rank: the all-reduce) then agree token for token; with flat random logits they part at an
+# argmax flip after ~10-50 tokens (shared/notes/platform.md).
+DECISIVE_SCALE = 0.01
 
 
-def ensure_model(cache_dir: Path | None = None) -> Path:
+def default_model_dir(decisive: bool = False) -> Path:
+    return default_cache_dir() / "models" / f"{NAME}{'-decisive' if decisive else ''}-{VERSION}"
+
+
+def ensure_model(cache_dir: Path | None = None, decisive: bool = False) -> Path:
     """The model's folder, built on first use. The build goes to a temporary folder renamed into
     place, so a folder that exists is complete (concurrent builders: the first rename wins)."""
-    target = Path(cache_dir) if cache_dir is not None else default_model_dir()
+    target = Path(cache_dir) if cache_dir is not None else default_model_dir(decisive)
     if (target / "config.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     log.info("building the tiny model into %s", target)
-    _build(tmp)
+    _build(tmp, decisive)
     try:
         os.rename(tmp, target)
     except OSError:
@@ -68,10 +76,10 @@ def ensure_model(cache_dir: Path | None = None) -> Path:
     return target
 
 
-def _build(out: Path) -> None:
+def _build(out: Path, decisive: bool = False) -> None:
     out.mkdir(parents=True)
     _build_tokenizer().save_pretrained(out)
-    _build_weights(out)
+    _build_weights(out, decisive)
 
 
 def _build_tokenizer():  # -> transformers.PreTrainedTokenizerFast
@@ -100,7 +108,7 @@ def _build_tokenizer():  # -> transformers.PreTrainedTokenizerFast
     )
 
 
-def _build_weights(out: Path) -> None:
+def _build_weights(out: Path, decisive: bool = False) -> None:
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
@@ -127,6 +135,8 @@ def _build_weights(out: Path) -> None:
                 param.fill_(1.0)
             else:
                 param.copy_(torch.randn(param.shape, generator=generator) * INIT_STD)
+            if decisive and name.endswith(("o_proj.weight", "down_proj.weight")):
+                param.mul_(DECISIVE_SCALE)
     model.save_pretrained(out, safe_serialization=True)
     GenerationConfig(bos_token_id=0, eos_token_id=1, pad_token_id=2, do_sample=False).save_pretrained(out)
 
