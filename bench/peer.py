@@ -238,7 +238,14 @@ def bench(port: int, model: str, w: Workload, seed: int, out: Path, label: str) 
             f"{label}.json"]
     with open(out / f"{label}.txt", "w") as log:
         subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, check=True, env={**os.environ, **CHILD_ENV})
-    return json.loads((out / f"{label}.json").read_text())
+    return summarised(out / f"{label}.json")
+
+
+def summarised(path: Path) -> dict:
+    """The result without its per-request lists (latencies, queue times): the summary is kept."""
+    result = {k: v for k, v in json.loads(path.read_text()).items() if not isinstance(v, list)}
+    path.write_text(json.dumps(result, indent=1))
+    return result
 
 
 PEERS = ("vllm", "router")
