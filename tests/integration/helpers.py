@@ -14,10 +14,36 @@ from pathlib import Path
 import grpc
 
 from deploy import envoy
-from services.config import EnvoyConfig
+import dataclasses
+
+from services.config import CacheConfig, EnvoyConfig, GatewayConfig, RouterConfig, TracesConfig, WorkerConfig
+from services.launcher import MeshSpec
+from tests.conftest import free_port, free_port_block
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.server import insecure_channel
+
+
+def mesh_spec(run_dir: Path, engine: str, *, workers: int = 1, grace_seconds: float = 2,
+              worker: WorkerConfig | None = None, gateway: GatewayConfig | None = None,
+              envoy: EnvoyConfig | None = None, **spec: object) -> MeshSpec:
+    """A mesh for one test module: every service on free ports (workers on a block of them),
+    short grace periods; ``worker``/``gateway``/``envoy`` give other settings (their ports are
+    replaced), ``spec`` other MeshSpec fields."""
+    grace = {"grace_seconds": grace_seconds}
+    return MeshSpec(
+        engine=engine,
+        workers=workers,
+        redis_port=free_port(),
+        run_dir=run_dir,
+        worker=dataclasses.replace(worker or WorkerConfig(), port=free_port_block(workers), **grace),
+        router=RouterConfig(port=free_port(), **grace),
+        cache=CacheConfig(port=free_port(), **grace),
+        gateway=dataclasses.replace(gateway or GatewayConfig(), port=free_port(), **grace),
+        envoy=dataclasses.replace(envoy or EnvoyConfig(), listen_port=free_port(), admin_port=free_port()),
+        traces=TracesConfig(port=free_port(), grace_seconds=1),
+        **{"ready_timeout_s": 120, **spec},
+    )
 
 
 def scrape(url: str) -> dict[str, float]:

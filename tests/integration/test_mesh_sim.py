@@ -15,13 +15,12 @@ import grpc
 import pytest
 
 from services import bench
-from services.config import CacheConfig, EnvoyConfig, GatewayConfig, RouterConfig, WorkerConfig
+from services.config import WorkerConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.launcher import Mesh, MeshSpec
+from services.launcher import Mesh
 from services.server import insecure_channel
-from tests.conftest import free_port, free_port_block
-from tests.integration.helpers import generate, text
+from tests.integration.helpers import generate, mesh_spec, text
 
 pytestmark = pytest.mark.integration
 
@@ -32,18 +31,8 @@ LONG_PROMPT = " ".join(f"w{i}" for i in range(200))
 
 @pytest.fixture(scope="module")
 def sim_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
-    spec = MeshSpec(
-        engine="sim",
-        workers=2,
-        redis_port=free_port(),
-        run_dir=tmp_path_factory.mktemp("sim-mesh"),
-        worker=WorkerConfig(port=free_port_block(2), sim_prefill_ms_per_token=SLOW_PREFILL_MS, grace_seconds=2),
-        router=RouterConfig(port=free_port(), grace_seconds=2),
-        cache=CacheConfig(port=free_port(), grace_seconds=2),
-        gateway=GatewayConfig(port=free_port(), grace_seconds=2),
-        envoy=EnvoyConfig(listen_port=free_port(), admin_port=free_port()),
-        ready_timeout_s=120,
-    )
+    spec = mesh_spec(tmp_path_factory.mktemp("sim-mesh"), "sim", workers=2,
+                     worker=WorkerConfig(sim_prefill_ms_per_token=SLOW_PREFILL_MS))
     with Mesh(spec) as mesh:
         yield mesh
 

@@ -12,10 +12,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from services.config import CacheConfig, EnvoyConfig, GatewayConfig, RouterConfig, WorkerConfig
-from services.launcher import Mesh, MeshSpec
-from tests.conftest import free_port
-from tests.integration.helpers import generate, token_ids, worker_generate
+from services.config import WorkerConfig
+from services.launcher import Mesh
+from tests.integration.helpers import generate, mesh_spec, token_ids, worker_generate
 from worker.server import start_worker
 from worker.tiny_model import ensure_model
 
@@ -33,18 +32,9 @@ def decisive_model() -> Path:
 
 @pytest.fixture(scope="module")
 def tp2_mesh(tmp_path_factory: pytest.TempPathFactory, decisive_model: Path) -> Iterator[Mesh]:
-    spec = MeshSpec(
-        engine="vllm",
-        redis_port=free_port(),
-        run_dir=tmp_path_factory.mktemp("tp2-mesh"),
-        worker=WorkerConfig(port=free_port(), model=str(decisive_model), tensor_parallel_size=2,
-                            enforce_eager=True, kv_cache_memory_bytes=KV_BYTES, grace_seconds=2),
-        router=RouterConfig(port=free_port(), grace_seconds=2),
-        cache=CacheConfig(port=free_port(), grace_seconds=2),
-        gateway=GatewayConfig(port=free_port(), grace_seconds=2),
-        envoy=EnvoyConfig(listen_port=free_port(), admin_port=free_port()),
-        ready_timeout_s=300,
-    )
+    worker = WorkerConfig(model=str(decisive_model), tensor_parallel_size=2, enforce_eager=True,
+                          kv_cache_memory_bytes=KV_BYTES)
+    spec = mesh_spec(tmp_path_factory.mktemp("tp2-mesh"), "vllm", worker=worker, ready_timeout_s=300)
     with Mesh(spec) as mesh:
         yield mesh
 

@@ -22,15 +22,13 @@ import pytest
 import yaml
 
 from services import traces
-from services.config import CacheConfig, EnvoyConfig, GatewayConfig, RouterConfig, TracesConfig, WorkerConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.launcher import Mesh, MeshSpec
 from services.server import insecure_channel
 from deploy import envoy as envoy_config
 from tests import promql
-from tests.conftest import free_port
-from tests.integration.helpers import wait_until
+from tests.integration.helpers import mesh_spec, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -39,21 +37,7 @@ WAIT_S = 20.0  # spans are exported in batches about every second (services and 
 
 
 def _spec(tmp_path_factory: pytest.TempPathFactory, name: str, ratio: float) -> MeshSpec:
-    return MeshSpec(
-        engine="sim",
-        workers=1,
-        redis_port=free_port(),
-        run_dir=tmp_path_factory.mktemp(name),
-        worker=WorkerConfig(port=free_port(), grace_seconds=2),
-        router=RouterConfig(port=free_port(), grace_seconds=2),
-        cache=CacheConfig(port=free_port(), grace_seconds=2),
-        gateway=GatewayConfig(port=free_port(), grace_seconds=2),
-        envoy=EnvoyConfig(listen_port=free_port(), admin_port=free_port()),
-        traces=TracesConfig(port=free_port(), grace_seconds=1),
-        tracing=True,
-        trace_sampling_ratio=ratio,
-        ready_timeout_s=120,
-    )
+    return mesh_spec(tmp_path_factory.mktemp(name), "sim", tracing=True, trace_sampling_ratio=ratio)
 
 
 @pytest.fixture(scope="module")

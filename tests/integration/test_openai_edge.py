@@ -19,13 +19,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deploy import envoy
-from services.config import CacheConfig, EnvoyConfig, GatewayConfig, RouterConfig, WorkerConfig
+from services.config import EnvoyConfig, GatewayConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.launcher import Mesh, MeshSpec
+from services.launcher import Mesh
 from services.server import insecure_channel
 from tests.conftest import free_port
-from tests.integration.helpers import metric_sum, run_envoy, scrape, wait_until
+from tests.integration.helpers import mesh_spec, metric_sum, run_envoy, scrape, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -46,20 +46,9 @@ def keys_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory: pytest.TempPathFactory, keys_file: Path) -> Iterator[Mesh]:
-    spec = MeshSpec(
-        engine="sim",
-        workers=1,
-        redis_port=free_port(),
-        run_dir=tmp_path_factory.mktemp("openai-mesh"),
-        worker=WorkerConfig(port=free_port(), grace_seconds=1),
-        router=RouterConfig(port=free_port(), grace_seconds=1),
-        cache=CacheConfig(port=free_port(), grace_seconds=1),
-        gateway=GatewayConfig(port=free_port(), grace_seconds=1, max_in_flight=GATEWAY_MAX_IN_FLIGHT),
-        envoy=EnvoyConfig(
-            listen_port=free_port(), admin_port=free_port(), api_keys_file=str(keys_file), max_request_bytes=MAX_BODY
-        ),
-        ready_timeout_s=120,
-    )
+    spec = mesh_spec(tmp_path_factory.mktemp("openai-mesh"), "sim", grace_seconds=1,
+                     gateway=GatewayConfig(max_in_flight=GATEWAY_MAX_IN_FLIGHT),
+                     envoy=EnvoyConfig(api_keys_file=str(keys_file), max_request_bytes=MAX_BODY))
     with Mesh(spec) as m:
         yield m
 
