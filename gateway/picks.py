@@ -11,7 +11,7 @@ import logging
 
 import grpc
 
-from gateway.relay import STATUS_BY_VALUE, Outbox, StreamFailed
+from gateway.relay import STATUS_BY_VALUE, Outbox, StreamFailed, end_call
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 
@@ -79,9 +79,4 @@ class PickStream:
                 log.warning("pick stream to the router ended (%s: %s)", failure.code.name, failure.detail)
 
     async def close(self) -> None:
-        if self._call is not None:
-            self._call.cancel()
-        tasks = [t for t in (self._reader, self._outbox.task if self._outbox else None) if t is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await end_call(self._call, self._reader, self._outbox.task if self._outbox else None)

@@ -148,6 +148,16 @@ class Outbox:
                     await self._call.write(msg)
 
 
+async def end_call(call: grpc.aio.StreamStreamCall | None, *tasks: asyncio.Task[None] | None) -> None:
+    """Cancels a long-lived call and the tasks that read and write it, and waits for them."""
+    if call is not None:
+        call.cancel()
+    running = [t for t in tasks if t is not None]
+    for task in running:
+        task.cancel()
+    await asyncio.gather(*running, return_exceptions=True)
+
+
 class WorkerSession:
     """One Session stream to a worker, shared by every request this gateway sends it. A task
     writes what the requests queue (generates, cancels) in order; a task reads the worker's
@@ -212,7 +222,4 @@ class WorkerSession:
                             self.address, error.code.name, error.detail, len(requests))
 
     async def close(self) -> None:
-        self._call.cancel()
-        for task in (self._reader, self._outbox.task):
-            task.cancel()
-        await asyncio.gather(self._reader, self._outbox.task, return_exceptions=True)
+        await end_call(self._call, self._reader, self._outbox.task)
