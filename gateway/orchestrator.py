@@ -227,17 +227,17 @@ class Orchestrator:
         return view
 
     async def _pick(self, req: pb.GenerateRequest, exclude: Sequence[str]) -> pb.PickResponse:
-        prompt = req.prompt or "\n".join(f"{m.role}: {m.content}" for m in req.messages)
         try:
             with telemetry.tracer.start_as_current_span("router pick") as span:
                 span.set_attribute("meshserve.router.excluded", len(exclude))
                 pick = await self._clients.picks.pick(
-                    pb.PickRequest(request_id=req.request_id, prompt=prompt, exclude=exclude,
-                                   trace_context=dict(telemetry.outgoing_metadata())),
+                    pb.PickRequest(request_id=req.request_id, prompt=req.prompt, messages=req.messages,
+                                   exclude=exclude, trace_context=dict(telemetry.outgoing_metadata())),
                     PICK_TIMEOUT_S,
                 )
                 span.set_attributes({"meshserve.worker": pick.worker_id,
-                                     "meshserve.router.reason": pick.reason})
+                                     "meshserve.router.reason": pick.reason,
+                                     "meshserve.router.predicted_cached_tokens": pick.predicted_cached_tokens})
                 return pick
         except PickFailed as e:
             if e.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):

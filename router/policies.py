@@ -1,7 +1,7 @@
 """Routing policies, in the shape of the Gateway API inference extension's scheduler: filters drop
 workers that must not get the request, weighted scorers rate the rest from 0 to 1, and one picker
 chooses. Every piece is a small synchronous class over a snapshot of ``WorkerView``s; ``POLICIES``
-names the combinations that ``RouterConfig.policy`` selects.
+names the combinations that ``RouterConfig.routing`` selects.
 """
 
 from __future__ import annotations
@@ -10,10 +10,12 @@ import abc
 import hashlib
 import math
 import random
-from collections.abc import Callable, Sequence
+import itertools
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from router.state import WorkerView
+from services.config import ROUTING_POLICIES
 
 
 @dataclass(frozen=True)
@@ -21,8 +23,13 @@ class PickContext:
     """What a policy knows about the request."""
 
     request_id: str = ""
-    prompt: str = ""
+    prompt: str = ""                        # the prompt, or the chat messages as "role: content" lines
     exclude: frozenset[str] = frozenset()   # worker ids that already failed this request
+    session_key: str = ""                   # same key, same worker (session affinity)
+    # The prompt's full-block hash chain and, by worker address, how many leading blocks of it
+    # each worker holds (from the KV index the policy reads); None when the router has no view.
+    block_hashes: tuple[int, ...] = ()
+    cached_blocks: Mapping[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -147,6 +154,36 @@ class PrefixAffinityScorer(Scorer):
         return [1.0 if r == best else 0.0 for r in ranks]
 
 
+class KvAwareScorer(Scorer):
+    """The fraction of the prompt's blocks a worker already holds in its prefix cache (leading
+    blocks only: an engine reuses a prefix), from the router's KV index. Without a view (KV events
+    off, no tokenizer) it falls back to ``fallback``, the text-hash affinity."""
+
+    def __init__(self, fallback: Scorer | None = None) -> None:
+        self.fallback = fallback or PrefixAffinityScorer()
+
+    def score(self, ctx: PickContext, workers: list[WorkerView]) -> list[float]:
+        if ctx.cached_blocks is None:
+            return self.fallback.score(ctx, workers)
+        if not ctx.block_hashes:
+            return [0.0] * len(workers)
+        n = len(ctx.block_hashes)
+        return [ctx.cached_blocks.get(w.address, 0) / n for w in workers]
+
+
+class SessionAffinityScorer(Scorer):
+    """1 for the worker the request's session key hashes to (rendezvous), 0 for the others; 0
+    for all when the request has no key. A conversation's turns meet its cached history."""
+
+    def score(self, ctx: PickContext, workers: list[WorkerView]) -> list[float]:
+        if not ctx.session_key:
+            return [0.0] * len(workers)
+        key = ctx.session_key.encode()
+        ranks = [_rendezvous(key, w.worker_id) for w in workers]
+        best = max(ranks)
+        return [1.0 if r == best else 0.0 for r in ranks]
+
+
 def _rendezvous(key: bytes, worker_id: str) -> int:
     digest = hashlib.blake2b(key + b"\0" + worker_id.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big")
@@ -173,6 +210,16 @@ class PowerOfTwoPicker(Picker):
         return MaxScorePicker().pick(rng.sample(scored, 2), rng)
 
 
+class RoundRobinPicker(Picker):
+    """Each candidate in turn, whatever the scores: the baseline every peer router offers."""
+
+    def __init__(self) -> None:
+        self._next = itertools.count()
+
+    def pick(self, scored: list[Scored], rng: random.Random) -> Scored:
+        return scored[next(self._next) % len(scored)]
+
+
 class RandomPicker(Picker):
     """Uniformly at random, whatever the scores (a baseline for benchmarks)."""
 
@@ -191,6 +238,9 @@ class Policy:
     filters: Sequence[Filter]
     scorers: Sequence[tuple[Scorer, float]]
     picker: Picker
+    # The prefix view its scorers read (PickContext.cached_blocks): "kv" from the workers' KV
+    # events, "approx" from the router's own record of what it sent where, "" none.
+    prefix_view: str = ""
 
     def pick(self, ctx: PickContext, workers: Sequence[WorkerView], rng: random.Random) -> Choice:
         """Chooses a worker; raises NoWorker when a filter leaves none."""
@@ -215,8 +265,13 @@ def _eligible(stale_after_s: float) -> list[Filter]:
 
 # The one place policies are named. Each factory takes RouterConfig.stale_after_s.
 POLICIES: dict[str, Callable[[float], Policy]] = {
+    "round-robin": lambda stale: Policy("round-robin", _eligible(stale), [], RoundRobinPicker()),
+    "random": lambda stale: Policy("random", _eligible(stale), [], RandomPicker()),
     "least-load": lambda stale: Policy(
         "least-load", _eligible(stale), [(LeastLoadScorer(), 1.0)], MaxScorePicker()
+    ),
+    "power-of-two": lambda stale: Policy(
+        "power-of-two", _eligible(stale), [(LeastLoadScorer(), 1.0)], PowerOfTwoPicker()
     ),
     # Affinity decides among the workers under the load bound; load only breaks the tie when
     # the request has no prompt.
@@ -226,16 +281,38 @@ POLICIES: dict[str, Callable[[float], Policy]] = {
         [(PrefixAffinityScorer(prefix_chars=256), 1.0), (LeastLoadScorer(), 0.1)],
         MaxScorePicker(),
     ),
-    "power-of-two": lambda stale: Policy(
-        "power-of-two", _eligible(stale), [(LeastLoadScorer(), 1.0)], PowerOfTwoPicker()
+    # The blocks each engine really holds (its KV events), weighed against load, among the
+    # workers under the load bound so one hot prefix cannot pile onto one engine.
+    "kv-aware": lambda stale: Policy(
+        "kv-aware",
+        [*_eligible(stale), BoundedLoadFilter(epsilon=0.25)],
+        [(KvAwareScorer(), 1.0), (LeastLoadScorer(), 0.3)],
+        MaxScorePicker(),
+        prefix_view="kv",
     ),
-    "random": lambda stale: Policy("random", _eligible(stale), [], RandomPicker()),
+    # The same over the router's own record of the prompts it sent to each worker (SGLang's
+    # approximate tree), for when engines do not report KV events.
+    "approx-prefix": lambda stale: Policy(
+        "approx-prefix",
+        [*_eligible(stale), BoundedLoadFilter(epsilon=0.25)],
+        [(KvAwareScorer(), 1.0), (LeastLoadScorer(), 0.3)],
+        MaxScorePicker(),
+        prefix_view="approx",
+    ),
+    "session-affinity": lambda stale: Policy(
+        "session-affinity",
+        [*_eligible(stale), BoundedLoadFilter(epsilon=0.25)],
+        [(SessionAffinityScorer(), 1.0), (LeastLoadScorer(), 0.1)],
+        MaxScorePicker(),
+    ),
 }
+
+assert tuple(POLICIES) == ROUTING_POLICIES, "services.config.ROUTING_POLICIES names these policies"
 
 
 def build_policy(name: str, stale_after_s: float) -> Policy:
     try:
         factory = POLICIES[name]
     except KeyError:
-        raise ValueError(f"unknown routing policy {name!r}; known: {', '.join(POLICIES)}") from None
+        raise ValueError(f"unknown routing policy {name!r}; choose one of: {', '.join(POLICIES)}") from None
     return factory(stale_after_s)

@@ -7,13 +7,16 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 import grpc
 import prometheus_client
 from opentelemetry import trace
 
+from router.kv_index import KvIndex
 from router.policies import Choice, NoWorker, PickContext, Policy, build_policy
+from router.prefix import PromptBlocks
 from router.state import WorkerTable, WorkerView
 from router.watcher import Watcher, load_to_pb
 from services import server as bootstrap
@@ -33,11 +36,33 @@ PICKS = prometheus_client.Counter(
 NO_WORKER = prometheus_client.Counter(
     "meshserve_router_no_worker_total", "Picks refused because no worker was eligible"
 )
+PICK_SECONDS = prometheus_client.Histogram(
+    "meshserve_router_pick_seconds", "Time to choose a worker (tokenizing and matching included)",
+    buckets=[0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1],
+)
+PREDICTED_CACHED = prometheus_client.Counter(
+    "meshserve_router_predicted_cached_tokens_total",
+    "Prompt tokens the router expected the chosen workers to find in their prefix caches "
+    "(compare with the workers' vllm:prefix_cache_hits_total)",
+)
+INDEX_BLOCKS = prometheus_client.Gauge(
+    "meshserve_router_kv_index_blocks", "Distinct KV blocks in the router's index, by view", ["view"]
+)
+
+
+@dataclass(frozen=True)
+class Pick:
+    """A pick: the choice, its reason label and the prompt tokens it expects cached."""
+
+    choice: Choice
+    reason: str
+    predicted_cached_tokens: int = 0
 
 
 class Router:
     """Picks workers: a policy over snapshots of the worker table, counting each pick against
-    the worker until its next load report."""
+    the worker until its next load report. Prefix policies also read a KV index: ``kv`` (the
+    workers' KV events) or ``approx`` (the router's own record of the prompts it sent)."""
 
     def __init__(
         self,
@@ -45,25 +70,70 @@ class Router:
         policy: Policy,
         stale_after_s: float,
         rng: random.Random | None = None,
+        approx_blocks_per_worker: int = 30000,
+        kv_pending_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.table = table
         self.policy = policy
         self.stale_after_s = stale_after_s
+        self.prefix = PromptBlocks()
+        self.kv = KvIndex()
+        self.approx = KvIndex()
+        # kv-aware: the prompts it sent in the last kv_pending_s, whose blocks the engines have
+        # not reported yet (events follow the prefill), so a burst sharing a prefix meets too.
+        self.pending = KvIndex()
+        self._approx_keep = approx_blocks_per_worker
+        self._pending_s = kv_pending_s
+        self._clock = clock
+        self._next_expiry = 0.0
         self._rng = rng or random.Random()
+        INDEX_BLOCKS.labels(view="kv").set_function(lambda: len(self.kv))
+        INDEX_BLOCKS.labels(view="approx").set_function(lambda: len(self.approx))
+        INDEX_BLOCKS.labels(view="pending").set_function(lambda: len(self.pending))
 
-    def pick(self, ctx: PickContext) -> tuple[Choice, str]:
-        """The chosen worker and the reason label; raises NoWorker."""
+    def pick(self, ctx: PickContext, messages: Sequence[Mapping[str, str]] | None = None) -> Pick:
+        """Chooses a worker for ``ctx`` (``messages``: a chat request's turns); raises NoWorker."""
+        started = time.perf_counter()
+        view = self.policy.prefix_view
+        now = self._clock()
+        if view and self.prefix.ready:
+            hashes = self.prefix.chain(ctx.prompt if not messages else "", messages)
+            ctx = replace(ctx, block_hashes=hashes, cached_blocks=self._cached(view, hashes, now))
         try:
             choice = self.policy.pick(ctx, self.table.snapshot(), self._rng)
         except NoWorker:
             NO_WORKER.inc()
             raise
-        self.table.on_assigned(choice.worker.address)
+        address = choice.worker.address
+        self.table.on_assigned(address)
+        if view == "approx" and ctx.block_hashes:
+            self.approx.stored(address, ctx.block_hashes)
+            self.approx.evict_oldest(address, self._approx_keep)
+        elif view == "kv" and ctx.block_hashes:
+            self.pending.stored(address, ctx.block_hashes, at=now)
         reason = "retry" if ctx.exclude else self.policy.name
         if not choice.worker.is_healthy(self.stale_after_s):
             reason = "late"  # no worker was fresh: the last resort (HealthyFilter)
         PICKS.labels(worker=choice.worker.worker_id, reason=reason).inc()
-        return choice, reason
+        predicted = 0
+        if ctx.cached_blocks:
+            predicted = ctx.cached_blocks.get(address, 0) * self.prefix.block_size
+            PREDICTED_CACHED.inc(predicted)
+        PICK_SECONDS.observe(time.perf_counter() - started)
+        return Pick(choice, reason, predicted)
+
+    def _cached(self, view: str, hashes: Sequence[int], now: float) -> dict[str, int]:
+        """Leading blocks of ``hashes`` each worker holds, in the policy's view."""
+        if view == "approx":
+            return self.approx.match(hashes)
+        if now >= self._next_expiry:
+            self.pending.expire(now - self._pending_s)
+            self._next_expiry = now + min(1.0, self._pending_s / 4)
+        cached = self.kv.match(hashes)
+        for address, n in self.pending.match(hashes).items():
+            cached[address] = max(n, cached.get(address, 0))
+        return cached
 
     def workers(self) -> list[WorkerView]:
         return self.table.snapshot()
@@ -103,23 +173,28 @@ class RouterServicer(pb_grpc.RouterServicer):
 
     def _answer(self, request: pb.PickRequest) -> pb.PickResponse:
         """The pick for ``request``, logged and on the current span; raises NoWorker."""
+        messages = [{"role": m.role, "content": m.content} for m in request.messages]
         ctx = PickContext(
-            request_id=request.request_id, prompt=request.prompt, exclude=frozenset(request.exclude)
+            request_id=request.request_id,
+            prompt=request.prompt or "\n".join(f"{m['role']}: {m['content']}" for m in messages),
+            exclude=frozenset(request.exclude),
+            session_key=request.session_key,
         )
         try:
-            choice, reason = self._router.pick(ctx)
+            pick = self._router.pick(ctx, messages or None)
         except NoWorker as e:
             log.warning("request %s: %s (excluded: %s)", request.request_id, e, sorted(ctx.exclude) or "none")
             raise
+        choice, reason = pick.choice, pick.reason
         worker = choice.worker
         log.info(
-            "request %s -> %s (%s, score %.2f of %d candidates, outstanding %d)",
+            "request %s -> %s (%s, score %.2f of %d candidates, outstanding %d, cached %d tokens)",
             request.request_id, worker.worker_id, reason, choice.score, choice.num_candidates,
-            worker.outstanding,
+            worker.outstanding, pick.predicted_cached_tokens,
         )
         detail = (
             f"{reason}: score {choice.score:.2f} of {choice.num_candidates} candidates, "
-            f"outstanding {worker.outstanding}"
+            f"outstanding {worker.outstanding}, cached {pick.predicted_cached_tokens} tokens"
         )
         # The span of this call (tracing interceptor in services.server): the choice and why.
         trace.get_current_span().set_attributes({
@@ -131,8 +206,10 @@ class RouterServicer(pb_grpc.RouterServicer):
             "meshserve.router.candidates": choice.num_candidates,
             "meshserve.router.outstanding": worker.outstanding,
             "meshserve.router.excluded": len(ctx.exclude),
+            "meshserve.router.predicted_cached_tokens": pick.predicted_cached_tokens,
         })
-        return pb.PickResponse(worker_id=worker.worker_id, address=worker.address, reason=detail)
+        return pb.PickResponse(worker_id=worker.worker_id, address=worker.address, reason=detail,
+                               predicted_cached_tokens=pick.predicted_cached_tokens)
 
     async def ListWorkers(
         self, request: pb.ListWorkersRequest, context: grpc.aio.ServicerContext
@@ -159,10 +236,11 @@ def _service(
     cfg: RouterConfig, rng: random.Random | None = None, clock: Callable[[], float] = time.monotonic
 ) -> tuple[Callable[[grpc.aio.Server], list[str]], bootstrap.Lifecycle]:
     """The router's servicer registration and lifecycle; watching the workers starts with it."""
-    policy = build_policy(cfg.policy, cfg.stale_after_s)
+    policy = build_policy(cfg.routing, cfg.stale_after_s)
     table = WorkerTable(list(dict.fromkeys(cfg.workers)), clock=clock, pick_ttl_s=cfg.stale_after_s)
-    router = Router(table, policy, cfg.stale_after_s, rng)
-    watcher = Watcher(table, cfg.stale_after_s, max(cfg.lost_after_s, cfg.stale_after_s))
+    router = Router(table, policy, cfg.stale_after_s, rng, cfg.approx_blocks_per_worker, cfg.kv_pending_s, clock)
+    watcher = Watcher(table, cfg.stale_after_s, max(cfg.lost_after_s, cfg.stale_after_s),
+                      kv=router.kv if policy.prefix_view == "kv" else None, prefix=router.prefix)
 
     def register(server: grpc.aio.Server) -> list[str]:
         pb_grpc.add_RouterServicer_to_server(RouterServicer(router), server)

@@ -1,5 +1,6 @@
-"""Keeps the router's WorkerTable current: one task per worker holds its WatchLoad stream open and
-reconnects with capped exponential backoff when it breaks or goes silent.
+"""Keeps the router's WorkerTable and KV index current: one task per worker holds its WatchLoad
+stream open and reconnects with capped exponential backoff when it breaks or goes silent; while it
+is open, a second stream (WatchKvEvents) keeps the index of the blocks that worker caches.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import logging
 
 import grpc
 
+from router.kv_index import KvIndex
+from router.prefix import PromptBlocks
 from router.state import WorkerLoad, WorkerTable
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
@@ -23,7 +26,19 @@ _LOAD_FIELDS = [f.name for f in dataclasses.fields(WorkerLoad)]
 
 
 def load_from_pb(report: pb.LoadReport) -> WorkerLoad:
-    return WorkerLoad(**{name: getattr(report, name) for name in _LOAD_FIELDS})
+    """The report as a value; counts a worker cannot have (negative, usage outside 0..1) are
+    clamped, so one confused worker cannot steer every pick."""
+    load = WorkerLoad(**{name: getattr(report, name) for name in _LOAD_FIELDS})
+    clamped = dataclasses.replace(
+        load,
+        num_running=max(0, load.num_running), num_waiting=max(0, load.num_waiting),
+        num_in_flight=max(0, load.num_in_flight),
+        kv_cache_usage=min(1.0, max(0.0, load.kv_cache_usage)),
+        prefix_cache_hit_rate=min(1.0, max(0.0, load.prefix_cache_hit_rate)),
+    )
+    if clamped != load:
+        log.warning("worker %s reported an impossible load (%s); clamped", report.worker_id, load)
+    return clamped
 
 
 def load_to_pb(worker_id: str, load: WorkerLoad) -> pb.LoadReport:
@@ -42,8 +57,12 @@ class Watcher:
         lost_after_s: float,
         initial_backoff_s: float = 0.1,
         max_backoff_s: float = 5.0,
+        kv: KvIndex | None = None,
+        prefix: PromptBlocks | None = None,
     ) -> None:
         self._table = table
+        self._kv = kv
+        self._prefix = prefix
         self._stale_after_s = stale_after_s
         self._lost_after_s = lost_after_s
         self._initial_backoff_s = initial_backoff_s
@@ -82,18 +101,58 @@ class Watcher:
         async with insecure_channel(address) as channel:
             stub = pb_grpc.WorkerStub(channel)
             info = await stub.Info(pb.InfoRequest(), timeout=self._stale_after_s)
-            call = stub.WatchLoad(pb.WatchLoadRequest())
-            first = True
-            while True:
-                # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
-                # cancellation that arrives with a report, and close() would wait forever.
-                async with asyncio.timeout(self._lost_after_s):
-                    report = await call.read()
-                if report is grpc.aio.EOF:
-                    return
-                if first:
-                    first = False
-                    self._table.on_connected(address, info.worker_id or report.worker_id)
-                    log.info("worker %s (%s) connected: %s engine", info.worker_id, address, info.engine)
-                self._table.on_report(address, load_from_pb(report))
-                yield
+            if self._prefix is not None:
+                self._prefix.configure(info.tokenizer, info.block_size)
+            kv_task = None
+            if self._kv is not None and info.kv_events:
+                kv_task = asyncio.create_task(self._watch_kv(stub, address), name=f"kv events {address}")
+            try:
+                async for item in self._reports(stub, address, info):
+                    yield item
+            finally:
+                if kv_task is not None:
+                    kv_task.cancel()
+                    await asyncio.gather(kv_task, return_exceptions=True)
+
+    async def _watch_kv(self, stub: pb_grpc.WorkerStub, address: str) -> None:
+        """Applies the worker's KV events to the index while its load stream is open; whenever
+        this stream is not open, the index holds nothing for the worker."""
+        assert self._kv is not None
+        backoff = self._initial_backoff_s
+        while True:
+            try:
+                async for batch in stub.WatchKvEvents(pb.WatchKvEventsRequest()):
+                    backoff = self._initial_backoff_s
+                    if batch.reset:
+                        self._kv.reset(address, batch.stored)
+                    else:
+                        self._kv.stored(address, batch.stored)
+                        self._kv.removed(address, batch.removed)
+                    if len(batch.stored) + len(batch.removed) > 1024:
+                        await asyncio.sleep(0)  # a flood of events waits for the picks
+                log.info("worker %s ended its KV-event stream (draining)", address)
+                return
+            except grpc.aio.AioRpcError as e:
+                log.warning("KV events of worker %s: %s; retrying in %.1fs", address, e.details(), backoff)
+            finally:
+                self._kv.drop(address)  # also when cancelled: its load stream ended
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, self._max_backoff_s)
+
+    async def _reports(self, stub: pb_grpc.WorkerStub, address: str, info: pb.WorkerInfo):
+        """One item per load report of the worker's WatchLoad stream."""
+        call = stub.WatchLoad(pb.WatchLoadRequest())
+        first = True
+        while True:
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
+            # cancellation that arrives with a report, and close() would wait forever.
+            async with asyncio.timeout(self._lost_after_s):
+                report = await call.read()
+            if report is grpc.aio.EOF:
+                return
+            if first:
+                first = False
+                self._table.on_connected(address, info.worker_id or report.worker_id)
+                log.info("worker %s (%s) connected: %s engine", info.worker_id, address, info.engine)
+            self._table.on_report(address, load_from_pb(report))
+            yield

@@ -124,6 +124,40 @@ def random_requests(
     return requests
 
 
+def prefix_repetition_requests(
+    n: int, num_prefixes: int, prefix_len: int, suffix_len: int, output_len: int, rng: random.Random,
+    hot_share: float = 0.0,
+) -> list[BenchRequest]:
+    """vLLM's ``prefix_repetition`` dataset: ``num_prefixes`` random prefixes of ``prefix_len``
+    words, each request one of them (in equal shares) plus its own ``suffix_len`` random words,
+    in random order. Routing decides whether a prefix is computed once per engine or per request.
+    With ``hot_share``, that fraction of the requests share the first prefix (a hot system
+    prompt) and the rest spread over the others."""
+    prefixes = [rng.choices(VOCABULARY, k=prefix_len) for _ in range(num_prefixes)]
+    num_hot = round(n * hot_share)
+    others = list(range(1, num_prefixes)) if num_hot and num_prefixes > 1 else list(range(num_prefixes))
+    requests = []
+    for i in range(n):
+        which = 0 if i < num_hot else others[(i - num_hot) % len(others)]
+        words = prefixes[which] + rng.choices(VOCABULARY, k=suffix_len)
+        requests.append(BenchRequest(" ".join(words), len(words), output_len))
+    rng.shuffle(requests)
+    return requests
+
+
+def workload(args: argparse.Namespace, n: int) -> list[BenchRequest]:
+    """The ``n`` requests of ``--dataset-name``, fixed by ``--seed``."""
+    rng = random.Random(args.seed)
+    if args.dataset_name == "prefix_repetition":
+        return prefix_repetition_requests(
+            n, args.prefix_repetition_num_prefixes, args.prefix_repetition_prefix_len,
+            args.prefix_repetition_suffix_len, args.prefix_repetition_output_len, rng,
+            args.prefix_repetition_hot_share,
+        )
+    return random_requests(n, args.random_input_len, args.random_output_len, args.random_range_ratio,
+                           rng, args.random_prefix_len)
+
+
 def arrival_offsets(n: int, request_rate: float, rng: random.Random, burstiness: float = 1.0) -> list[float]:
     """Send times (seconds from the start) of ``n`` requests arriving at ``request_rate`` per second.
 
@@ -378,6 +412,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="a refused user waits the refusal's retry-after before its next request "
                            "(as the OpenAI SDK does); default: it sends the next one at once")
 
+    parser.add_argument("--dataset-name", default="random", choices=["random", "prefix_repetition"],
+                        help="the prompts: random words, or shared prefixes plus random suffixes")
     data = parser.add_argument_group("random dataset")
     data.add_argument("--random-input-len", type=_positive_int, default=1024,
                       help="prompt length in words (about one token each)")
@@ -387,6 +423,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--random-prefix-len", type=int, default=0,
                       help="words of a prefix shared by every prompt")
 
+    rep = parser.add_argument_group("prefix_repetition dataset (vLLM's flag names)")
+    rep.add_argument("--prefix-repetition-num-prefixes", type=_positive_int, default=10,
+                     help="distinct prefixes, each shared by an equal share of the requests")
+    rep.add_argument("--prefix-repetition-prefix-len", type=_positive_int, default=256, help="words per prefix")
+    rep.add_argument("--prefix-repetition-suffix-len", type=_positive_int, default=256,
+                     help="random words after the prefix, per request")
+    rep.add_argument("--prefix-repetition-output-len", type=_positive_int, default=128, help="max_tokens per request")
+    rep.add_argument("--prefix-repetition-hot-share", type=float, default=0.0,
+                     help="fraction of the requests that share the first prefix (a hot prompt; not in vLLM)")
     sampling = parser.add_argument_group("sampling")
     sampling.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
     sampling.add_argument("--top-p", type=float, default=None, help="nucleus sampling top-p")
@@ -535,6 +580,9 @@ def _run_info(args: argparse.Namespace, num_channels: int, date: str) -> dict[st
         "honor_retry_after": args.honor_retry_after,
         "max_concurrency": args.max_concurrency,
         "num_channels": num_channels,
+        "dataset_name": args.dataset_name,
+        **({k: getattr(args, k) for k in vars(args) if k.startswith("prefix_repetition_")}
+           if args.dataset_name == "prefix_repetition" else {}),
         "random_input_len": args.random_input_len,
         "random_output_len": args.random_output_len,
         "random_range_ratio": args.random_range_ratio,
@@ -558,17 +606,10 @@ async def run(args: argparse.Namespace) -> int:
 
     # 1. The workload, fixed by the seed; arrivals draw from their own stream so changing the
     #    rate does not change the prompts.
-    workload = random_requests(
-        args.num_prompts + args.num_warmups,
-        args.random_input_len,
-        args.random_output_len,
-        args.random_range_ratio,
-        random.Random(args.seed),
-        args.random_prefix_len,
-    )
-    warmups, workload = workload[: args.num_warmups], workload[args.num_warmups :]
+    requests = workload(args, args.num_prompts + args.num_warmups)
+    warmups, requests = requests[: args.num_warmups], requests[args.num_warmups :]
     arrivals_rng = random.Random(f"arrivals-{args.seed}")
-    offsets = arrival_offsets(len(workload), args.request_rate, arrivals_rng, args.burstiness)
+    offsets = arrival_offsets(len(requests), args.request_rate, arrivals_rng, args.burstiness)
     run_id = uuid.uuid4().hex[:8]
 
     # 2. Channels: separate connections (a local subchannel pool each; channels with equal
@@ -613,9 +654,9 @@ async def run(args: argparse.Namespace) -> int:
               f"channels: {num_channels}", file=sys.stderr)  # fmt: skip
         from tqdm import tqdm
 
-        with tqdm(total=len(workload), disable=args.disable_tqdm) as pbar:
+        with tqdm(total=len(requests), disable=args.disable_tqdm) as pbar:
             results, duration = await _run_all(
-                streams(workload, f"bench-{run_id}"), offsets, args.max_concurrency, lambda: pbar.update(1),
+                streams(requests, f"bench-{run_id}"), offsets, args.max_concurrency, lambda: pbar.update(1),
                 args.honor_retry_after,
             )
     finally:

@@ -27,6 +27,11 @@ def _f(default: Any, help: str, **kw: Any) -> Any:
 
 # Where vLLM's engine-core process may run on CPU (WorkerConfig.engine_core_cpus).
 ENGINE_CORE_PLACEMENTS = ("auto", "shared", "vllm")
+# Routing policies (RouterConfig.routing); router/policies.py defines them, under these names.
+ROUTING_POLICIES = (
+    "round-robin", "random", "least-load", "power-of-two", "prefix-affinity", "kv-aware",
+    "approx-prefix", "session-affinity",
+)
 # The CPU priority of vLLM's engine processes on CPU (WorkerConfig.engine_priority).
 ENGINE_PRIORITIES = ("auto", "low", "normal")
 
@@ -68,6 +73,10 @@ class WorkerConfig(ServerConfig):
     kv_cache_memory_bytes: int = _f(256 * 2**20, "KV-cache memory for the vLLM engine, bytes")
     gpu_memory_utilization: float = _f(0.9, "fraction of GPU memory vLLM may use (GPU only)")
     enable_prefix_caching: bool = _f(True, "reuse KV blocks of shared prompt prefixes")
+    kv_events: bool = _f(
+        True, "stream the engine's KV-cache events (blocks cached / evicted) to the router, for "
+        "kv-aware routing (vLLM: its KV-event publisher; sim: its block pool)",
+    )
     swap_space_gib: float = _f(0.0, "CPU swap space for preempted sequences, GiB (GPU only)")
     dtype: str = _f("auto", "model dtype (auto, float32, bfloat16, float16)")
     enforce_eager: bool = _f(False, "vLLM without torch.compile/CUDA graphs: starts ~2x faster, decodes ~25% slower")
@@ -95,6 +104,9 @@ class WorkerConfig(ServerConfig):
     sim_itl_per_seq_ms: float = _f(0.05, "sim: added inter-token latency per running sequence, ms")
     sim_num_kv_blocks: int = _f(30000, "sim: KV-cache blocks in the pool")
     sim_seed: int = _f(0, "sim: seed of the simulated token stream")
+    sim_speed: float = _f(
+        1.0, "sim: speed of the simulated accelerator (0.5: every step takes twice as long)", minimum=0.01,
+    )
 
 
 @dataclass
@@ -103,7 +115,17 @@ class RouterConfig(ServerConfig):
 
     port: int = _f(50052, "gRPC port (0 picks a free port)")
     workers: list[str] = _f([], "worker addresses host:port (static discovery)", nargs="*")
-    policy: str = _f("least-load", "routing policy name")
+    routing: str = _f(
+        "least-load", "routing policy (docs/operations.md, 'Routing')", choices=ROUTING_POLICIES,
+    )
+    kv_pending_s: float = _f(
+        10.0, "kv-aware routing: how long the router counts a prompt it sent as cached on its worker "
+        "before the worker's KV events confirm it (they follow the prefill)",
+    )
+    approx_blocks_per_worker: int = _f(
+        30000, "approx-prefix routing: KV blocks the router assumes each worker keeps (its own record "
+        "of the prompts it sent forgets the oldest beyond this)", minimum=1,
+    )
     stale_after_s: float = _f(
         2.0, "a worker with no load report for this long is late: picked only when no worker is fresh"
     )
@@ -173,11 +195,15 @@ class EnvoyConfig:
     trace_sampling_ratio: float = _f(1.0, "fraction of requests Envoy starts a sampled trace for")
 
 
-def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
-    """Adds one ``--flag`` per dataclass field, with the field's help text and default."""
+def add_arguments(
+    parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = (),
+    only: Callable[[str], bool] = lambda name: True,
+) -> None:
+    """Adds one ``--flag`` per dataclass field (those ``only`` accepts), with the field's help
+    text and default."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        if f.name in skip:
+        if f.name in skip or not only(f.name):
             continue
         flag = "--" + f.name.replace("_", "-")
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default

@@ -56,6 +56,7 @@ class MeshSpec:
     redis_port: int = 6379
     run_dir: Path | None = None              # logs and generated configs (default: a temp dir)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
+    sim_speeds: list[float] = field(default_factory=list)  # per worker (the last repeats); empty: the worker's
     router: RouterConfig = field(default_factory=RouterConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
@@ -223,6 +224,8 @@ class Mesh:
                 worker_cfg = dataclasses.replace(worker_cfg, model=self._ensure_model())
             for i in range(spec.workers):
                 cfg = dataclasses.replace(worker_cfg, port=spec.worker.port + i, worker_id=f"worker-{i}")
+                if spec.sim_speeds:
+                    cfg = dataclasses.replace(cfg, sim_speed=spec.sim_speeds[min(i, len(spec.sim_speeds) - 1)])
                 self.worker_addresses.append(f"{cfg.host}:{cfg.port}")
                 self._serve(f"worker-{i}", "worker", cfg)
             # 3. Router (watches every worker), gateway, then Envoy in front.
@@ -344,6 +347,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--router-port", type=int, default=50052)
     parser.add_argument("--cache-port", type=int, default=50053)
     parser.add_argument("--worker-port", type=int, default=50061, help="first worker port; worker i gets +i")
+    parser.add_argument("--routing", default=RouterConfig.routing, choices=config.ROUTING_POLICIES,
+                        help="routing policy (docs/operations.md, 'Routing')")
+    config.add_arguments(parser, WorkerConfig, only=lambda name: name.startswith("sim_") and name != "sim_speed")
+    parser.add_argument("--sim-speed", type=config.at_least(float, 0.01), nargs="+", default=[WorkerConfig.sim_speed],
+                        help="sim: speed of each worker's simulated accelerator, one value per worker "
+                             "(the last repeats): 1 1 1 0.5 makes the fourth of four workers 2x slower")
     parser.add_argument("--max-num-seqs", type=int, default=WorkerConfig.max_num_seqs, help="batch cap per worker")
     parser.add_argument("--stream-interval", type=config.at_least(int, 1), default=WorkerConfig.stream_interval,
                         help="tokens per streamed chunk after the first, unless a request asks for more")
@@ -382,8 +391,10 @@ def spec_from_args(args: argparse.Namespace) -> MeshSpec:
                             model=args.model, max_num_seqs=args.max_num_seqs,
                             stream_interval=args.stream_interval,
                             enforce_eager=args.enforce_eager, engine_core_cpus=args.engine_core_cpus,
-                            engine_priority=args.engine_priority),
-        router=RouterConfig(port=args.router_port),
+                            engine_priority=args.engine_priority,
+                            **{k: getattr(args, k) for k in vars(args) if k.startswith("sim_") and k != "sim_speed"}),
+        sim_speeds=list(args.sim_speed),
+        router=RouterConfig(port=args.router_port, routing=args.routing),
         cache=CacheConfig(port=args.cache_port),
         gateway=GatewayConfig(port=args.gateway_port, max_in_flight=args.gateway_max_in_flight),
         envoy=EnvoyConfig(listen_port=args.port, admin_port=args.admin_port, api_keys_file=args.api_keys_file),

@@ -8,6 +8,8 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 
+from worker.kv_events import KvCacheView
+
 
 @dataclass(frozen=True)
 class Request:
@@ -59,6 +61,7 @@ class EngineInfo:
     max_model_len: int
     block_size: int
     max_num_seqs: int
+    tokenizer: str = ""   # what the router tokenizes prompts with ("sim", a path or a name)
 
 
 class PromptTooLong(ValueError):
@@ -90,6 +93,8 @@ class Engine(abc.ABC):
 
     info: EngineInfo
     load_signal: LoadSignal
+    # What its prefix cache holds, for the router (None: this engine reports no KV events).
+    kv_cache: KvCacheView | None = None
 
     @abc.abstractmethod
     async def start(self) -> None:

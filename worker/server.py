@@ -81,8 +81,15 @@ class WorkerMetrics:
         self.itl: Any = None
         self.e2e: Any = None
         self.tpot: Any = None
+        self.prefix_queries: Any = None
+        self.prefix_hits: Any = None
         if not export_load_metrics:
             return
+        # vLLM's prefix-cache counters (prompt tokens asked for, and found cached), per request.
+        self.prefix_queries = _metric(Counter, "vllm:prefix_cache_queries", "Prefix cache queries, in tokens",
+                                      ["worker"]).labels(worker_id)
+        self.prefix_hits = _metric(Counter, "vllm:prefix_cache_hits", "Prefix cache hits, in tokens",
+                                   ["worker"]).labels(worker_id)
         load_gauges = [
             ("vllm:num_requests_running", "Requests in the running batch", lambda: engine.load().num_running),
             ("vllm:num_requests_waiting", "Requests waiting to run", lambda: engine.load().num_waiting),
@@ -101,8 +108,11 @@ class WorkerMetrics:
                             "Per request: decode time / (output tokens - 1)", ["worker"],
                             buckets=ITL_BUCKETS).labels(worker_id)
 
-    def finished(self, reason: str) -> None:
+    def finished(self, reason: str, last: Delta | None = None) -> None:
         self.requests(self.worker_id, reason).inc()
+        if self.prefix_queries is not None and last is not None:
+            self.prefix_queries.inc(last.prompt_tokens)
+            self.prefix_hits.inc(last.cached_prompt_tokens)
 
     def observe(self, histogram: Any, value: float) -> None:
         if histogram is not None:
@@ -138,6 +148,8 @@ class WorkerServicer(pb_grpc.WorkerServicer):
         self.draining = False
         self._sequence = itertools.count(1)
         self._sessions: set[Session] = set()
+        self._kv_sequence = itertools.count(1)
+        self._stopping = asyncio.Event()  # set at drain: the KV-event streams end
 
     def bind(self, port: int) -> None:
         """Called once the server listens: fixes the worker id and the metric labels."""
@@ -147,6 +159,7 @@ class WorkerServicer(pb_grpc.WorkerServicer):
 
     async def drain(self) -> None:
         self.draining = True
+        self._stopping.set()
         self.engine.load_signal.notify()
         for session in self._sessions:
             session.wake()  # an idle session ends now
@@ -247,7 +260,7 @@ class WorkerServicer(pb_grpc.WorkerServicer):
         e2e = time.monotonic() - start
         reason = (last_delta.finish_reason if last_delta else None) or "abort"
         metrics.observe(metrics.e2e, e2e)
-        metrics.finished(reason)
+        metrics.finished(reason, last_delta)
         completion_tokens = last_delta.completion_tokens if last_delta else 0
         if completion_tokens > 1:
             metrics.observe(metrics.tpot, (e2e - ttft) / (completion_tokens - 1))
@@ -304,7 +317,36 @@ class WorkerServicer(pb_grpc.WorkerServicer):
             worker_id=self.worker_id, engine=info.engine, model=info.model,
             tensor_parallel_size=info.tensor_parallel_size, max_model_len=info.max_model_len,
             block_size=info.block_size, max_num_seqs=info.max_num_seqs,
+            tokenizer=info.tokenizer, kv_events=self.engine.kv_cache is not None,
         )
+
+    async def WatchKvEvents(self, request: pb.WatchKvEventsRequest, context: grpc.aio.ServicerContext
+                            ) -> AsyncIterator[pb.KvEvents]:
+        """The engine's whole prefix cache (reset), then its changes; ends when the worker drains
+        (a draining worker takes no new requests, so the router may forget what it holds)."""
+        view = self.engine.kv_cache
+        if view is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"the {self.engine.info.engine} engine reports no KV-cache events")
+            return
+        batches = view.watch()
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        following: asyncio.Future[Any] | None = None
+        try:
+            while True:
+                following = asyncio.ensure_future(anext(batches))
+                await asyncio.wait((following, stopping), return_when=asyncio.FIRST_COMPLETED)
+                if not following.done():
+                    return  # draining
+                batch = following.result()
+                yield pb.KvEvents(reset=batch.reset, stored=batch.stored, removed=batch.removed,
+                                  block_size=view.block_size, sequence=next(self._kv_sequence))
+        finally:
+            stopping.cancel()
+            if following is not None and not following.done():
+                following.cancel()  # the generator is inside anext: let it finish first
+                await asyncio.gather(following, return_exceptions=True)
+            await batches.aclose()
 
 
 async def start_worker(cfg: WorkerConfig, engine: Engine | None = None

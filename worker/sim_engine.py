@@ -43,14 +43,14 @@ import asyncio
 import logging
 import math
 import random
-import re
 import time
-import zlib
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from services.config import WorkerConfig
+from services.prompts import ROOT_HASH, SIM_TOKENIZER, block_hash, sim_render, sim_token_id, sim_tokenize
+from worker.kv_events import KvCacheView
 from worker.engine import Delta, Engine, EngineInfo, Load, LoadSignal, PromptTooLong, Request
 
 log = logging.getLogger(__name__)
@@ -58,9 +58,7 @@ log = logging.getLogger(__name__)
 Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[None]]
 
-VOCAB_SIZE = 32000
 PREFIX_STATS_WINDOW = 1000  # requests in the prefix-cache hit rate, like vLLM's CachingMetrics
-_PIECE = re.compile(r" ?\S{1,4}|\s")
 # Output words are at most 4 letters, so " word" re-tokenizes to the same single token.
 _WORDS = (
     "the of and to in is it that was for on are as with be at one have this from or had by hot "
@@ -72,30 +70,18 @@ _WORDS = (
 ).split()
 
 
-def tokenize(text: str) -> list[int]:
-    """The simulator's stand-in tokenizer: deterministic, ~4 characters per token."""
-    return [_token_id(piece) for piece in _PIECE.findall(text)]
-
-
-def _token_id(piece: str) -> int:
-    return zlib.crc32(piece.encode()) % VOCAB_SIZE
-
-
 def render_prompt(request: Request) -> str:
-    """The prompt text; chat turns get a simple stand-in for a chat template."""
-    if request.messages is None:
-        return request.prompt or ""
-    turns = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in request.messages)
-    return turns + "<|assistant|>\n"
+    return sim_render(request.prompt or "", request.messages)
 
 
 class BlockPool:
     """A vLLM-style pool of KV blocks: reference-counted, full blocks cached by hash, and
     unreferenced blocks reused least recently used first (evicting their cache entry)."""
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, view: KvCacheView | None = None) -> None:
         self.num_blocks = num_blocks
         self.evictions = 0
+        self._view = view  # told of every block cached and evicted
         self._refs = [0] * num_blocks
         self._hash: list[int | None] = [None] * num_blocks
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # LRU first
@@ -138,6 +124,8 @@ class BlockPool:
             del self._cached[h]
             self._hash[block] = None
             self.evictions += 1
+            if self._view is not None:
+                self._view.removed((h,))
         self._refs[block] = 1
         return block
 
@@ -146,6 +134,8 @@ class BlockPool:
         if block_hash not in self._cached and self._hash[block] is None:
             self._cached[block_hash] = block
             self._hash[block] = block_hash
+            if self._view is not None:
+                self._view.stored((block_hash,))
 
     def release(self, blocks: list[int]) -> None:
         # Tail first, so a prompt's last blocks are evicted before its first (they match less often).
@@ -228,13 +218,15 @@ class SimEngine(Engine):
             max_model_len=cfg.max_model_len,
             block_size=cfg.block_size,
             max_num_seqs=cfg.max_num_seqs,
+            tokenizer=SIM_TOKENIZER,
         )
         self.load_signal = LoadSignal()
+        self.kv_cache = KvCacheView(cfg.block_size) if cfg.kv_events and cfg.enable_prefix_caching else None
         self._cfg = cfg
         self._clock = clock
         self._sleep = sleep
         self._block_size = cfg.block_size
-        self._pool = BlockPool(cfg.sim_num_kv_blocks)
+        self._pool = BlockPool(cfg.sim_num_kv_blocks, self.kv_cache)
         self._waiting: deque[_Seq] = deque()
         self._running: list[_Seq] = []  # in admission order: the last is preempted first
         self._wakeup = asyncio.Event()
@@ -251,9 +243,10 @@ class SimEngine(Engine):
         self._task = asyncio.create_task(self._run(), name="sim-engine")
         log.info(
             "sim engine: %d KV blocks of %d tokens, max_num_seqs %d, "
-            "prefill %.3f ms/token, ITL %.2f + %.3f ms/seq",
+            "prefill %.3f ms/token, ITL %.2f + %.3f ms/seq, speed x%.2f",
             self._pool.num_blocks, self._block_size, self._cfg.max_num_seqs,
             self._cfg.sim_prefill_ms_per_token, self._cfg.sim_itl_base_ms, self._cfg.sim_itl_per_seq_ms,
+            self._cfg.sim_speed,
         )
 
     async def generate(self, request: Request) -> AsyncIterator[Delta]:
@@ -297,7 +290,7 @@ class SimEngine(Engine):
 
     def _new_seq(self, request: Request) -> _Seq:
         prompt = render_prompt(request)
-        prompt_ids = tokenize(prompt)
+        prompt_ids = sim_tokenize(prompt)
         total = len(prompt_ids) + request.max_tokens
         if total > self.info.max_model_len:
             raise PromptTooLong(
@@ -425,7 +418,7 @@ class SimEngine(Engine):
             prefill_tokens * cfg.sim_prefill_ms_per_token
             + cfg.sim_itl_base_ms
             + cfg.sim_itl_per_seq_ms * len(batch)
-        )
+        ) / cfg.sim_speed
         return batch, ms / 1000.0
 
     def _preempt(self) -> None:
@@ -444,7 +437,7 @@ class SimEngine(Engine):
                 continue  # aborted while the step ran
             self._cache_computed_blocks(seq)
             word = " " + seq.rng.choice(_WORDS)
-            token = _token_id(word)
+            token = sim_token_id(word)
             seq.output_ids.append(token)
             old_len = len(seq.text)
             seq.text += word
@@ -478,8 +471,8 @@ class SimEngine(Engine):
         bs = self._block_size
         while len(seq.block_hashes) < seq.num_tokens // bs:
             i = len(seq.block_hashes)
-            parent = seq.block_hashes[-1] if seq.block_hashes else 0
-            seq.block_hashes.append(hash((parent, tuple(seq.tokens(i * bs, (i + 1) * bs)))))
+            parent = seq.block_hashes[-1] if seq.block_hashes else ROOT_HASH
+            seq.block_hashes.append(block_hash(parent, seq.tokens(i * bs, (i + 1) * bs)))
 
     def _cache_computed_blocks(self, seq: _Seq) -> None:
         """Registers the blocks this step filled (all tokens before the new one are computed)."""

@@ -13,6 +13,8 @@ from typing import Any
 import psutil
 
 from services.config import WorkerConfig
+from services.prompts import hf_prompt_ids
+from worker.kv_events import KvCacheView
 from worker.engine import Delta, Engine, EngineInfo, Load, LoadSignal, PromptTooLong, Request
 
 log = logging.getLogger(__name__)
@@ -32,10 +34,7 @@ def resolve_model(cfg: WorkerConfig) -> tuple[str, str]:
 
 def render_prompt(tokenizer: Any, request: Request) -> list[int]:
     """The request's prompt token ids; chat messages go through the model's chat template."""
-    if request.messages:
-        text = tokenizer.apply_chat_template(request.messages, add_generation_prompt=True, tokenize=False)
-        return list(tokenizer.encode(text, add_special_tokens=False))
-    return list(tokenizer.encode(request.prompt or ""))
+    return hf_prompt_ids(tokenizer, request.prompt or "", request.messages)
 
 
 def check_fits(num_prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:
@@ -127,6 +126,7 @@ class VllmEngine(Engine):
         self._llm: Any = None
         self._tokenizer: Any = None
         self._model_path = ""
+        self._kv_events: Any = None  # VllmKvEvents while the engine publishes KV events
         self.info = EngineInfo(
             engine="vllm",
             model=cfg.model or DEFAULT_MODEL_NAME,
@@ -166,6 +166,12 @@ class VllmEngine(Engine):
                 binding = _cpu_thread_binding(cfg.tensor_parallel_size)
                 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", binding)
                 os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+        if cfg.kv_events and cfg.enable_prefix_caching:
+            from worker.vllm_kv_events import VllmKvEvents
+
+            self.kv_cache = KvCacheView(block_size)
+            self._kv_events = VllmKvEvents(self.kv_cache)  # listening before the engine publishes
+            extra["kv_events_config"] = self._kv_events.config()
         args = AsyncEngineArgs(
             model=self._model_path,
             served_model_name=served_name,
@@ -196,7 +202,11 @@ class VllmEngine(Engine):
             max_model_len=self._llm.model_config.max_model_len,
             block_size=self._llm.vllm_config.cache_config.block_size,
             max_num_seqs=self._llm.vllm_config.scheduler_config.max_num_seqs,
+            tokenizer=self._model_path,
         )
+        if self._kv_events is not None:
+            self.kv_cache.block_size = self.info.block_size
+            self._kv_events.start()
 
     def _make_stat_logger(self, vllm_config: Any, engine_index: int) -> Any:
         return _make_load_logger(self, vllm_config, engine_index)
@@ -264,6 +274,9 @@ class VllmEngine(Engine):
         if self._llm is not None:
             self._llm.shutdown()
             self._llm = None
+        if self._kv_events is not None:
+            await self._kv_events.close()
+            self._kv_events = None
 
 
 def _make_load_logger(engine: VllmEngine, vllm_config: Any, engine_index: int) -> Any:

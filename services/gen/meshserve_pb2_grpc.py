@@ -471,6 +471,11 @@ class WorkerStub:
                 request_serializer=meshserve__pb2.InfoRequest.SerializeToString,
                 response_deserializer=meshserve__pb2.WorkerInfo.FromString,
                 _registered_method=True)
+        self.WatchKvEvents = channel.unary_stream(
+                '/meshserve.v1.Worker/WatchKvEvents',
+                request_serializer=meshserve__pb2.WatchKvEventsRequest.SerializeToString,
+                response_deserializer=meshserve__pb2.KvEvents.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -500,6 +505,13 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchKvEvents(self, request, context):
+        """The engine's prefix-cache changes (block stored / removed / all cleared), for the router.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -522,6 +534,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.Info,
                     request_deserializer=meshserve__pb2.InfoRequest.FromString,
                     response_serializer=meshserve__pb2.WorkerInfo.SerializeToString,
+            ),
+            'WatchKvEvents': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchKvEvents,
+                    request_deserializer=meshserve__pb2.WatchKvEventsRequest.FromString,
+                    response_serializer=meshserve__pb2.KvEvents.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -632,6 +649,33 @@ class Worker:
             '/meshserve.v1.Worker/Info',
             meshserve__pb2.InfoRequest.SerializeToString,
             meshserve__pb2.WorkerInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchKvEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/meshserve.v1.Worker/WatchKvEvents',
+            meshserve__pb2.WatchKvEventsRequest.SerializeToString,
+            meshserve__pb2.KvEvents.FromString,
             options,
             channel_credentials,
             insecure,

@@ -57,6 +57,7 @@ def mesh(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator
         "--gateway-port", str(ports["gw"]), "--router-port", str(ports["router"]),
         "--cache-port", str(ports["cache"]), "--worker-port", str(ports["worker"]),
         "--redis-port", str(ports["redis"]), "--run-dir", str(run_dir), "--enforce-eager",
+        "--routing", "kv-aware",
     ]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ})
     lines: queue.Queue[str | None] = queue.Queue()
@@ -133,6 +134,42 @@ async def test_greedy_through_mesh_equals_engine_direct(mesh: UpMesh) -> None:
         direct = await worker_generate(mesh.worker, **req)
         assert token_ids(via_mesh) == token_ids(direct)
         assert text(via_mesh) == text(direct)
+
+
+PREFIX = ("You are a careful assistant for a shipping company. Answer in short sentences, cite the "
+          "order number, never invent tracking data, and ask for the postcode when it is missing. ") * 4
+
+
+@pytest.mark.parametrize("kind", ["prompt", "chat"])
+async def test_router_predicts_the_prefix_vllm_finds_cached(mesh: UpMesh, kind: str) -> None:
+    """The router's view comes from vLLM's own KV-cache events: after a request with a long
+    prefix, the router predicts for the next one exactly the cached tokens vLLM reports."""
+    def request(question: str) -> dict:
+        if kind == "chat":
+            return {"messages": [pb.ChatMessage(role="system", content=PREFIX),
+                                 pb.ChatMessage(role="user", content=question)]}
+        return {"prompt": PREFIX + question}
+
+    router_metrics = mesh.metrics_url("router")
+    before = metric_sum(scrape(router_metrics), "meshserve_router_kv_index_blocks", view="kv")
+    # Straight to the worker: the router hears of it only through vLLM's events.
+    first = await worker_generate(mesh.worker, **request(f"Where is order {kind} 1?"), max_tokens=2,
+                                  temperature=0)
+    prompt_tokens = first[-1].usage.prompt_tokens
+    assert prompt_tokens > 4 * 32  # several blocks of 32 tokens (vLLM's block on CPU)
+
+    def indexed() -> bool:
+        return metric_sum(scrape(router_metrics), "meshserve_router_kv_index_blocks", view="kv") >= before + 4
+
+    await wait_until(indexed, 10, "the router to index the worker's new blocks")
+    router = (mesh.run_dir / "router.ready").read_text().split()[0]
+    second = request(f"And order {kind} 2?")
+    async with insecure_channel(router) as channel:
+        pick = await pb_grpc.RouterStub(channel).Pick(pb.PickRequest(request_id=f"kv-{kind}", **second), timeout=10)
+    answer = await worker_generate(pick.address, **second, max_tokens=2, temperature=0)
+    cached = answer[-1].usage.cached_prompt_tokens
+    assert cached >= 4 * 32, "vLLM found the prefix cached"
+    assert pick.predicted_cached_tokens == cached
 
 
 async def test_second_identical_greedy_request_is_served_from_cache(mesh: UpMesh) -> None:

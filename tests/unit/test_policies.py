@@ -20,7 +20,10 @@ from router.policies import (
     PickContext,
     PowerOfTwoPicker,
     PrefixAffinityScorer,
+    KvAwareScorer,
     RandomPicker,
+    RoundRobinPicker,
+    SessionAffinityScorer,
     build_policy,
 )
 from router.state import WorkerLoad, WorkerTable, WorkerView
@@ -247,3 +250,53 @@ def test_registry_builds_each_policy_by_name_and_rejects_unknown_names() -> None
         assert build_policy(name, 2.0).name == name
     with pytest.raises(ValueError, match="least-load"):
         build_policy("fastest", 2.0)
+
+
+# -- KV-aware, session affinity, round robin -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("ctx", "expected"),
+    [
+        # The fraction of the prompt's blocks each worker holds (by address).
+        (PickContext(block_hashes=(1, 2, 3, 4), cached_blocks={"a:1": 4, "b:1": 1}), [1.0, 0.25, 0.0]),
+        (PickContext(block_hashes=(1, 2), cached_blocks={}), [0.0, 0.0, 0.0]),
+        # A prompt shorter than a block: nothing to reuse anywhere.
+        (PickContext(block_hashes=(), cached_blocks={}), [0.0, 0.0, 0.0]),
+    ],
+)
+def test_kv_aware_scores_the_cached_fraction(ctx: PickContext, expected: list[float]) -> None:
+    assert KvAwareScorer().score(ctx, [w("a"), w("b"), w("c")]) == expected
+
+
+def test_kv_aware_without_a_view_falls_back_to_the_text_hash() -> None:
+    workers = [w("a"), w("b"), w("c")]
+    ctx = PickContext(prompt="a system prompt", cached_blocks=None)
+    assert KvAwareScorer().score(ctx, workers) == PrefixAffinityScorer().score(ctx, workers)
+    assert sum(KvAwareScorer().score(ctx, workers)) == 1.0
+
+
+def test_session_affinity_keeps_a_session_on_one_worker() -> None:
+    workers = [w("a"), w("b"), w("c"), w("d")]
+    homes = {s: SessionAffinityScorer().score(PickContext(session_key=s), workers).index(1.0)
+             for s in (f"user-{i}" for i in range(40))}
+    assert len(set(homes.values())) == 4  # sessions spread over the workers
+    again = {s: SessionAffinityScorer().score(PickContext(session_key=s), workers).index(1.0) for s in homes}
+    assert again == homes
+    assert SessionAffinityScorer().score(PickContext(), workers) == [0.0] * 4
+
+
+def test_round_robin_takes_each_candidate_in_turn() -> None:
+    picker = RoundRobinPicker()
+    scored = [(w("a"), 0.0), (w("b"), 9.0), (w("c"), 0.0)]
+    assert [picker.pick(scored, random.Random(0))[0].worker_id for _ in range(6)] == ["a", "b", "c"] * 2
+
+
+def test_kv_aware_goes_where_the_prefix_is_unless_that_worker_is_over_the_load_bound() -> None:
+    policy = build_policy("kv-aware", 2.0)
+    ctx = PickContext(block_hashes=(1, 2, 3, 4), cached_blocks={"b:1": 4})
+    assert policy.pick(ctx, [w("a", running=2), w("b", running=2), w("c", running=1)],
+                       random.Random(0)).worker.worker_id == "b"
+    # b holds the prefix but would exceed 1.25x the average outstanding: the least loaded instead.
+    hot = [w("a", running=2), w("b", running=12), w("c", running=1)]
+    assert policy.pick(ctx, hot, random.Random(0)).worker.worker_id == "c"

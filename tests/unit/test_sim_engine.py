@@ -11,7 +11,8 @@ import pytest
 
 from services.config import WorkerConfig
 from worker.engine import Delta, Load, PromptTooLong, Request
-from worker.sim_engine import SimEngine, tokenize
+from services.prompts import sim_tokenize as tokenize
+from worker.sim_engine import SimEngine
 
 
 class FakeClock:

@@ -1,0 +1,162 @@
+"""Routing benchmark: every policy on the same KV-bound sim fleet, back to back, one seed per run.
+
+For each scenario and each policy (in an order that rotates round to round) it starts
+`meshserve up --engine sim --workers 4 --routing POLICY` with the scenario's sim parameters,
+runs `meshserve bench` through Envoy, reads each worker's own prefix-cache counters, stops the
+mesh and writes one JSON per run plus summary.md (medians over rounds, ratios to round-robin).
+
+    .venv/bin/python bench/routing.py OUT_DIR [--rounds 1] [--scenarios prefix,slow,hot]
+        [--policies round-robin,prefix-affinity,kv-aware,...]
+
+Scenarios:
+  prefix  prefix_repetition: 16 prefixes of 1,000 words (~86 blocks each), 64-word suffixes,
+          32 output tokens, 1,200 requests at 300 concurrent; 1,000 KV blocks per worker, about
+          a third of the 1,370-block prefix working set beside the running requests' own blocks.
+  slow    the same fleet and workload, the fourth worker 2x slower (--sim-speed 1 1 1 0.5).
+  hot     one prefix carries half the traffic (8 of 16 equal shares are the same prefix).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from services.config import ROUTING_POLICIES  # noqa: E402
+
+VENV_BIN = Path(sys.executable).parent
+PORT, ADMIN_PORT = 8380, 9981
+FLEET = ["--engine", "sim", "--workers", "4", "--sim-num-kv-blocks", "1000", "--no-tracing",
+         "--port", str(PORT), "--admin-port", str(ADMIN_PORT), "--gateway-port", "50351",
+         "--router-port", "50352", "--cache-port", "50353", "--worker-port", "50361",
+         "--redis-port", "6389", "--trace-port", "4397"]
+PREFIX_BENCH = ["--dataset-name", "prefix_repetition", "--prefix-repetition-num-prefixes", "16",
+                "--prefix-repetition-prefix-len", "1000", "--prefix-repetition-suffix-len", "64",
+                "--prefix-repetition-output-len", "32", "--num-prompts", "1200",
+                "--max-concurrency", "300"]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    up: list[str] = field(default_factory=list)
+    bench: list[str] = field(default_factory=list)
+
+
+SCENARIOS = {
+    "prefix": Scenario("prefix", [], PREFIX_BENCH),
+    "slow": Scenario("slow", ["--sim-speed", "1", "1", "1", "0.5"], PREFIX_BENCH),
+    "hot": Scenario("hot", [], [*PREFIX_BENCH, "--prefix-repetition-hot-share", "0.5"]),
+}
+HEADLINE = ["output_throughput", "median_ttft_ms", "p99_ttft_ms", "mean_ttft_ms", "failed"]
+
+
+def worker_prefix_stats(metrics_urls: list[str]) -> dict[str, float]:
+    """Prompt tokens queried and hit in the workers' own prefix caches (their metrics)."""
+    out = {"prefix_cache_queries": 0.0, "prefix_cache_hits": 0.0}
+    for url in metrics_urls:
+        for line in urllib.request.urlopen(url, timeout=5).read().decode().splitlines():
+            for key in out:
+                if line.startswith(f"vllm:{key}_total"):
+                    out[key] += float(line.split()[-1])
+    return out
+
+
+def run_one(out: Path, scenario: Scenario, policy: str, seed: int) -> dict:
+    run_dir = out / "runs" / f"{scenario.name}-{policy}-s{seed}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    up = subprocess.Popen([str(VENV_BIN / "meshserve"), "up", *FLEET, *scenario.up, "--routing", policy,
+                           "--run-dir", str(run_dir / "mesh")],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert up.stdout is not None
+    lines = []
+    try:
+        for line in up.stdout:  # `meshserve up` prints its table once everything is ready
+            lines.append(line)
+            if line.startswith("Try:"):
+                break
+        else:
+            raise RuntimeError("meshserve up failed:\n" + "".join(lines[-30:]))
+        # "  worker-0 metrics   http://127.0.0.1:PORT/metrics"
+        metrics = [ln.split()[-1] for ln in lines if ln.split()[:1] and ln.split()[0].startswith("worker-")
+                   and ln.split()[1] == "metrics"]
+        before = worker_prefix_stats(metrics)
+        result_file = run_dir / "bench.json"
+        subprocess.run([str(VENV_BIN / "meshserve"), "bench", "--target", f"127.0.0.1:{PORT}",
+                        *scenario.bench, "--seed", str(seed), "--disable-tqdm", "--label", policy,
+                        "--save-result", str(result_file)], check=True, stdout=subprocess.DEVNULL)
+        after = worker_prefix_stats(metrics)
+        result = json.loads(result_file.read_text())
+        hits = after["prefix_cache_hits"] - before["prefix_cache_hits"]
+        queries = after["prefix_cache_queries"] - before["prefix_cache_queries"]
+        result["engine_prefix_hit_rate"] = hits / queries if queries else 0.0
+        result_file.write_text(json.dumps(result, indent=2) + "\n")
+        return result
+    finally:
+        up.send_signal(2)
+        try:
+            up.wait(60)
+        except subprocess.TimeoutExpired:
+            up.kill()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--scenarios", default="prefix,slow,hot")
+    parser.add_argument("--policies", default=",".join(p for p in ROUTING_POLICIES if p != "session-affinity"))
+    args = parser.parse_args()
+    scenarios = [SCENARIOS[s] for s in args.scenarios.split(",")]
+    policies = args.policies.split(",")
+    rows: dict[tuple[str, str], list[dict]] = {}
+    for r in range(args.rounds):
+        for scenario in scenarios:
+            seed = 1000 * r + len(scenario.name)
+            order = policies[r % len(policies):] + policies[: r % len(policies)]
+            for policy in order:
+                started = time.monotonic()
+                result = run_one(args.out, scenario, policy, seed)
+                rows.setdefault((scenario.name, policy), []).append(result)
+                print(f"round {r + 1} {scenario.name:<7} {policy:<16} "
+                      + " ".join(f"{k} {result[k]:.1f}" for k in HEADLINE)
+                      + f" hit {result['engine_prefix_hit_rate']:.2f} ({time.monotonic() - started:.0f}s)",
+                      flush=True)
+    (args.out / "rows.json").write_text(json.dumps({f"{s}/{p}": v for (s, p), v in rows.items()}, indent=1))
+    (args.out / "summary.md").write_text(summary(rows, scenarios, policies))
+    print(summary(rows, scenarios, policies))
+    return 0
+
+
+def summary(rows: dict[tuple[str, str], list[dict]], scenarios: list[Scenario], policies: list[str]) -> str:
+    lines = []
+    for scenario in scenarios:
+        lines += [f"### {scenario.name}", "",
+                  "| policy | output tok/s | median TTFT ms | p99 TTFT ms | mean TTFT ms | failed | "
+                  "engine prefix hit rate | p99 TTFT / round-robin | tok/s / round-robin |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        med = {p: {k: statistics.median(r[k] for r in rows[(scenario.name, p)])
+                   for k in [*HEADLINE, "engine_prefix_hit_rate"]}
+               for p in policies if (scenario.name, p) in rows}
+        base = med.get("round-robin")
+        for p, m in med.items():
+            ratio = (f"{m['p99_ttft_ms'] / base['p99_ttft_ms']:.2f} | "
+                     f"{m['output_throughput'] / base['output_throughput']:.2f}") if base else "- | -"
+            lines.append(f"| {p} | {m['output_throughput']:,.0f} | {m['median_ttft_ms']:,.0f} | "
+                         f"{m['p99_ttft_ms']:,.0f} | {m['mean_ttft_ms']:,.0f} | {m['failed']:.0f} | "
+                         f"{m['engine_prefix_hit_rate']:.2f} | {ratio} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

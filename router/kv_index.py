@@ -1,0 +1,138 @@
+"""Which worker holds which KV-cache block: block hash -> the set of workers (a bitmask), kept
+from the workers' KV-event streams (precise) or from the router's own picks (approximate).
+
+``match`` answers, for a prompt's block-hash chain, how many leading blocks each worker holds;
+an engine can reuse only a prefix of its blocks, so a worker's count stops at the first block it
+lacks. The work per event and per match is linear in the blocks it names, never in the index.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+log = logging.getLogger(__name__)
+
+
+class KvIndex:
+    """Block hash -> workers holding it, for any number of workers (one bit each)."""
+
+    def __init__(self) -> None:
+        self._holders: dict[int, int] = {}                    # block hash -> bitmask of slots
+        self._slot: dict[str, int] = {}                       # worker -> its bit
+        self._blocks: dict[str, OrderedDict[int, float]] = {}  # worker -> its blocks (-> when), oldest first
+        self._worker_at: dict[int, str] = {}                  # slot -> worker
+        self._free_slots: list[int] = []
+        self.ignored = 0  # removals of blocks the worker never reported storing
+
+    def __len__(self) -> int:
+        """Distinct blocks held by at least one worker."""
+        return len(self._holders)
+
+    def workers(self) -> list[str]:
+        return list(self._slot)
+
+    def num_blocks(self, worker: str) -> int:
+        return len(self._blocks.get(worker, ()))
+
+    def reset(self, worker: str, hashes: Iterable[int]) -> None:
+        """``worker`` holds exactly ``hashes`` now."""
+        self.drop(worker)
+        self.stored(worker, hashes)
+
+    def stored(self, worker: str, hashes: Iterable[int], at: float = 0.0) -> None:
+        """``worker`` holds ``hashes`` (since ``at``, for ``expire``)."""
+        bit = 1 << self._slot_of(worker)
+        blocks = self._blocks[worker]
+        for h in hashes:
+            if h in blocks:
+                blocks.move_to_end(h)
+                blocks[h] = at
+                continue
+            blocks[h] = at
+            self._holders[h] = self._holders.get(h, 0) | bit
+
+    def removed(self, worker: str, hashes: Iterable[int]) -> None:
+        blocks = self._blocks.get(worker)
+        if blocks is None:
+            return
+        bit = 1 << self._slot[worker]
+        for h in hashes:
+            if blocks.pop(h, None) is not None:
+                self._unhold(h, bit)
+            else:
+                self.ignored += 1
+
+    def evict_oldest(self, worker: str, keep: int) -> None:
+        """Forgets the worker's least recently stored blocks beyond ``keep`` (approximate index)."""
+        blocks = self._blocks.get(worker)
+        if blocks is None:
+            return
+        bit = 1 << self._slot[worker]
+        while len(blocks) > keep:
+            h, _ = blocks.popitem(last=False)
+            self._unhold(h, bit)
+
+    def expire(self, before: float) -> None:
+        """Forgets every block stored before ``before`` (the router's record of recent picks)."""
+        for worker, blocks in self._blocks.items():
+            bit = 1 << self._slot[worker]
+            while blocks and next(iter(blocks.values())) < before:
+                h, _ = blocks.popitem(last=False)
+                self._unhold(h, bit)
+
+    def drop(self, worker: str) -> None:
+        """Forgets everything ``worker`` held (its stream ended, or it resets)."""
+        blocks = self._blocks.pop(worker, None)
+        if blocks is None:
+            return
+        slot = self._slot.pop(worker)
+        del self._worker_at[slot]
+        bit = 1 << slot
+        for h in blocks:
+            self._unhold(h, bit)
+        self._free_slots.append(slot)
+
+    def match(self, hashes: Sequence[int]) -> dict[str, int]:
+        """Leading blocks of the chain ``hashes`` each worker holds (workers with none omitted)."""
+        if not hashes:
+            return {}
+        alive = self._holders.get(hashes[0], 0)
+        if not alive:
+            return {}
+        ended: dict[int, int] = {}  # bit -> blocks held before its first miss
+        for i in range(1, len(hashes)):
+            held = alive & self._holders.get(hashes[i], 0)
+            if held != alive:
+                for bit in _bits(alive & ~held):
+                    ended[bit] = i
+                alive = held
+                if not alive:
+                    break
+        for bit in _bits(alive):
+            ended[bit] = len(hashes)
+        return {self._worker_at[bit.bit_length() - 1]: n for bit, n in ended.items()}
+
+    def _slot_of(self, worker: str) -> int:
+        slot = self._slot.get(worker)
+        if slot is None:
+            slot = self._free_slots.pop() if self._free_slots else len(self._slot)
+            self._slot[worker] = slot
+            self._worker_at[slot] = worker
+            self._blocks[worker] = OrderedDict()
+        return slot
+
+    def _unhold(self, h: int, bit: int) -> None:
+        left = self._holders.get(h, 0) & ~bit
+        if left:
+            self._holders[h] = left
+        else:
+            self._holders.pop(h, None)
+
+
+def _bits(mask: int) -> Iterable[int]:
+    while mask:
+        low = mask & -mask
+        yield low
+        mask ^= low

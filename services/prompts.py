@@ -1,0 +1,100 @@
+"""A prompt as an engine sees it: token ids (chat messages through the chat template) and the
+hash chain of its full KV-cache blocks.
+
+The worker and the router both use this module, so the router's "worker W holds the first K
+blocks of this prompt" is computed exactly as the worker's engine tokenizes the prompt. A block's
+chain hash covers its parent's hash and its own token ids; workers translate their engine's
+KV-cache events into these hashes (the events carry each block's token ids), so the router never
+needs the engine's own hash function or seed.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+# -- the simulator's stand-in tokenizer and chat template ----------------------------------------
+
+SIM_TOKENIZER = "sim"
+SIM_VOCAB_SIZE = 32000
+_PIECE = re.compile(r" ?\S{1,4}|\s")
+
+
+def sim_token_id(piece: str) -> int:
+    return zlib.crc32(piece.encode()) % SIM_VOCAB_SIZE
+
+
+def sim_tokenize(text: str) -> list[int]:
+    """The simulator's tokenizer: deterministic, pieces of up to 4 characters with their leading
+    space (~4 characters per token, like BPE on English)."""
+    return [sim_token_id(piece) for piece in _PIECE.findall(text)]
+
+
+def sim_render(prompt: str, messages: Sequence[Mapping[str, str]] | None) -> str:
+    """The prompt text; chat turns get a simple stand-in for a chat template."""
+    if not messages:
+        return prompt
+    turns = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages)
+    return turns + "<|assistant|>\n"
+
+
+# -- Hugging Face tokenizers (the vLLM engine's) --------------------------------------------------
+
+
+def hf_prompt_ids(tokenizer: Any, prompt: str, messages: Sequence[Mapping[str, str]] | None) -> list[int]:
+    """The prompt token ids vLLM gets from the worker: chat messages through the model's chat
+    template (generation prompt added), a plain prompt with the tokenizer's special tokens."""
+    if messages:
+        text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+        return list(tokenizer.encode(text, add_special_tokens=False))
+    return list(tokenizer.encode(prompt))
+
+
+class PromptTokenizer(Protocol):
+    def __call__(self, prompt: str, messages: Sequence[Mapping[str, str]] | None) -> list[int]: ...
+
+
+def load_tokenizer(name: str) -> PromptTokenizer:
+    """The prompt tokenizer a worker reports (``WorkerInfo.tokenizer``): ``sim`` or a path /
+    Hugging Face name (loaded offline, from local files only)."""
+    if name == SIM_TOKENIZER:
+        return lambda prompt, messages: sim_tokenize(sim_render(prompt, messages))
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=True)
+    tok: Callable[[str, Sequence[Mapping[str, str]] | None], list[int]] = (
+        lambda prompt, messages: hf_prompt_ids(tokenizer, prompt, messages)
+    )
+    return tok
+
+
+# -- block hashes -----------------------------------------------------------------------------
+
+U64 = (1 << 64) - 1
+ROOT_HASH = 0  # the parent of a prompt's first block
+
+
+def block_hash(parent: int, token_ids: Sequence[int]) -> int:
+    """A full block's chain hash: deterministic across processes (tuples of ints hash the same
+    in every Python process; no PYTHONHASHSEED involved), unsigned 64-bit for the wire."""
+    return hash((parent, tuple(token_ids))) & U64
+
+
+def block_hashes(token_ids: Sequence[int], block_size: int, limit: int | None = None) -> list[int]:
+    """The chain hashes of the full blocks of ``token_ids`` (at most ``limit`` blocks)."""
+    n = len(token_ids) // block_size
+    if limit is not None:
+        n = min(n, limit)
+    hashes, parent = [], ROOT_HASH
+    for i in range(n):
+        parent = block_hash(parent, token_ids[i * block_size : (i + 1) * block_size])
+        hashes.append(parent)
+    return hashes
+
+
+def cacheable_blocks(num_prompt_tokens: int, block_size: int) -> int:
+    """How many leading blocks of a prompt an engine can take from its prefix cache: full blocks,
+    leaving at least one token to compute (vLLM needs the last token's logits)."""
+    return max(0, (num_prompt_tokens - 1) // block_size)

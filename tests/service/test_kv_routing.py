@@ -1,0 +1,111 @@
+"""KV-aware routing against real sim workers: the router's view of each worker's prefix cache
+comes from the workers' KV-event streams, agrees with what the engine then reports, follows a
+worker that goes away, and is rebuilt by a router that restarts."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+import prometheus_client
+import pytest
+
+from router.server import start_router
+from services.config import RouterConfig, WorkerConfig
+from services.gen import meshserve_pb2 as pb
+from services.gen import meshserve_pb2_grpc as pb_grpc
+from services.server import Running, insecure_channel
+from worker.server import start_worker
+
+PREFIX = " ".join(f"w{i:03d}" for i in range(200))  # 200 sim tokens: 12 full blocks of 16
+
+
+def index_blocks() -> float | None:
+    """The router's own gauge of the blocks in its KV index (the router runs in this process)."""
+    return prometheus_client.REGISTRY.get_sample_value("meshserve_router_kv_index_blocks", {"view": "kv"})
+
+
+async def pick(router: pb_grpc.RouterStub, prompt: str) -> pb.PickResponse:
+    return await router.Pick(pb.PickRequest(request_id="probe", prompt=prompt), timeout=5)
+
+
+async def until(condition, what: str, timeout: float = 5.0) -> None:  # noqa: ANN001
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not await condition():
+        if loop.time() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def generate(address: str, prompt: str) -> list[pb.GenerateResponse]:
+    async with insecure_channel(address) as channel:
+        stub = pb_grpc.WorkerStub(channel)
+        req = pb.GenerateRequest(request_id=prompt[-8:], prompt=prompt, max_tokens=2, temperature=0, ignore_eos=True)
+        return [c async for c in stub.Generate(req, timeout=10)]
+
+
+@pytest.fixture
+async def workers() -> AsyncIterator[list[tuple[Running, str]]]:
+    started = []
+    for i in range(2):
+        cfg = WorkerConfig(host="127.0.0.1", port=0, metrics_port=-1, engine="sim", worker_id=f"kv{i}",
+                           grace_seconds=1.0, sim_itl_base_ms=1.0)
+        running, servicer = await start_worker(cfg)
+        started.append((running, f"127.0.0.1:{running.port}"))
+    yield started
+    for running, _ in started:
+        await running.shutdown()
+
+
+async def router_on(addresses: list[str]) -> tuple[Running, pb_grpc.RouterStub, object]:
+    running = await start_router(RouterConfig(port=0, metrics_port=-1, grace_seconds=0.5, routing="kv-aware",
+                                              workers=addresses))
+    channel = insecure_channel(f"127.0.0.1:{running.port}")
+    return running, pb_grpc.RouterStub(channel), channel
+
+
+async def test_router_predicts_the_engines_cached_tokens_and_follows_its_workers(
+    workers: list[tuple[Running, str]],
+) -> None:
+    addresses = [a for _, a in workers]
+    router, stub, channel = await router_on(addresses)
+    try:
+        # The prefix is computed on kv1 only (directly, not through the router).
+        await generate(addresses[1], PREFIX + " first question")
+
+        # Picks are not probed until the index is filled: a pick is also remembered as pending
+        # on its worker, and the test is about what the workers' events say.
+        async def indexed() -> bool:
+            return (index_blocks() or 0) >= 12
+
+        await until(indexed, "the router to index kv1's blocks")
+        choice = await pick(stub, PREFIX + " second question")
+        assert choice.worker_id == "kv1"
+        answer = await generate(choice.address, PREFIX + " second question")
+        # What the engine found cached is what the router predicted, to the token here.
+        assert answer[-1].usage.cached_prompt_tokens == choice.predicted_cached_tokens == 12 * 16
+
+        # A restarted router rebuilds its view from the workers' streams.
+        await router.shutdown()
+        await channel.close()
+        router, stub, channel = await router_on(addresses)
+        await until(indexed, "a new router to learn kv1's cache from its stream")
+        again = await pick(stub, PREFIX + " third question")
+        assert (again.worker_id, again.predicted_cached_tokens) == ("kv1", 12 * 16)
+
+        # kv1 goes away: its blocks leave the index with its stream.
+        await workers[1][0].shutdown()
+
+        async def forgotten() -> bool:
+            try:
+                p = await pick(stub, PREFIX + " second question")
+            except grpc.aio.AioRpcError:
+                return False
+            return p.worker_id == "kv0" and p.predicted_cached_tokens == 0
+
+        await until(forgotten, "the router to drop kv1's blocks")
+    finally:
+        await router.shutdown()
+        await channel.close()
