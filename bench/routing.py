@@ -23,6 +23,7 @@ import json
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -71,6 +72,38 @@ def worker_prefix_stats(metrics_urls: list[str]) -> dict[str, float]:
     return out
 
 
+class LoadSampler(threading.Thread):
+    """Samples each worker's outstanding requests (running + waiting, its own gauges) 4 times a
+    second while the benchmark runs."""
+
+    def __init__(self, metrics_urls: list[str]) -> None:
+        super().__init__(daemon=True)
+        self.urls = metrics_urls
+        self.samples: list[list[float]] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.25):
+            row = []
+            for url in self.urls:
+                try:
+                    text = urllib.request.urlopen(url, timeout=5).read().decode()
+                except OSError:  # the mesh is stopping
+                    return
+                row.append(sum(float(ln.split()[-1]) for ln in text.splitlines()
+                               if ln.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting"))))
+            self.samples.append(row)
+
+    def imbalance(self) -> float:
+        """The busiest worker's mean outstanding requests over the fleet's mean (1: balanced),
+        over the samples when the fleet held at least one request per worker."""
+        busy = [r for r in self.samples if sum(r) >= len(r)]
+        if not busy:
+            return 0.0
+        means = [statistics.mean(col) for col in zip(*busy)]
+        return max(means) / statistics.mean(means)
+
+
 def run_one(out: Path, scenario: Scenario, policy: str, seed: int) -> dict:
     run_dir = out / "runs" / f"{scenario.name}-{policy}-s{seed}"
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -91,11 +124,16 @@ def run_one(out: Path, scenario: Scenario, policy: str, seed: int) -> dict:
                    and ln.split()[1] == "metrics"]
         before = worker_prefix_stats(metrics)
         result_file = run_dir / "bench.json"
+        sampler = LoadSampler(metrics)
+        sampler.start()
         subprocess.run([str(VENV_BIN / "meshserve"), "bench", "--target", f"127.0.0.1:{PORT}",
                         *scenario.bench, "--seed", str(seed), "--disable-tqdm", "--label", policy,
                         "--save-result", str(result_file)], check=True, stdout=subprocess.DEVNULL)
+        sampler.stop.set()
+        sampler.join()
         after = worker_prefix_stats(metrics)
         result = json.loads(result_file.read_text())
+        result["load_imbalance"] = sampler.imbalance()
         hits = after["prefix_cache_hits"] - before["prefix_cache_hits"]
         queries = after["prefix_cache_queries"] - before["prefix_cache_queries"]
         result["engine_prefix_hit_rate"] = hits / queries if queries else 0.0
@@ -129,7 +167,8 @@ def main() -> int:
                 rows.setdefault((scenario.name, policy), []).append(result)
                 print(f"round {r + 1} {scenario.name:<7} {policy:<16} "
                       + " ".join(f"{k} {result[k]:.1f}" for k in HEADLINE)
-                      + f" hit {result['engine_prefix_hit_rate']:.2f} ({time.monotonic() - started:.0f}s)",
+                      + f" hit {result['engine_prefix_hit_rate']:.2f} imbalance {result['load_imbalance']:.2f}"
+                      + f" ({time.monotonic() - started:.0f}s)",
                       flush=True)
     (args.out / "rows.json").write_text(json.dumps({f"{s}/{p}": v for (s, p), v in rows.items()}, indent=1))
     (args.out / "summary.md").write_text(summary(rows, scenarios, policies))
@@ -142,10 +181,10 @@ def summary(rows: dict[tuple[str, str], list[dict]], scenarios: list[Scenario], 
     for scenario in scenarios:
         lines += [f"### {scenario.name}", "",
                   "| policy | output tok/s | median TTFT ms | p99 TTFT ms | mean TTFT ms | failed | "
-                  "engine prefix hit rate | p99 TTFT / round-robin | tok/s / round-robin |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "engine prefix hit rate | busiest worker / mean | p99 TTFT / round-robin | tok/s / round-robin |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         med = {p: {k: statistics.median(r[k] for r in rows[(scenario.name, p)])
-                   for k in [*HEADLINE, "engine_prefix_hit_rate"]}
+                   for k in [*HEADLINE, "engine_prefix_hit_rate", "load_imbalance"]}
                for p in policies if (scenario.name, p) in rows}
         base = med.get("round-robin")
         for p, m in med.items():
@@ -153,7 +192,7 @@ def summary(rows: dict[tuple[str, str], list[dict]], scenarios: list[Scenario], 
                      f"{m['output_throughput'] / base['output_throughput']:.2f}") if base else "- | -"
             lines.append(f"| {p} | {m['output_throughput']:,.0f} | {m['median_ttft_ms']:,.0f} | "
                          f"{m['p99_ttft_ms']:,.0f} | {m['mean_ttft_ms']:,.0f} | {m['failed']:.0f} | "
-                         f"{m['engine_prefix_hit_rate']:.2f} | {ratio} |")
+                         f"{m['engine_prefix_hit_rate']:.2f} | {m['load_imbalance']:.2f} | {ratio} |")
         lines.append("")
     return "\n".join(lines)
 

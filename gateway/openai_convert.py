@@ -64,6 +64,7 @@ def _sampling(req: pb.ChatCompletionRequest | pb.CompletionRequest, out: pb.Gene
     out.ignore_eos = req.ignore_eos
     out.skip_cache = req.skip_cache
     out.model = req.model
+    out.user = req.user
 
 
 def chat_request(req: pb.ChatCompletionRequest) -> pb.GenerateRequest:

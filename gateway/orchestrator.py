@@ -232,7 +232,8 @@ class Orchestrator:
                 span.set_attribute("meshserve.router.excluded", len(exclude))
                 pick = await self._clients.picks.pick(
                     pb.PickRequest(request_id=req.request_id, prompt=req.prompt, messages=req.messages,
-                                   exclude=exclude, trace_context=dict(telemetry.outgoing_metadata())),
+                                   exclude=exclude, session_key=req.user,
+                                   trace_context=dict(telemetry.outgoing_metadata())),
                     PICK_TIMEOUT_S,
                 )
                 span.set_attributes({"meshserve.worker": pick.worker_id,

@@ -30,6 +30,7 @@ def test_chat_request_maps_fields() -> None:
     ))
     assert [(m.role, m.content) for m in req.messages] == [("system", "s"), ("user", "ab"), ("assistant", "")]
     assert (req.model, req.max_tokens, req.temperature, req.top_p, req.seed) == ("m", 5, 0, 0.5, 7)
+    assert req.user == "u"  # the session key of session-affinity routing
     assert list(req.stop) == ["END"] and req.HasField("temperature")
     assert not req.HasField("stream_interval")
 
