@@ -6,20 +6,30 @@ runs `meshserve bench` through Envoy, reads each worker's own prefix-cache count
 mesh and writes one JSON per run plus summary.md (medians over rounds, ratios to round-robin).
 
     .venv/bin/python bench/routing.py OUT_DIR [--rounds 1] [--scenarios prefix,slow,hot]
-        [--policies round-robin,prefix-affinity,kv-aware,...]
+        [--policies round-robin,prefix-affinity,kv-aware,...] [--tree DIR]
+        [--variant "kv-bound1.5=kv-aware --load-bound 1.5" ...]
+
+--tree runs the mesh and the load generator from another source tree (a `git worktree` of the
+commit to measure), so the working tree can change while it runs. A --variant is a label, the
+policy and extra `meshserve up` flags, run as one more policy.
 
 Scenarios:
   prefix  prefix_repetition: 16 prefixes of 1,000 words (~86 blocks each), 64-word suffixes,
           32 output tokens, 1,200 requests at 300 concurrent; 1,000 KV blocks per worker, about
           a third of the 1,370-block prefix working set beside the running requests' own blocks.
   slow    the same fleet and workload, the fourth worker 2x slower (--sim-speed 1 1 1 0.5).
-  hot     one prefix carries half the traffic (8 of 16 equal shares are the same prefix).
+  hot     one prefix carries half the traffic (the other half spread over the other 15).
+  multi   multi_turn: 100 users x 5 turns, a shared 100-word system prompt, 40-word questions,
+          32-token answers; each turn sends the whole conversation so far (~550 tokens by the
+          fifth), so a user's history is worth keeping on one engine.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -34,7 +44,6 @@ sys.path.insert(0, str(REPO))
 
 from services.config import ROUTING_POLICIES  # noqa: E402
 
-VENV_BIN = Path(sys.executable).parent
 PORT, ADMIN_PORT = 8380, 9981
 FLEET = ["--engine", "sim", "--workers", "4", "--sim-num-kv-blocks", "1000", "--no-tracing",
          "--port", str(PORT), "--admin-port", str(ADMIN_PORT), "--gateway-port", "50351",
@@ -53,10 +62,15 @@ class Scenario:
     bench: list[str] = field(default_factory=list)
 
 
+MULTI_BENCH = ["--dataset-name", "multi_turn", "--multi-turn-num-users", "100", "--multi-turn-num-turns", "5",
+               "--multi-turn-system-prompt-len", "100", "--multi-turn-question-len", "40",
+               "--multi-turn-output-len", "32"]
+
 SCENARIOS = {
     "prefix": Scenario("prefix", [], PREFIX_BENCH),
     "slow": Scenario("slow", ["--sim-speed", "1", "1", "1", "0.5"], PREFIX_BENCH),
     "hot": Scenario("hot", [], [*PREFIX_BENCH, "--prefix-repetition-hot-share", "0.5"]),
+    "multi": Scenario("multi", [], MULTI_BENCH),
 }
 HEADLINE = ["output_throughput", "median_ttft_ms", "p99_ttft_ms", "mean_ttft_ms", "failed"]
 
@@ -104,12 +118,13 @@ class LoadSampler(threading.Thread):
         return max(means) / statistics.mean(means)
 
 
-def run_one(out: Path, scenario: Scenario, policy: str, seed: int) -> dict:
-    run_dir = out / "runs" / f"{scenario.name}-{policy}-s{seed}"
+def run_one(out: Path, scenario: Scenario, label: str, up_args: list[str], seed: int, tree: Path) -> dict:
+    run_dir = out / "runs" / f"{scenario.name}-{label}-s{seed}"
     run_dir.mkdir(parents=True, exist_ok=True)
-    up = subprocess.Popen([str(VENV_BIN / "meshserve"), "up", *FLEET, *scenario.up, "--routing", policy,
-                           "--run-dir", str(run_dir / "mesh")],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    cli = [sys.executable, "-m", "services.cli"]
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    up = subprocess.Popen([*cli, "up", *FLEET, *scenario.up, *up_args, "--run-dir", str(run_dir / "mesh")],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tree, env=env)
     assert up.stdout is not None
     lines = []
     try:
@@ -126,9 +141,10 @@ def run_one(out: Path, scenario: Scenario, policy: str, seed: int) -> dict:
         result_file = run_dir / "bench.json"
         sampler = LoadSampler(metrics)
         sampler.start()
-        subprocess.run([str(VENV_BIN / "meshserve"), "bench", "--target", f"127.0.0.1:{PORT}",
-                        *scenario.bench, "--seed", str(seed), "--disable-tqdm", "--label", policy,
-                        "--save-result", str(result_file)], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([*cli, "bench", "--target", f"127.0.0.1:{PORT}",
+                        *scenario.bench, "--seed", str(seed), "--disable-tqdm", "--label", label,
+                        "--save-result", str(result_file.resolve())], check=True, stdout=subprocess.DEVNULL,
+                       cwd=tree, env=env)
         sampler.stop.set()
         sampler.join()
         after = worker_prefix_stats(metrics)
@@ -153,9 +169,17 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--scenarios", default="prefix,slow,hot")
     parser.add_argument("--policies", default=",".join(p for p in ROUTING_POLICIES if p != "session-affinity"))
+    parser.add_argument("--variant", action="append", default=[], metavar="LABEL=POLICY [FLAGS]")
+    parser.add_argument("--tree", type=Path, default=REPO, help="source tree to run (default: this one)")
     args = parser.parse_args()
     scenarios = [SCENARIOS[s] for s in args.scenarios.split(",")]
-    policies = args.policies.split(",")
+    runs = {p: ["--routing", p] for p in args.policies.split(",") if p}
+    for v in args.variant:
+        label, _, rest = v.partition("=")
+        policy, *flags = shlex.split(rest)
+        runs[label] = ["--routing", policy, *flags]
+    policies = list(runs)
+    tree = args.tree.resolve()
     rows: dict[tuple[str, str], list[dict]] = {}
     for r in range(args.rounds):
         for scenario in scenarios:
@@ -163,7 +187,7 @@ def main() -> int:
             order = policies[r % len(policies):] + policies[: r % len(policies)]
             for policy in order:
                 started = time.monotonic()
-                result = run_one(args.out, scenario, policy, seed)
+                result = run_one(args.out, scenario, policy, runs[policy], seed, tree)
                 rows.setdefault((scenario.name, policy), []).append(result)
                 print(f"round {r + 1} {scenario.name:<7} {policy:<16} "
                       + " ".join(f"{k} {result[k]:.1f}" for k in HEADLINE)

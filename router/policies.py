@@ -263,46 +263,56 @@ def _eligible(stale_after_s: float) -> list[Filter]:
     return [HealthyFilter(stale_after_s), NotDrainingFilter(), ExcludeFilter()]
 
 
-# The one place policies are named. Each factory takes RouterConfig.stale_after_s.
-POLICIES: dict[str, Callable[[float], Policy]] = {
-    "round-robin": lambda stale: Policy("round-robin", _eligible(stale), [], RoundRobinPicker()),
-    "random": lambda stale: Policy("random", _eligible(stale), [], RandomPicker()),
-    "least-load": lambda stale: Policy(
-        "least-load", _eligible(stale), [(LeastLoadScorer(), 1.0)], MaxScorePicker()
+@dataclass(frozen=True)
+class Tuning:
+    """The knobs of the policies (RouterConfig): when a report is stale, how far above the
+    average load an affine worker may go, and how much load weighs against cached blocks."""
+
+    stale_after_s: float = 2.0
+    load_bound: float = 1.25
+    kv_load_weight: float = 0.3
+
+    def __post_init__(self) -> None:
+        if self.load_bound < 1.0:
+            raise ValueError(f"load_bound must be at least 1.0 (the average load), got {self.load_bound}")
+        if self.kv_load_weight < 0:
+            raise ValueError(f"kv_load_weight must be at least 0, got {self.kv_load_weight}")
+
+
+def _bounded(t: Tuning) -> list[Filter]:
+    return [*_eligible(t.stale_after_s), BoundedLoadFilter(epsilon=t.load_bound - 1.0)]
+
+
+# The one place policies are named.
+POLICIES: dict[str, Callable[[Tuning], Policy]] = {
+    "round-robin": lambda t: Policy("round-robin", _eligible(t.stale_after_s), [], RoundRobinPicker()),
+    "random": lambda t: Policy("random", _eligible(t.stale_after_s), [], RandomPicker()),
+    "least-load": lambda t: Policy(
+        "least-load", _eligible(t.stale_after_s), [(LeastLoadScorer(), 1.0)], MaxScorePicker()
     ),
-    "power-of-two": lambda stale: Policy(
-        "power-of-two", _eligible(stale), [(LeastLoadScorer(), 1.0)], PowerOfTwoPicker()
+    "power-of-two": lambda t: Policy(
+        "power-of-two", _eligible(t.stale_after_s), [(LeastLoadScorer(), 1.0)], PowerOfTwoPicker()
     ),
     # Affinity decides among the workers under the load bound; load only breaks the tie when
     # the request has no prompt.
-    "prefix-affinity": lambda stale: Policy(
-        "prefix-affinity",
-        [*_eligible(stale), BoundedLoadFilter(epsilon=0.25)],
-        [(PrefixAffinityScorer(prefix_chars=256), 1.0), (LeastLoadScorer(), 0.1)],
-        MaxScorePicker(),
+    "prefix-affinity": lambda t: Policy(
+        "prefix-affinity", _bounded(t),
+        [(PrefixAffinityScorer(prefix_chars=256), 1.0), (LeastLoadScorer(), 0.1)], MaxScorePicker(),
     ),
     # The blocks each engine really holds (its KV events), weighed against load, among the
     # workers under the load bound so one hot prefix cannot pile onto one engine.
-    "kv-aware": lambda stale: Policy(
-        "kv-aware",
-        [*_eligible(stale), BoundedLoadFilter(epsilon=0.25)],
-        [(KvAwareScorer(), 1.0), (LeastLoadScorer(), 0.3)],
-        MaxScorePicker(),
-        prefix_view="kv",
+    "kv-aware": lambda t: Policy(
+        "kv-aware", _bounded(t), [(KvAwareScorer(), 1.0), (LeastLoadScorer(), t.kv_load_weight)],
+        MaxScorePicker(), prefix_view="kv",
     ),
     # The same over the router's own record of the prompts it sent to each worker (SGLang's
     # approximate tree), for when engines do not report KV events.
-    "approx-prefix": lambda stale: Policy(
-        "approx-prefix",
-        [*_eligible(stale), BoundedLoadFilter(epsilon=0.25)],
-        [(KvAwareScorer(), 1.0), (LeastLoadScorer(), 0.3)],
-        MaxScorePicker(),
-        prefix_view="approx",
+    "approx-prefix": lambda t: Policy(
+        "approx-prefix", _bounded(t), [(KvAwareScorer(), 1.0), (LeastLoadScorer(), t.kv_load_weight)],
+        MaxScorePicker(), prefix_view="approx",
     ),
-    "session-affinity": lambda stale: Policy(
-        "session-affinity",
-        [*_eligible(stale), BoundedLoadFilter(epsilon=0.25)],
-        [(SessionAffinityScorer(), 1.0), (LeastLoadScorer(), 0.1)],
+    "session-affinity": lambda t: Policy(
+        "session-affinity", _bounded(t), [(SessionAffinityScorer(), 1.0), (LeastLoadScorer(), 0.1)],
         MaxScorePicker(),
     ),
 }
@@ -310,9 +320,11 @@ POLICIES: dict[str, Callable[[float], Policy]] = {
 assert tuple(POLICIES) == ROUTING_POLICIES, "services.config.ROUTING_POLICIES names these policies"
 
 
-def build_policy(name: str, stale_after_s: float) -> Policy:
+def build_policy(name: str, stale_after_s: float = 2.0, load_bound: float = 1.25,
+                 kv_load_weight: float = 0.3) -> Policy:
+    """The named policy; raises ValueError naming the valid choices or the bad knob."""
     try:
         factory = POLICIES[name]
     except KeyError:
         raise ValueError(f"unknown routing policy {name!r}; choose one of: {', '.join(POLICIES)}") from None
-    return factory(stale_after_s)
+    return factory(Tuning(stale_after_s, load_bound, kv_load_weight))

@@ -158,6 +158,62 @@ def workload(args: argparse.Namespace, n: int) -> list[BenchRequest]:
                            rng, args.random_prefix_len)
 
 
+@dataclass
+class Conversation:
+    """One user of the multi_turn dataset: a system prompt and the questions of its turns."""
+
+    system: str
+    questions: list[str]
+    output_len: int
+
+
+def multi_turn_conversations(
+    num_users: int, num_turns: int, system_len: int, question_len: int, output_len: int, rng: random.Random
+) -> list[Conversation]:
+    """Users sharing one system prompt of ``system_len`` words, each with ``num_turns`` questions
+    of ``question_len`` random words (production-stack's multi-round QA, closed loop)."""
+    system = " ".join(rng.choices(VOCABULARY, k=system_len))
+    return [
+        Conversation(system, [" ".join(rng.choices(VOCABULARY, k=question_len)) for _ in range(num_turns)],
+                     output_len)
+        for _ in range(num_users)
+    ]
+
+
+# Opens one turn of a conversation: (the chat so far, request id, max_tokens) -> its stream.
+OpenTurn = Callable[[list[pb.ChatMessage], str, int], OpenStream]
+
+
+async def run_conversations(
+    conversations: Sequence[Conversation], open_turn: OpenTurn, think_time: float = 0.0,
+    on_done: Callable[[], None] = lambda: None, id_prefix: str = "chat",
+) -> tuple[list[RequestResult], float]:
+    """Every user at once, each a closed loop: a turn sends the whole conversation so far (system
+    prompt, earlier questions and the answers the mesh gave) plus the next question, after the
+    previous answer arrived and ``think_time`` seconds. Results in (user, turn) order."""
+
+    async def user(u: int, conv: Conversation) -> list[RequestResult]:
+        history = [pb.ChatMessage(role="system", content=conv.system)]
+        words = len(conv.system.split())
+        results = []
+        for t, question in enumerate(conv.questions):
+            history.append(pb.ChatMessage(role="user", content=question))
+            words += len(question.split())
+            answer: list[str] = []
+            results.append(await measure(open_turn(list(history), f"{id_prefix}-u{u}-t{t}", conv.output_len),
+                                         words, answer))
+            on_done()
+            history.append(pb.ChatMessage(role="assistant", content="".join(answer)))
+            words += conv.output_len
+            if think_time and t + 1 < len(conv.questions):
+                await backoff(think_time)  # the user reads and types
+        return results
+
+    start = time.perf_counter()
+    per_user = await asyncio.gather(*(user(u, c) for u, c in enumerate(conversations)))
+    return [r for rs in per_user for r in rs], time.perf_counter() - start
+
+
 def arrival_offsets(n: int, request_rate: float, rng: random.Random, burstiness: float = 1.0) -> list[float]:
     """Send times (seconds from the start) of ``n`` requests arriving at ``request_rate`` per second.
 
@@ -180,8 +236,9 @@ def arrival_offsets(n: int, request_rate: float, rng: random.Random, burstiness:
 # ---------------------------------------------------------------------------------------------
 
 
-async def measure(open_stream: OpenStream, prompt_len: int) -> RequestResult:
-    """Streams one request and times it; only timestamps and counts are taken per chunk."""
+async def measure(open_stream: OpenStream, prompt_len: int, text: list[str] | None = None) -> RequestResult:
+    """Streams one request and times it; only timestamps and counts are taken per chunk (and the
+    text pieces, into ``text``, when given: a conversation sends the answer back)."""
     result = RequestResult(prompt_len=prompt_len)
     usage: pb.Usage | None = None
     token_ids = 0
@@ -191,6 +248,8 @@ async def measure(open_stream: OpenStream, prompt_len: int) -> RequestResult:
         async for chunk in open_stream():
             now = time.perf_counter()
             if chunk.text:
+                if text is not None:
+                    text.append(chunk.text)
                 if result.ttft == 0.0:
                     result.ttft = now - start
                 else:
@@ -412,8 +471,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="a refused user waits the refusal's retry-after before its next request "
                            "(as the OpenAI SDK does); default: it sends the next one at once")
 
-    parser.add_argument("--dataset-name", default="random", choices=["random", "prefix_repetition"],
-                        help="the prompts: random words, or shared prefixes plus random suffixes")
+    parser.add_argument("--dataset-name", default="random", choices=["random", "prefix_repetition", "multi_turn"],
+                        help="the prompts: random words, shared prefixes plus random suffixes, or "
+                             "conversations (closed loop: each turn after the previous answer)")
     data = parser.add_argument_group("random dataset")
     data.add_argument("--random-input-len", type=_positive_int, default=1024,
                       help="prompt length in words (about one token each)")
@@ -432,6 +492,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     rep.add_argument("--prefix-repetition-output-len", type=_positive_int, default=128, help="max_tokens per request")
     rep.add_argument("--prefix-repetition-hot-share", type=float, default=0.0,
                      help="fraction of the requests that share the first prefix (a hot prompt; not in vLLM)")
+    turns = parser.add_argument_group("multi_turn dataset (--num-prompts, --max-concurrency and the "
+                                      "request rate do not apply: the users are the load)")
+    turns.add_argument("--multi-turn-num-users", type=_positive_int, default=100, help="concurrent users")
+    turns.add_argument("--multi-turn-num-turns", type=_positive_int, default=5, help="turns per conversation")
+    turns.add_argument("--multi-turn-system-prompt-len", type=int, default=200,
+                       help="words of the system prompt all users share")
+    turns.add_argument("--multi-turn-question-len", type=_positive_int, default=32, help="words per question")
+    turns.add_argument("--multi-turn-output-len", type=_positive_int, default=32, help="max_tokens per answer")
+    turns.add_argument("--multi-turn-think-time", type=float, default=0.0,
+                       help="seconds a user waits between an answer and the next question")
     sampling = parser.add_argument_group("sampling")
     sampling.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
     sampling.add_argument("--top-p", type=float, default=None, help="nucleus sampling top-p")
@@ -511,6 +581,22 @@ def _to_proto(req: BenchRequest, request_id: str, args: argparse.Namespace) -> p
     return msg
 
 
+def turn_opener(stubs: Sequence[Any], args: argparse.Namespace) -> OpenTurn:
+    """Opens conversation turns as chat requests, spread over the channels' stubs."""
+    turns = 0
+
+    def open_turn(messages: list[pb.ChatMessage], request_id: str, output_len: int) -> OpenStream:
+        nonlocal turns
+        msg = _to_proto(BenchRequest("", 0, output_len), request_id, args)
+        msg.ClearField("prompt")
+        msg.messages.extend(messages)
+        msg.user = request_id.rsplit("-t", 1)[0]  # the conversation: session-affinity's key
+        turns += 1
+        return partial(stubs[turns % len(stubs)].Generate, msg, timeout=args.timeout)
+
+    return open_turn
+
+
 async def _run_all(
     streams: Sequence[tuple[OpenStream, int]],
     offsets: Sequence[float],
@@ -581,8 +667,8 @@ def _run_info(args: argparse.Namespace, num_channels: int, date: str) -> dict[st
         "max_concurrency": args.max_concurrency,
         "num_channels": num_channels,
         "dataset_name": args.dataset_name,
-        **({k: getattr(args, k) for k in vars(args) if k.startswith("prefix_repetition_")}
-           if args.dataset_name == "prefix_repetition" else {}),
+        **{k: getattr(args, k) for k in vars(args)
+           if k.startswith(("prefix_repetition_", "multi_turn_")) and k.startswith(args.dataset_name)},
         "random_input_len": args.random_input_len,
         "random_output_len": args.random_output_len,
         "random_range_ratio": args.random_range_ratio,
@@ -606,8 +692,17 @@ async def run(args: argparse.Namespace) -> int:
 
     # 1. The workload, fixed by the seed; arrivals draw from their own stream so changing the
     #    rate does not change the prompts.
-    requests = workload(args, args.num_prompts + args.num_warmups)
-    warmups, requests = requests[: args.num_warmups], requests[args.num_warmups :]
+    conversations: list[Conversation] = []
+    if args.dataset_name == "multi_turn":
+        conversations = multi_turn_conversations(
+            args.multi_turn_num_users, args.multi_turn_num_turns, args.multi_turn_system_prompt_len,
+            args.multi_turn_question_len, args.multi_turn_output_len, random.Random(args.seed),
+        )
+        requests: list[BenchRequest] = []
+        warmups: list[BenchRequest] = []
+    else:
+        requests = workload(args, args.num_prompts + args.num_warmups)
+        warmups, requests = requests[: args.num_warmups], requests[args.num_warmups :]
     arrivals_rng = random.Random(f"arrivals-{args.seed}")
     offsets = arrival_offsets(len(requests), args.request_rate, arrivals_rng, args.burstiness)
     run_id = uuid.uuid4().hex[:8]
@@ -615,7 +710,7 @@ async def run(args: argparse.Namespace) -> int:
     # 2. Channels: separate connections (a local subchannel pool each; channels with equal
     #    arguments otherwise share one), so no HTTP/2 connection carries more streams than a
     #    proxy allows on one.
-    concurrency = args.max_concurrency or args.num_prompts
+    concurrency = len(conversations) or args.max_concurrency or args.num_prompts
     num_channels = args.num_channels or max(1, math.ceil(concurrency / STREAMS_PER_CHANNEL))
     options = [*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
     channels = [grpc.aio.insecure_channel(args.target, options=options) for _ in range(num_channels)]
@@ -654,11 +749,18 @@ async def run(args: argparse.Namespace) -> int:
               f"channels: {num_channels}", file=sys.stderr)  # fmt: skip
         from tqdm import tqdm
 
-        with tqdm(total=len(requests), disable=args.disable_tqdm) as pbar:
-            results, duration = await _run_all(
-                streams(requests, f"bench-{run_id}"), offsets, args.max_concurrency, lambda: pbar.update(1),
-                args.honor_retry_after,
-            )
+        total = sum(len(c.questions) for c in conversations) or len(requests)
+        with tqdm(total=total, disable=args.disable_tqdm) as pbar:
+            if conversations:
+                results, duration = await run_conversations(
+                    conversations, turn_opener(stubs, args), args.multi_turn_think_time,
+                    lambda: pbar.update(1), f"bench-{run_id}",
+                )
+            else:
+                results, duration = await _run_all(
+                    streams(requests, f"bench-{run_id}"), offsets, args.max_concurrency, lambda: pbar.update(1),
+                    args.honor_retry_after,
+                )
     finally:
         await asyncio.gather(*(ch.close() for ch in channels))
 

@@ -116,7 +116,15 @@ class RouterConfig(ServerConfig):
     port: int = _f(50052, "gRPC port (0 picks a free port)")
     workers: list[str] = _f([], "worker addresses host:port (static discovery)", nargs="*")
     routing: str = _f(
-        "least-load", "routing policy (docs/operations.md, 'Routing')", choices=ROUTING_POLICIES,
+        "kv-aware", "routing policy (docs/operations.md, 'Routing policies')", choices=ROUTING_POLICIES,
+    )
+    load_bound: float = _f(
+        1.25, "prefix and session policies: a worker may take a request while it would hold at most "
+        "this many times the average outstanding requests", minimum=1.0,
+    )
+    kv_load_weight: float = _f(
+        0.3, "kv-aware / approx-prefix: weight of relative load against the cached fraction of the "
+        "prompt (1)", minimum=0.0,
     )
     kv_pending_s: float = _f(
         10.0, "kv-aware routing: how long the router counts a prompt it sent as cached on its worker "

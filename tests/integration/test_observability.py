@@ -106,7 +106,8 @@ def _assert_one_linked_trace(spans: list[traces.Span], trace_id: str, gateway_rp
     assert _one(spans, "cache", "Cache/Lookup").attributes["meshserve.cache.result"] == "miss"
     pick = _one(spans, "router", "Router/Pick")
     assert pick.attributes["meshserve.worker"] == "worker-0"
-    assert pick.attributes["meshserve.router.reason"] == "least-load"
+    assert pick.attributes["meshserve.router.reason"] == "kv-aware"  # the default policy
+    assert "meshserve.router.predicted_cached_tokens" in pick.attributes
     assert pick.attributes["meshserve.router.candidates"] == 1
     worker = _one(spans, "worker", "Worker/Generate")
     assert worker.attributes["meshserve.finish_reason"] == "length"

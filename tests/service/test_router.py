@@ -100,6 +100,7 @@ async def start_mesh() -> AsyncIterator[StartMesh]:
             workers.append(worker)
         cfg = RouterConfig(
             port=0, metrics_port=-1, grace_seconds=0.5, stale_after_s=stale_after_s, lost_after_s=lost_after_s,
+            routing="least-load",  # these tests are about the load view
             workers=[*(x.address for x in workers), *extra_addresses],
         )
         routers.append(await start_router(cfg))

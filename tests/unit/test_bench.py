@@ -8,6 +8,7 @@ import json
 import math
 import random
 import statistics
+from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -426,3 +427,61 @@ def test_save_result_forms(tmp_path: Path) -> None:
     assert named == tmp_path / "y.json"
     generated = path("--save-result", "--max-concurrency", "4", "--request-rate", "2")
     assert generated == Path("meshserve-inference-2.0qps-concurrency4-D.json")
+
+
+# ---------------------------------------------------------------------------------------------
+# Datasets where routing matters
+# ---------------------------------------------------------------------------------------------
+
+
+def test_prefix_repetition_shares_prefixes_in_equal_or_hot_shares() -> None:
+    reqs = bench.prefix_repetition_requests(40, 4, 50, 10, 8, random.Random(0))
+    assert sorted(Counter(" ".join(r.prompt.split()[:50]) for r in reqs).values()) == [10, 10, 10, 10]
+    assert all(len(r.prompt.split()) == r.prompt_len == 60 and r.output_len == 8 for r in reqs)
+    assert len({r.prompt for r in reqs}) == 40  # each request its own suffix
+    hot = bench.prefix_repetition_requests(40, 4, 50, 10, 8, random.Random(0), hot_share=0.5)
+    counts = sorted(Counter(" ".join(r.prompt.split()[:50]) for r in hot).values())
+    assert counts[-1] == 20 and sum(counts) == 40 and len(counts) == 4
+
+
+class ChatFake(pb_grpc.WorkerServicer):
+    """Answers every chat turn with text naming how many messages it got."""
+
+    def __init__(self) -> None:
+        self.requests: list[pb.GenerateRequest] = []
+
+    async def Generate(
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        self.requests.append(request)
+        answer = f"answer {request.request_id} after {len(request.messages)}"
+        for word in answer.split():
+            yield pb.GenerateResponse(request_id=request.request_id, text=" " + word, token_ids=[1])
+        yield pb.GenerateResponse(finish_reason="length", usage=pb.Usage(prompt_tokens=7, completion_tokens=4))
+
+
+async def test_multi_turn_sends_each_turn_with_the_answers_the_mesh_gave(serve_fake, tmp_path: Path) -> None:
+    fake = ChatFake()
+    target = await serve_fake(fake)
+    out = tmp_path / "result.json"
+    argv = ["--target", target, "--service", "worker", "--dataset-name", "multi_turn", "--multi-turn-num-users", "3",
+            "--multi-turn-num-turns", "3", "--multi-turn-system-prompt-len", "5", "--multi-turn-question-len", "4",
+            "--disable-tqdm", "--save-result", str(out)]  # fmt: skip
+
+    assert await asyncio.to_thread(bench.main, parse(argv)) == 0
+
+    result = json.loads(out.read_text())
+    assert result["completed"] == 9 and result["dataset_name"] == "multi_turn"
+    assert result["multi_turn_num_users"] == 3
+    by_id = {r.request_id: r for r in fake.requests}
+    systems = {r.messages[0].content for r in fake.requests}
+    assert len(systems) == 1 and len(next(iter(systems)).split()) == 5  # one shared system prompt
+    for r in fake.requests:
+        user, turn = r.request_id.rsplit("-t", 1)
+        turn_no = int(turn)
+        assert [m.role for m in r.messages] == ["system", *["user", "assistant"] * turn_no, "user"]
+        assert r.user == user  # one session key per conversation
+        for t in range(turn_no):  # every earlier answer, as this fake gave it
+            assert r.messages[2 + 2 * t].content == f" answer {user}-t{t} after {2 + 2 * t}"
+        if turn_no:
+            assert r.messages[:-2] == by_id[f"{user}-t{turn_no - 1}"].messages[:]
