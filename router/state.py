@@ -7,7 +7,8 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import NamedTuple
 
 
 @dataclass(frozen=True)
@@ -25,9 +26,9 @@ class WorkerLoad:
     requests_received: int = 0
 
 
-@dataclass(frozen=True)
-class WorkerView:
-    """One worker as the policies see it at the moment of a pick."""
+class WorkerView(NamedTuple):
+    """One worker as the policies see it at the moment of a pick (a tuple: a router with
+    hundreds of workers makes one per worker per pick)."""
 
     worker_id: str
     address: str
@@ -74,15 +75,16 @@ class WorkerTable:
         for e in self._workers.values():
             while e.picks and e.picks[0] < now - self._pick_ttl_s:
                 e.picks.popleft()
-            views.append(replace(
-                e.view, report_age_s=None if e.reported_at is None else now - e.reported_at,
-                assigned_unreported=len(e.picks),
+            v = e.view
+            views.append(WorkerView(
+                v.worker_id, v.address, v.connected, v.load,
+                None if e.reported_at is None else now - e.reported_at, len(e.picks),
             ))
         return views
 
     def on_connected(self, address: str, worker_id: str) -> None:
         entry = self._workers[address]
-        entry.view = replace(entry.view, worker_id=worker_id or address, connected=True)
+        entry.view = entry.view._replace(worker_id=worker_id or address, connected=True)
         entry.received = None  # the next report starts the count on this stream
 
     def on_report(self, address: str, load: WorkerLoad) -> None:
@@ -95,11 +97,11 @@ class WorkerTable:
             for _ in range(min(load.requests_received - entry.received, len(entry.picks))):
                 entry.picks.popleft()
         entry.received = load.requests_received
-        entry.view = replace(entry.view, load=load)
+        entry.view = entry.view._replace(load=load)
 
     def on_disconnected(self, address: str) -> None:
         entry = self._workers[address]
-        entry.view = replace(entry.view, connected=False)
+        entry.view = entry.view._replace(connected=False)
 
     def on_assigned(self, address: str) -> None:
         self._workers[address].picks.append(self._clock())

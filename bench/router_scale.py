@@ -1,0 +1,184 @@
+"""Router at scale: one router process on one core, 256 simulated workers streaming load reports
+and KV events to it, and gateways' worth of Picks streams asking it as fast as it answers.
+
+    .venv/bin/python bench/router_scale.py [--workers 256] [--seconds 10] [--streams 8]
+        [--depth 16] [--prompt-words 256] [--routing kv-aware] [--router-cpu 0] [--out FILE]
+
+The simulated workers (this process, on the other CPUs) implement the real Worker service's
+Info / WatchLoad / WatchKvEvents: a load report every 100 ms, and every 100 ms 16 blocks stored
+and 16 removed from a pool holding the benchmark's prefixes, so the router's index churns as a
+busy fleet's does. Each Picks stream keeps ``--depth`` picks outstanding (the gateway's stream
+carries many requests at once); prompts are prefix_repetition prompts (16 prefixes). Prints
+picks/s and the pick latency seen by the caller (p50/p99), plus the router's own CPU seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from services.bench import prefix_repetition_requests  # noqa: E402
+from services.gen import meshserve_pb2 as pb  # noqa: E402
+from services.gen import meshserve_pb2_grpc as pb_grpc  # noqa: E402
+from services.prompts import block_hashes, sim_tokenize  # noqa: E402
+
+BLOCK = 16
+
+
+class SimulatedWorker(pb_grpc.WorkerServicer):
+    def __init__(self, worker_id: str, prefix_blocks: list[list[int]], rng: random.Random) -> None:
+        self.worker_id = worker_id
+        self.rng = rng
+        # Each worker holds some of the prefixes' blocks (so picks have something to match).
+        self.held = {h for chain in rng.sample(prefix_blocks, 4) for h in chain}
+        self.spare = [rng.getrandbits(64) for _ in range(4096)]
+
+    async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.WorkerInfo:
+        return pb.WorkerInfo(worker_id=self.worker_id, engine="sim", block_size=BLOCK, max_num_seqs=256,
+                             tokenizer="sim", kv_events=True)
+
+    async def WatchLoad(self, request: pb.WatchLoadRequest, context: grpc.aio.ServicerContext):
+        for seq in itertools.count(1):
+            yield pb.LoadReport(worker_id=self.worker_id, num_running=self.rng.randint(0, 64),
+                                num_waiting=self.rng.randint(0, 4), kv_cache_usage=self.rng.random(),
+                                max_num_seqs=256, sequence=seq)
+            await asyncio.sleep(0.1)
+
+    async def WatchKvEvents(self, request: pb.WatchKvEventsRequest, context: grpc.aio.ServicerContext):
+        yield pb.KvEvents(reset=True, stored=sorted(self.held), block_size=BLOCK)
+        churn: list[int] = []
+        while True:
+            await asyncio.sleep(0.1)
+            stored = [self.spare[self.rng.randrange(len(self.spare))] for _ in range(16)]
+            removed, churn = churn[:16], churn[16:] + stored
+            yield pb.KvEvents(stored=stored, removed=removed, block_size=BLOCK)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", type=int, default=256)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--streams", type=int, default=8, help="Picks streams (gateways' channels)")
+    parser.add_argument("--depth", type=int, default=16, help="picks outstanding per stream")
+    parser.add_argument("--prompt-words", type=int, default=256, help="words per prompt (prefix 3/4, suffix 1/4)")
+    parser.add_argument("--routing", default="kv-aware")
+    parser.add_argument("--router-cpu", type=int, default=0, help="the one CPU the router may use")
+    parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
+    args = parser.parse_args()
+
+    rng = random.Random(0)
+    prompts = [r.prompt for r in prefix_repetition_requests(
+        2000, 16, args.prompt_words * 3 // 4, args.prompt_words // 4, 1, rng)]
+    prefix_blocks = [block_hashes(sim_tokenize(p), BLOCK) for p in prompts[:64]]
+
+    others = sorted(os.sched_getaffinity(0) - {args.router_cpu}) or [args.router_cpu]
+    os.sched_setaffinity(0, others)  # the fleet and the callers stay off the router's CPU
+    servers, addresses = [], []
+    for i in range(args.workers):
+        server = grpc.aio.server()
+        pb_grpc.add_WorkerServicer_to_server(SimulatedWorker(f"sim-{i}", prefix_blocks, random.Random(i)), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        servers.append(server)
+        addresses.append(f"127.0.0.1:{port}")
+
+    router_port = free_port()
+    router = subprocess.Popen(
+        ["taskset", "-c", str(args.router_cpu), sys.executable, "-m", "services.cli", "serve", "router",
+         "--port", str(router_port), "--metrics-port", "-1", "--routing", args.routing, "--log-level", "WARNING",
+         "--workers", *addresses],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{router_port}")
+        stub = pb_grpc.RouterStub(channel)
+        # Ready when every worker is connected and the index holds their blocks.
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                ws = (await stub.ListWorkers(pb.ListWorkersRequest(), timeout=5)).workers
+                if sum(w.healthy for w in ws) == args.workers:
+                    break
+            except grpc.aio.AioRpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("the router never saw every worker")
+            await asyncio.sleep(0.5)
+        await asyncio.sleep(1.0)  # the KV streams' first messages
+
+        latencies: list[float] = []
+        predicted = 0
+        stop_at = time.monotonic() + args.seconds
+        proc = psutil.Process(router.pid)
+        cpu_before = sum(proc.cpu_times()[:2])
+        started = time.perf_counter()
+
+        async def stream(s: int) -> None:
+            nonlocal predicted
+            call = stub.Picks()
+            sent: dict[int, float] = {}
+            ids = itertools.count()
+            prompt_at = itertools.cycle(prompts[s::args.streams])
+
+            async def send() -> None:
+                i = next(ids)
+                sent[i] = time.perf_counter()
+                await call.write(pb.PickRequest(request_id=f"s{s}-{i}", prompt=next(prompt_at), pick_id=i))
+
+            for _ in range(args.depth):
+                await send()
+            while time.monotonic() < stop_at:
+                answer = await call.read()
+                latencies.append(time.perf_counter() - sent.pop(answer.pick_id))
+                predicted += answer.predicted_cached_tokens > 0
+                await send()
+            await call.done_writing()
+            while await call.read() is not grpc.aio.EOF:
+                pass
+
+        await asyncio.gather(*(stream(s) for s in range(args.streams)))
+        elapsed = time.perf_counter() - started
+        cpu = sum(proc.cpu_times()[:2]) - cpu_before
+        lat = np.array(latencies) * 1000
+        figures = {
+            "workers": args.workers, "routing": args.routing, "streams": args.streams, "depth": args.depth,
+            "prompt_words": args.prompt_words, "picks": len(latencies),
+            "picks_per_s": len(latencies) / elapsed, "p50_ms": float(np.percentile(lat, 50)),
+            "p99_ms": float(np.percentile(lat, 99)), "router_cpu_s_per_s": cpu / elapsed,
+            "picks_with_cached_prefix": predicted / max(1, len(latencies)),
+        }
+        print(json.dumps(figures, indent=1))
+        if args.out:
+            args.out.write_text(json.dumps(figures, indent=1) + "\n")
+        await channel.close()
+    finally:
+        router.terminate()
+        router.wait(30)
+        await asyncio.gather(*(s.stop(0) for s in servers))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
