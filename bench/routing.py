@@ -33,6 +33,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -123,7 +124,8 @@ def run_one(out: Path, scenario: Scenario, label: str, up_args: list[str], seed:
     run_dir.mkdir(parents=True, exist_ok=True)
     cli = [sys.executable, "-m", "services.cli"]
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    up = subprocess.Popen([*cli, "up", *FLEET, *scenario.up, *up_args, "--run-dir", str(run_dir / "mesh")],
+    logs = tempfile.mkdtemp(prefix=f"routing-{scenario.name}-{label}-")  # the mesh's logs stay out of results
+    up = subprocess.Popen([*cli, "up", *FLEET, *scenario.up, *up_args, "--run-dir", logs],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tree, env=env)
     assert up.stdout is not None
     lines = []
@@ -167,6 +169,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--first-round", type=int, default=0, help="number the rounds from here (new seeds)")
     parser.add_argument("--scenarios", default="prefix,slow,hot")
     parser.add_argument("--policies", default=",".join(p for p in ROUTING_POLICIES if p != "session-affinity"))
     parser.add_argument("--variant", action="append", default=[], metavar="LABEL=POLICY [FLAGS]")
@@ -181,7 +184,7 @@ def main() -> int:
     policies = list(runs)
     tree = args.tree.resolve()
     rows: dict[tuple[str, str], list[dict]] = {}
-    for r in range(args.rounds):
+    for r in range(args.first_round, args.first_round + args.rounds):
         for scenario in scenarios:
             seed = 1000 * r + len(scenario.name)
             order = policies[r % len(policies):] + policies[: r % len(policies)]

@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -57,6 +58,14 @@ async def test_killed_worker_before_first_token_fails_over(sim_mesh: Mesh) -> No
     assert not stream.done()  # still in prefill: no token sent yet
     proc = next(p for p in sim_mesh.procs if p.name == victim)
     os.killpg(proc.popen.pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    # The router sees the worker's streams break and stops picking it within a second.
+    async with insecure_channel(sim_mesh.router_address) as channel:
+        stub = pb_grpc.RouterStub(channel)
+        while any(w.healthy for w in (await stub.ListWorkers(pb.ListWorkersRequest())).workers
+                  if w.worker_id == victim):
+            assert time.monotonic() - killed_at < 1.0, "the router still counts the killed worker as healthy"
+            await asyncio.sleep(0.02)  # polling the router's view, bounded by the assertion above
     chunks = await asyncio.wait_for(stream, 60)
     assert chunks[-1].finish_reason == "length"
     assert chunks[0].worker != victim and chunks[0].worker.startswith("worker-")
