@@ -271,12 +271,15 @@ class Tuning:
     stale_after_s: float = 2.0
     load_bound: float = 1.25
     kv_load_weight: float = 0.3
+    kv_home_weight: float = 0.0
 
     def __post_init__(self) -> None:
         if self.load_bound < 1.0:
             raise ValueError(f"load_bound must be at least 1.0 (the average load), got {self.load_bound}")
         if self.kv_load_weight < 0:
             raise ValueError(f"kv_load_weight must be at least 0, got {self.kv_load_weight}")
+        if self.kv_home_weight < 0:
+            raise ValueError(f"kv_home_weight must be at least 0, got {self.kv_home_weight}")
 
 
 def _bounded(t: Tuning) -> list[Filter]:
@@ -301,8 +304,12 @@ POLICIES: dict[str, Callable[[Tuning], Policy]] = {
     ),
     # The blocks each engine really holds (its KV events), weighed against load, among the
     # workers under the load bound so one hot prefix cannot pile onto one engine.
+    # A prompt no engine holds goes to its text hash's home (kv_home_weight), so a prefix
+    # evicted everywhere is computed again where it was, not wherever load points.
     "kv-aware": lambda t: Policy(
-        "kv-aware", _bounded(t), [(KvAwareScorer(), 1.0), (LeastLoadScorer(), t.kv_load_weight)],
+        "kv-aware", _bounded(t),
+        [(KvAwareScorer(), 1.0), (LeastLoadScorer(), t.kv_load_weight),
+         (PrefixAffinityScorer(prefix_chars=256), t.kv_home_weight)],
         MaxScorePicker(), prefix_view="kv",
     ),
     # The same over the router's own record of the prompts it sent to each worker (SGLang's
@@ -321,10 +328,10 @@ assert tuple(POLICIES) == ROUTING_POLICIES, "services.config.ROUTING_POLICIES na
 
 
 def build_policy(name: str, stale_after_s: float = 2.0, load_bound: float = 1.25,
-                 kv_load_weight: float = 0.3) -> Policy:
+                 kv_load_weight: float = 0.3, kv_home_weight: float = 0.0) -> Policy:
     """The named policy; raises ValueError naming the valid choices or the bad knob."""
     try:
         factory = POLICIES[name]
     except KeyError:
         raise ValueError(f"unknown routing policy {name!r}; choose one of: {', '.join(POLICIES)}") from None
-    return factory(Tuning(stale_after_s, load_bound, kv_load_weight))
+    return factory(Tuning(stale_after_s, load_bound, kv_load_weight, kv_home_weight))

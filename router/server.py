@@ -236,7 +236,7 @@ def _service(
     cfg: RouterConfig, rng: random.Random | None = None, clock: Callable[[], float] = time.monotonic
 ) -> tuple[Callable[[grpc.aio.Server], list[str]], bootstrap.Lifecycle]:
     """The router's servicer registration and lifecycle; watching the workers starts with it."""
-    policy = build_policy(cfg.routing, cfg.stale_after_s, cfg.load_bound, cfg.kv_load_weight)
+    policy = build_policy(cfg.routing, cfg.stale_after_s, cfg.load_bound, cfg.kv_load_weight, cfg.kv_home_weight)
     table = WorkerTable(list(dict.fromkeys(cfg.workers)), clock=clock, pick_ttl_s=cfg.stale_after_s)
     router = Router(table, policy, cfg.stale_after_s, rng, cfg.approx_blocks_per_worker, cfg.kv_pending_s, clock)
     watcher = Watcher(table, cfg.stale_after_s, max(cfg.lost_after_s, cfg.stale_after_s),

@@ -126,6 +126,10 @@ class RouterConfig(ServerConfig):
         0.3, "kv-aware / approx-prefix: weight of relative load against the cached fraction of the "
         "prompt (1)", minimum=0.0,
     )
+    kv_home_weight: float = _f(
+        0.0, "kv-aware: weight of the prompt's text-hash home worker (prefix-affinity's choice), "
+        "which decides where a prompt that no engine holds is computed", minimum=0.0,
+    )
     kv_pending_s: float = _f(
         10.0, "kv-aware routing: how long the router counts a prompt it sent as cached on its worker "
         "before the worker's KV events confirm it (they follow the prefill)",

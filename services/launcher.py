@@ -348,7 +348,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-port", type=int, default=50053)
     parser.add_argument("--worker-port", type=int, default=50061, help="first worker port; worker i gets +i")
     config.add_arguments(parser, RouterConfig,
-                         only=lambda name: name in ("routing", "load_bound", "kv_load_weight", "kv_pending_s"))
+                         only=lambda name: name in ("routing", "load_bound", "kv_load_weight", "kv_home_weight",
+                                                    "kv_pending_s"))
     config.add_arguments(parser, WorkerConfig, only=lambda name: name.startswith("sim_") and name != "sim_speed")
     parser.add_argument("--sim-speed", type=config.at_least(float, 0.01), nargs="+", default=[WorkerConfig.sim_speed],
                         help="sim: speed of each worker's simulated accelerator, one value per worker "
@@ -395,7 +396,8 @@ def spec_from_args(args: argparse.Namespace) -> MeshSpec:
                             **{k: getattr(args, k) for k in vars(args) if k.startswith("sim_") and k != "sim_speed"}),
         sim_speeds=list(args.sim_speed),
         router=RouterConfig(port=args.router_port, routing=args.routing, load_bound=args.load_bound,
-                            kv_load_weight=args.kv_load_weight, kv_pending_s=args.kv_pending_s),
+                            kv_load_weight=args.kv_load_weight, kv_home_weight=args.kv_home_weight,
+                            kv_pending_s=args.kv_pending_s),
         cache=CacheConfig(port=args.cache_port),
         gateway=GatewayConfig(port=args.gateway_port, max_in_flight=args.gateway_max_in_flight),
         envoy=EnvoyConfig(listen_port=args.port, admin_port=args.admin_port, api_keys_file=args.api_keys_file),

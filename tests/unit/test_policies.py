@@ -300,3 +300,21 @@ def test_kv_aware_goes_where_the_prefix_is_unless_that_worker_is_over_the_load_b
     # b holds the prefix but would exceed 1.25x the average outstanding: the least loaded instead.
     hot = [w("a", running=2), w("b", running=12), w("c", running=1)]
     assert policy.pick(ctx, hot, random.Random(0)).worker.worker_id == "c"
+
+
+@pytest.mark.parametrize(("knobs", "named"), [({"load_bound": 0.9}, "load_bound"), ({"kv_load_weight": -1}, "kv_load_weight"),
+                                              ({"kv_home_weight": -0.1}, "kv_home_weight")])
+def test_bad_weights_are_refused_naming_the_knob(knobs: dict, named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        build_policy("kv-aware", 2.0, **knobs)
+
+
+@pytest.mark.parametrize("argv", [["up", "--routing", "fastest"], ["serve", "router", "--routing", "fastest"],
+                                  ["serve", "router", "--load-bound", "0.5"], ["up", "--kv-load-weight", "-1"]])
+def test_the_command_line_refuses_an_unknown_policy_or_bad_weight(argv: list[str], capsys: pytest.CaptureFixture) -> None:
+    from services.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(argv)
+    err = capsys.readouterr().err
+    assert ("round-robin" in err and "kv-aware" in err) if "--routing" in argv else "must be at least" in err
