@@ -111,19 +111,41 @@ async def test_prompt_too_long_is_refused_before_any_delta(engine: VllmEngine) -
         await collect(engine, greedy("long-2", prompt="one two three " * 10, max_tokens=500))
 
 
+def vllm_gauge(engine: VllmEngine, name: str) -> float:
+    """One of vLLM's own Prometheus gauges (its stat logger sets them after every engine step)."""
+    value = REGISTRY.get_sample_value(name, {"model_name": engine.info.model, "engine": "0"})
+    assert value is not None, f"vLLM exports no {name}"
+    return value
+
+
+async def wait_for_gauges(engine: VllmEngine, ok: Any) -> None:
+    """Until vLLM's gauges satisfy ``ok(running, kv_usage)``; they change with engine steps."""
+    async def wait() -> None:
+        while not ok(vllm_gauge(engine, "vllm:num_requests_running"), vllm_gauge(engine, "vllm:kv_cache_usage_perc")):
+            await engine.load_signal.wait(0.05)
+
+    await asyncio.wait_for(wait(), TIMEOUT)
+
+
 async def test_cancellation_aborts_the_request_in_the_engine(engine: VllmEngine) -> None:
     finished = {"finished_reason": "length", "model_name": engine.info.model, "engine": "0"}
     finished_before = REGISTRY.get_sample_value("vllm:request_success_total", finished)
     stream = engine.generate(greedy("cancel-1", prompt="Tell me a long story", max_tokens=480))
     first = await asyncio.wait_for(anext(stream), TIMEOUT)
     assert first.token_ids and first.finish_reason is None
+    # A second request keeps the engine stepping, so vLLM's gauges keep being refreshed.
+    other = engine.generate(greedy("cancel-1-other", prompt="And another long story", max_tokens=480))
+    await asyncio.wait_for(anext(other), TIMEOUT)
+    await wait_for_gauges(engine, lambda running, _: running == 2)
+    usage_with_both = vllm_gauge(engine, "vllm:kv_cache_usage_perc")
 
     await stream.aclose()  # what cancelling the gRPC stream does
 
-    assert engine._llm.get_num_unfinished_requests() == 0  # noqa: SLF001 (vLLM's own bookkeeping)
-    # The engine core dropped the request and freed its KV blocks (its scheduler stats say so)...
-    await wait_for_load(engine, lambda load: load.num_running == 0 and load.kv_cache_usage == 0)
-    # ...before it ran to its end (vLLM does not count client aborts in request_success).
+    # vLLM's scheduler dropped the request and freed its KV blocks: its own gauges say so.
+    await wait_for_gauges(engine, lambda running, usage: running == 1 and usage < usage_with_both)
+    assert engine._llm.get_num_unfinished_requests() == 1  # noqa: SLF001 (vLLM's own bookkeeping)
+    await other.aclose()
+    # It never ran to its end (vLLM does not count client aborts in request_success).
     assert REGISTRY.get_sample_value("vllm:request_success_total", finished) == finished_before
     # And the engine is free: the next request runs normally.
     deltas = await collect(engine, greedy("after-cancel", prompt="Hi", max_tokens=4))
