@@ -161,10 +161,15 @@ async def test_cancelling_the_consumer_task_aborts_too(engine: VllmEngine) -> No
 
     task = asyncio.create_task(consume())
     await asyncio.wait_for(started.wait(), TIMEOUT)
+    other = engine.generate(greedy("cancel-2-other", prompt="And one more story", max_tokens=400))
+    await asyncio.wait_for(anext(other), TIMEOUT)  # keeps the engine stepping: gauges stay fresh
+    await wait_for_gauges(engine, lambda running, _: running == 2)
+    usage_with_both = vllm_gauge(engine, "vllm:kv_cache_usage_perc")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    await wait_for_load(engine, lambda load: load.num_running == 0 and load.kv_cache_usage == 0)
+    await wait_for_gauges(engine, lambda running, usage: running == 1 and usage < usage_with_both)
+    await other.aclose()
 
 
 async def wait_for_load(engine: VllmEngine, ok: Any) -> Load:
