@@ -334,6 +334,15 @@ def _signal_group(proc: Proc, sig: signal.Signals) -> None:
         pass
 
 
+# Service settings `meshserve up` takes as they are (flags and help generated from the configs).
+ROUTER_FLAGS = ("routing", "load_bound", "kv_load_weight", "kv_home_weight", "kv_pending_s")
+
+
+def _sim_flag(name: str) -> bool:
+    """The sim's parameters, less its speed (one per worker on `up`)."""
+    return name.startswith("sim_") and name != "sim_speed"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", default="vllm", choices=["vllm", "sim", "transformers"], help="worker engine")
     parser.add_argument("--workers", type=int, default=1, help="number of workers")
@@ -347,10 +356,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--router-port", type=int, default=50052)
     parser.add_argument("--cache-port", type=int, default=50053)
     parser.add_argument("--worker-port", type=int, default=50061, help="first worker port; worker i gets +i")
-    config.add_arguments(parser, RouterConfig,
-                         only=lambda name: name in ("routing", "load_bound", "kv_load_weight", "kv_home_weight",
-                                                    "kv_pending_s"))
-    config.add_arguments(parser, WorkerConfig, only=lambda name: name.startswith("sim_") and name != "sim_speed")
+    config.add_arguments(parser, RouterConfig, only=lambda name: name in ROUTER_FLAGS)
+    config.add_arguments(parser, WorkerConfig, only=_sim_flag)
     parser.add_argument("--sim-speed", type=config.at_least(float, 0.01), nargs="+", default=[WorkerConfig.sim_speed],
                         help="sim: speed of each worker's simulated accelerator, one value per worker "
                              "(the last repeats): 1 1 1 0.5 makes the fourth of four workers 2x slower")
@@ -393,11 +400,9 @@ def spec_from_args(args: argparse.Namespace) -> MeshSpec:
                             stream_interval=args.stream_interval,
                             enforce_eager=args.enforce_eager, engine_core_cpus=args.engine_core_cpus,
                             engine_priority=args.engine_priority,
-                            **{k: getattr(args, k) for k in vars(args) if k.startswith("sim_") and k != "sim_speed"}),
+                            **{k: getattr(args, k) for k in vars(args) if _sim_flag(k)}),
         sim_speeds=list(args.sim_speed),
-        router=RouterConfig(port=args.router_port, routing=args.routing, load_bound=args.load_bound,
-                            kv_load_weight=args.kv_load_weight, kv_home_weight=args.kv_home_weight,
-                            kv_pending_s=args.kv_pending_s),
+        router=RouterConfig(port=args.router_port, **{k: getattr(args, k) for k in ROUTER_FLAGS}),
         cache=CacheConfig(port=args.cache_port),
         gateway=GatewayConfig(port=args.gateway_port, max_in_flight=args.gateway_max_in_flight),
         envoy=EnvoyConfig(listen_port=args.port, admin_port=args.admin_port, api_keys_file=args.api_keys_file),

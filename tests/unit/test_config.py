@@ -54,3 +54,14 @@ def test_a_value_below_a_fields_minimum_is_refused_naming_the_flag(capsys: pytes
     with pytest.raises(SystemExit):
         parser.parse_args(["--stream-interval", "0"])
     assert "--stream-interval: must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_up_passes_routing_and_sim_settings_to_the_services() -> None:
+    from services.cli import build_parser
+    from services.launcher import spec_from_args
+
+    args = build_parser().parse_args(["up", "--engine", "sim", "--routing", "round-robin", "--kv-home-weight", "0.2",
+                                      "--sim-num-kv-blocks", "7", "--sim-speed", "1", "0.5"])
+    spec = spec_from_args(args)
+    assert (spec.router.routing, spec.router.kv_home_weight) == ("round-robin", 0.2)
+    assert spec.worker.sim_num_kv_blocks == 7 and spec.sim_speeds == [1.0, 0.5]
