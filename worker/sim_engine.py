@@ -229,6 +229,7 @@ class SimEngine(Engine):
         self._pool = BlockPool(cfg.sim_num_kv_blocks, self.kv_cache)
         self._waiting: deque[_Seq] = deque()
         self._running: list[_Seq] = []  # in admission order: the last is preempted first
+        self._live: set[_Seq] = set()   # every request not finished, wherever it is
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._prefix_window: deque[tuple[int, int]] = deque()  # (prompt tokens, cached tokens)
@@ -254,6 +255,7 @@ class SimEngine(Engine):
         if self._task is None or self._task.done():
             raise RuntimeError("the sim engine is not running")
         self._waiting.append(seq)
+        self._live.add(seq)
         self._wakeup.set()
         self._notify()
         try:
@@ -279,10 +281,10 @@ class SimEngine(Engine):
             self._task.cancel()
             try:
                 await self._task
-            except asyncio.CancelledError:
+            except (asyncio.CancelledError, Exception):  # a failed loop was logged when it failed
                 pass
             self._task = None
-        for seq in [*self._running, *self._waiting]:
+        for seq in list(self._live):
             self._finish(seq, "abort")
         self._notify()
 
@@ -319,9 +321,10 @@ class SimEngine(Engine):
         seq.out.put(self._delta(seq, text, token_ids or [], reason))
 
     def _remove(self, seq: _Seq) -> None:
+        self._live.discard(seq)
         if seq in self._waiting:
             self._waiting.remove(seq)
-        elif seq.blocks:
+        elif seq in self._running:
             self._running.remove(seq)
         self._pool.release(seq.blocks)
         seq.blocks = []
@@ -349,7 +352,7 @@ class SimEngine(Engine):
             await self._loop()
         except Exception:
             log.exception("sim engine failed; aborting every request")
-            for seq in [*self._running, *self._waiting]:
+            for seq in list(self._live):  # wherever the failure left it, none is forgotten
                 self._finish(seq, "abort")
             raise
 

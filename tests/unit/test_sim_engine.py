@@ -265,3 +265,15 @@ async def test_chat_messages_are_rendered_into_the_prompt(make_engine: Make) -> 
     messages = [{"role": "system", "content": words("s", 40)}, {"role": "user", "content": "hi"}]
     result = await run(engine, clock, Request(request_id="chat", messages=messages, max_tokens=2))
     assert result.last.prompt_tokens > 40 and result.last.finish_reason == "length"
+
+
+async def test_an_engine_failure_mid_admission_ends_every_request(make_engine: Make) -> None:
+    """A request the failing step had taken off the queue, but not yet into the batch, still ends."""
+    engine, clock = await make_engine()
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("a bug in the step")
+
+    engine._record_prefix_query = broken  # type: ignore[method-assign]  # noqa: SLF001
+    result = await asyncio.wait_for(run(engine, clock, req(words("f", 40))), 5)
+    assert result.last.finish_reason == "abort"
