@@ -119,6 +119,19 @@ class LoadSampler(threading.Thread):
         return max(means) / statistics.mean(means)
 
 
+def pick_p99_ms(router_metrics: str) -> float:
+    """The p99 of the router's own pick time (its histogram's bucket bound at 99%), in ms."""
+    buckets = []
+    for line in urllib.request.urlopen(router_metrics, timeout=5).read().decode().splitlines():
+        if line.startswith("meshserve_router_pick_seconds_bucket"):
+            bound = line.split('le="')[1].split('"')[0]
+            buckets.append((float(bound), float(line.split()[-1])))
+    if not buckets or not buckets[-1][1]:
+        return 0.0
+    total = buckets[-1][1]
+    return 1000 * next(bound for bound, count in buckets if count >= 0.99 * total)
+
+
 def run_one(out: Path, scenario: Scenario, label: str, up_args: list[str], seed: int, tree: Path) -> dict:
     run_dir = out / "runs" / f"{scenario.name}-{label}-s{seed}"
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -139,6 +152,7 @@ def run_one(out: Path, scenario: Scenario, label: str, up_args: list[str], seed:
         # "  worker-0 metrics   http://127.0.0.1:PORT/metrics"
         metrics = [ln.split()[-1] for ln in lines if ln.split()[:1] and ln.split()[0].startswith("worker-")
                    and ln.split()[1] == "metrics"]
+        router_metrics = next(ln.split()[-1] for ln in lines if ln.split()[:2] == ["router", "metrics"])
         before = worker_prefix_stats(metrics)
         result_file = run_dir / "bench.json"
         sampler = LoadSampler(metrics)
@@ -152,6 +166,7 @@ def run_one(out: Path, scenario: Scenario, label: str, up_args: list[str], seed:
         after = worker_prefix_stats(metrics)
         result = json.loads(result_file.read_text())
         result["load_imbalance"] = sampler.imbalance()
+        result["router_pick_p99_ms"] = pick_p99_ms(router_metrics)
         hits = after["prefix_cache_hits"] - before["prefix_cache_hits"]
         queries = after["prefix_cache_queries"] - before["prefix_cache_queries"]
         result["engine_prefix_hit_rate"] = hits / queries if queries else 0.0
@@ -195,6 +210,7 @@ def main() -> int:
                 print(f"round {r + 1} {scenario.name:<7} {policy:<16} "
                       + " ".join(f"{k} {result[k]:.1f}" for k in HEADLINE)
                       + f" hit {result['engine_prefix_hit_rate']:.2f} imbalance {result['load_imbalance']:.2f}"
+                      + f" pick p99 {result['router_pick_p99_ms']:.2f} ms"
                       + f" ({time.monotonic() - started:.0f}s)",
                       flush=True)
     (args.out / "rows.json").write_text(json.dumps({f"{s}/{p}": v for (s, p), v in rows.items()}, indent=1))

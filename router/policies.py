@@ -116,9 +116,9 @@ class BoundedLoadFilter(Filter):
         self.epsilon = epsilon
 
     def filter(self, ctx: PickContext, workers: list[WorkerView]) -> list[WorkerView]:
-        total = sum(w.outstanding for w in workers) + 1
-        capacity = math.ceil((1 + self.epsilon) * total / len(workers))
-        return [w for w in workers if w.outstanding + 1 <= capacity]
+        loads = [w.outstanding for w in workers]
+        capacity = math.ceil((1 + self.epsilon) * (sum(loads) + 1) / len(workers))
+        return [w for w, load in zip(workers, loads) if load + 1 <= capacity]
 
 
 # -- scorers ---------------------------------------------------------------------------------
@@ -253,6 +253,8 @@ class Policy:
                 raise NoWorker(f.empty_reason)
         totals = [0.0] * len(candidates)
         for scorer, weight in self.scorers:
+            if not weight:
+                continue  # switched off (a knob at 0): not worth a pass over every worker
             for i, s in enumerate(scorer.score(ctx, candidates)):
                 totals[i] += weight * s
         worker, score = self.picker.pick(list(zip(candidates, totals)), rng)
