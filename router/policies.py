@@ -155,8 +155,8 @@ class PrefixAffinityScorer(Scorer):
 
 
 class KvAwareScorer(Scorer):
-    """The fraction of the prompt's blocks a worker already holds in its prefix cache (leading
-    blocks only: an engine reuses a prefix), from the router's KV index. Without a view (KV events
+    """The fraction of the prompt's blocks a worker holds in its prefix cache beyond what every
+    candidate holds (leading blocks only: an engine reuses a prefix), from the router's KV index. Without a view (KV events
     off, no tokenizer) it falls back to ``fallback``, the text-hash affinity."""
 
     def __init__(self, fallback: Scorer | None = None) -> None:
@@ -168,7 +168,11 @@ class KvAwareScorer(Scorer):
         if not ctx.block_hashes:
             return [0.0] * len(workers)
         n = len(ctx.block_hashes)
-        return [ctx.cached_blocks.get(w.address, 0) / n for w in workers]
+        held = [ctx.cached_blocks.get(w.address, 0) for w in workers]
+        # Blocks every candidate holds (a system prompt cached everywhere) tell them apart no
+        # better than none: only what a worker holds beyond the others counts.
+        base = min(held)
+        return [(h - base) / n for h in held]
 
 
 class SessionAffinityScorer(Scorer):

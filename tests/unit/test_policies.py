@@ -261,6 +261,8 @@ def test_registry_builds_each_policy_by_name_and_rejects_unknown_names() -> None
         # The fraction of the prompt's blocks each worker holds (by address).
         (PickContext(block_hashes=(1, 2, 3, 4), cached_blocks={"a:1": 4, "b:1": 1}), [1.0, 0.25, 0.0]),
         (PickContext(block_hashes=(1, 2), cached_blocks={}), [0.0, 0.0, 0.0]),
+        # What every candidate holds does not count: only the blocks beyond it.
+        (PickContext(block_hashes=(1, 2, 3, 4), cached_blocks={"a:1": 4, "b:1": 2, "c:1": 2}), [0.5, 0.0, 0.0]),
         # A prompt shorter than a block: nothing to reuse anywhere.
         (PickContext(block_hashes=(), cached_blocks={}), [0.0, 0.0, 0.0]),
     ],
