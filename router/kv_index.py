@@ -8,11 +8,8 @@ lacks. The work per event and per match is linear in the blocks it names, never 
 
 from __future__ import annotations
 
-import logging
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-
-log = logging.getLogger(__name__)
 
 
 class KvIndex:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 # -- the simulator's stand-in tokenizer and chat template ----------------------------------------
@@ -64,10 +64,7 @@ def load_tokenizer(name: str) -> PromptTokenizer:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=True)
-    tok: Callable[[str, Sequence[Mapping[str, str]] | None], list[int]] = (
-        lambda prompt, messages: hf_prompt_ids(tokenizer, prompt, messages)
-    )
-    return tok
+    return lambda prompt, messages: hf_prompt_ids(tokenizer, prompt, messages)
 
 
 # -- block hashes -----------------------------------------------------------------------------
