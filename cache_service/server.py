@@ -7,6 +7,7 @@ store consulted after an exact miss, reported with ``kind="semantic"``.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 import grpc
@@ -40,20 +41,21 @@ class CacheServicer(pb_grpc.CacheServicer):
 
     async def Lookup(self, request: pb.LookupRequest, context: grpc.aio.ServicerContext) -> pb.LookupResponse:
         try:
-            chunks = await self._exact.lookup(request.request, request.tenant)
+            entry = await self._exact.lookup(request.request, request.tenant)
         except redis.exceptions.RedisError as e:
             LOOKUPS.labels("error", self._exact.kind).inc()
             trace.get_current_span().set_attribute("meshserve.cache.result", "error")
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"cache backend (Redis) unavailable: {e}")
-        result = "miss" if chunks is None else "hit"
+        result = "miss" if entry is None else "hit"
         # The span of this call (tracing interceptor in services.server).
         trace.get_current_span().set_attributes(
             {"meshserve.cache.result": result, "meshserve.cache.kind": self._exact.kind}
         )
         LOOKUPS.labels(result, self._exact.kind).inc()
-        if chunks is None:
+        if entry is None:
             return pb.LookupResponse(hit=False)
-        return pb.LookupResponse(hit=True, kind=self._exact.kind, chunks=chunks)
+        age = max(0.0, time.time() - entry.stored_at)
+        return pb.LookupResponse(hit=True, kind=self._exact.kind, chunks=entry.chunks, age_s=age)
 
     async def Store(self, request: pb.StoreRequest, context: grpc.aio.ServicerContext) -> pb.StoreResponse:
         try:

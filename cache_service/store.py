@@ -1,20 +1,21 @@
 """The exact-match store: finished deterministic completions in Redis/Valkey, with a TTL.
 
-An entry is a serialized ``LookupResponse`` (the chunks to replay), stored under the key from
-``cache_service.keys``. Redis errors propagate as ``redis.exceptions.RedisError``; the servicer
+An entry is a serialized ``CacheEntry`` (the chunks to replay and when they were stored), stored under the key from
+``services.cache_keys``. Redis errors propagate as ``redis.exceptions.RedisError``; the servicer
 turns them into UNAVAILABLE so the gateway serves uncached.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+import time
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from cache_service.keys import KIND_EXACT, exact_key
+from services.cache_keys import KIND_EXACT, exact_key
 from services import validation
 from services.gen import meshserve_pb2 as pb
 
@@ -66,14 +67,14 @@ class ExactStore:
     def key(self, req: pb.GenerateRequest, tenant: str) -> str:
         return exact_key(req, tenant, self._prefix)
 
-    async def lookup(self, req: pb.GenerateRequest, tenant: str) -> list[pb.GenerateResponse] | None:
-        """The cached chunks of ``req``, or None on a miss."""
+    async def lookup(self, req: pb.GenerateRequest, tenant: str) -> pb.CacheEntry | None:
+        """The cached entry of ``req``, or None on a miss."""
         if req.skip_cache or not validation.is_deterministic(req):
             return None
         raw = await self._redis.get(self.key(req, tenant))
         if raw is None:
             return None
-        return list(pb.LookupResponse.FromString(raw).chunks)
+        return pb.CacheEntry.FromString(raw)
 
     async def store(
         self, req: pb.GenerateRequest, tenant: str, chunks: Sequence[pb.GenerateResponse]
@@ -82,7 +83,7 @@ class ExactStore:
         reason = refusal(req, chunks)
         if reason:
             return StoreResult(False, reason)
-        entry = pb.LookupResponse(hit=True, kind=self.kind)
+        entry = pb.CacheEntry(stored_at=time.time())
         for chunk in chunks:
             # Per-request identity is not part of the answer; the gateway stamps its own on replay.
             entry.chunks.append(

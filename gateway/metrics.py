@@ -40,6 +40,10 @@ FAILOVERS = prometheus_client.Counter(
 CACHE_HITS = prometheus_client.Counter(
     "meshserve_cache_hits_total", "Requests the gateway answered from the response cache", ["kind"]
 )
+COALESCED = prometheus_client.Counter(
+    "meshserve_gateway_coalesced_total",
+    "Requests that streamed the answer of an identical request in flight instead of generating their own",
+)
 CACHE_ERRORS = prometheus_client.Counter(
     "meshserve_gateway_cache_errors_total", "Cache calls that failed or timed out (served uncached)", ["op"]
 )

@@ -122,6 +122,13 @@ def usage(u: pb.Usage) -> pb.CompletionUsage:
     )
 
 
+def cache_info(resp: pb.GenerateResponse | pb.CompleteResponse) -> pb.CacheInfo | None:
+    """How an answer was served when not generated for this request alone (None when it was)."""
+    if not resp.cache_kind:
+        return None
+    return pb.CacheInfo(kind=resp.cache_kind, age_s=resp.cache_age_s, similarity=resp.cache_similarity)
+
+
 def chat_completion(resp: pb.CompleteResponse, model: str, created: int) -> pb.ChatCompletion:
     return pb.ChatCompletion(
         id=f"chatcmpl-{resp.request_id}",
@@ -136,6 +143,7 @@ def chat_completion(resp: pb.CompleteResponse, model: str, created: int) -> pb.C
             )
         ],
         usage=usage(resp.usage),
+        cache=cache_info(resp),
     )
 
 
@@ -147,6 +155,7 @@ def completion(resp: pb.CompleteResponse, model: str, created: int) -> pb.Comple
         model=model,
         choices=[pb.CompletionChoice(index=0, text=resp.text, finish_reason=resp.finish_reason)],
         usage=usage(resp.usage),
+        cache=cache_info(resp),
     )
 
 
@@ -162,7 +171,7 @@ def chat_chunks(
     choice = pb.ChatCompletionChunkChoice(index=0, delta=delta)
     if chunk.finish_reason:
         choice.finish_reason = chunk.finish_reason
-    yield pb.ChatCompletionChunk(**head, choices=[choice])
+    yield pb.ChatCompletionChunk(**head, choices=[choice], cache=cache_info(chunk) if chunk.finish_reason else None)
     if chunk.finish_reason and include_usage:
         yield pb.ChatCompletionChunk(**head, usage=usage(chunk.usage))
 
@@ -174,7 +183,7 @@ def completion_chunks(
     choice = pb.CompletionChoice(index=0, text=chunk.text)
     if chunk.finish_reason:
         choice.finish_reason = chunk.finish_reason
-    yield pb.Completion(**head, choices=[choice])
+    yield pb.Completion(**head, choices=[choice], cache=cache_info(chunk) if chunk.finish_reason else None)
     if chunk.finish_reason and include_usage:
         yield pb.Completion(**head, usage=usage(chunk.usage))
 

@@ -19,9 +19,10 @@ from opentelemetry import trace
 
 from gateway import metrics
 from gateway.clients import Clients
+from gateway.flights import Flight, Flights
 from gateway.picks import PickFailed
-from gateway.relay import WorkerFailed
-from services import telemetry, validation
+from gateway.relay import WorkerFailed, merge
+from services import cache_keys, telemetry, validation
 from services.config import GatewayConfig
 from services.gen import meshserve_pb2 as pb
 
@@ -29,9 +30,9 @@ log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 2                 # the first worker, then one other after a failure before any token
 PICK_TIMEOUT_S = 5.0
-MAX_PENDING_STORES = 64          # background cache stores; beyond, a store is skipped
 RETRY_AFTER_S = 1
 FINISHED = frozenset({"stop", "length"})
+COALESCED = "coalesced"          # cache_kind of a request that streamed an identical one's answer
 # Worker errors that are the request's fault: another worker would say the same.
 CLIENT_ERRORS = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE})
 
@@ -79,7 +80,7 @@ class Orchestrator:
         self._clients = clients
         self._clock = clock
         self._in_flight = 0
-        self._pending_stores: set[asyncio.Task[None]] = set()
+        self._flights = Flights()
         self._cache_ok = True  # warn once when the cache starts failing, not on every request
 
     async def generate(self, request: pb.GenerateRequest, tenant: str) -> AsyncIterator[pb.GenerateResponse]:
@@ -136,6 +137,8 @@ class Orchestrator:
                 texts.append(chunk.text)
                 out.token_ids.extend(chunk.token_ids)
                 out.request_id, out.cached, out.worker = chunk.request_id, chunk.cached, chunk.worker
+                out.cache_kind, out.cache_age_s = chunk.cache_kind, chunk.cache_age_s
+                out.cache_similarity = chunk.cache_similarity
                 if chunk.finish_reason:
                     out.finish_reason = chunk.finish_reason
                 if chunk.HasField("usage"):
@@ -145,10 +148,7 @@ class Orchestrator:
 
     async def close(self) -> None:
         """Lets pending cache stores finish (bounded by the cache timeout), then closes channels."""
-        if self._pending_stores:
-            await asyncio.wait(self._pending_stores, timeout=self._cfg.cache_timeout_s)
-            for task in self._pending_stores:
-                task.cancel()
+        await self._flights.close(self._cfg.cache_timeout_s)
         await self._clients.close()
 
     # -- pipeline steps ---------------------------------------------------------------------------
@@ -172,31 +172,86 @@ class Orchestrator:
     async def _serve(
         self, req: pb.GenerateRequest, tenant: str, outcome: _Outcome
     ) -> AsyncIterator[pb.GenerateResponse]:
-        # 3. Cache lookup: a hit replays the stored stream without touching router or workers.
-        cacheable = (
-            self._clients.cache is not None and validation.is_deterministic(req) and not req.skip_cache
-        )
-        if cacheable:
-            hit = await self._lookup(req, tenant)
-            if hit is not None:
-                outcome.cached = True
-                metrics.CACHE_HITS.labels(hit.kind).inc()
-                for stored in hit.chunks:
-                    chunk = pb.GenerateResponse()
-                    chunk.CopyFrom(stored)
-                    chunk.request_id, chunk.cached, chunk.worker = req.request_id, True, ""
+        if req.skip_cache or not validation.is_deterministic(req) or not (
+            self._clients.cache is not None or self._cfg.coalesce
+        ):
+            # Sampled (or opted out): this request's own generation, nothing shared or stored.
+            async with aclosing(self._stream_with_failover(req, outcome)) as stream:
+                async for chunk in stream:
                     yield chunk
+            return
+        # 3. Deterministic: identical requests in flight share one answer (gateway.flights), which
+        # is a cache hit or one generation; the leader's flight stores what it generated.
+        if self._cfg.coalesce:
+            key = cache_keys.exact_key(self._cache_view(req), tenant)
+        else:
+            key = req.request_id  # a flight of its own
+        flight, leader = self._flights.join(key, req.request_id, lambda f: self._fly(f, req, tenant))
+        if not leader:
+            metrics.COALESCED.inc()
+            trace.get_current_span().set_attribute("meshserve.coalesced_with", flight.leader_request_id)
+        try:
+            async with aclosing(flight.read()) as batches:
+                async for batch in batches:
+                    outcome.worker = flight.worker
+                    outcome.cached = bool(flight.cache_kind)
+                    yield self._as_reader(req, flight, batch, leader)
+        except GatewayError as e:
+            raise GatewayError(e.code, e.message, e.trailers) from None  # one copy per reader
+        finally:
+            self._flights.leave(flight)
+
+    @staticmethod
+    def _as_reader(
+        req: pb.GenerateRequest, flight: Flight, batch: list[pb.GenerateResponse], leader: bool
+    ) -> pb.GenerateResponse:
+        """A flight's batch as one chunk of this request: its own id, and how it was answered."""
+        chunk = merge(batch)
+        if leader and not flight.cache_kind:
+            return chunk  # the leader's own generation, as the worker sent it
+        if chunk is batch[0]:
+            chunk = pb.GenerateResponse()
+            chunk.CopyFrom(batch[0])
+        chunk.request_id = req.request_id
+        if flight.cache_kind:
+            chunk.cached, chunk.worker = True, ""
+            chunk.cache_kind, chunk.cache_age_s = flight.cache_kind, flight.cache_age_s
+            chunk.cache_similarity = flight.cache_similarity
+        else:
+            chunk.cache_kind = COALESCED
+        return chunk
+
+    async def _fly(self, flight: Flight, req: pb.GenerateRequest, tenant: str) -> None:
+        """A flight's task: the cache, else one generation, stored once it finished."""
+        outcome = _Outcome(req.request_id)
+        try:
+            hit = await self._lookup(req, tenant) if self._clients.cache is not None else None
+            if hit is not None:
+                metrics.CACHE_HITS.labels(hit.kind).inc()
+                flight.cache_kind, flight.cache_age_s, flight.cache_similarity = hit.kind, hit.age_s, hit.similarity
+                for stored in hit.chunks:
+                    flight.push(stored)
+                flight.finish()
                 return
-        # 4-5. Pick a worker and stream from it, failing over once before the first token.
-        chunks: list[pb.GenerateResponse] = []
-        async with aclosing(self._stream_with_failover(req, outcome)) as stream:
-            async for chunk in stream:
-                if cacheable:
-                    chunks.append(chunk)
-                yield chunk
-        # 6. Store in the background: the client has its answer already.
-        if cacheable and chunks and chunks[-1].finish_reason in FINISHED:
-            self._store_later(req, tenant, chunks)
+            async with aclosing(self._stream_with_failover(req, outcome)) as stream:
+                async for chunk in stream:
+                    flight.worker = outcome.worker
+                    flight.push(chunk)
+        except GatewayError as e:
+            flight.finish(e)
+            return
+        except asyncio.CancelledError:
+            flight.finish(GatewayError(grpc.StatusCode.CANCELLED, "every request waiting for this answer left"))
+            raise
+        except Exception as e:
+            log.exception("request %s: generation failed", req.request_id)
+            flight.finish(GatewayError(grpc.StatusCode.INTERNAL, f"generation failed: {e}"))
+            return
+        flight.finish()
+        # 6. Store: the readers have their answer already; until the store is done, the finished
+        # flight answers identical requests from memory.
+        if self._clients.cache is not None and flight.chunks[-1].finish_reason in FINISHED:
+            await self._store(req, tenant, flight.chunks)
 
     async def _lookup(self, req: pb.GenerateRequest, tenant: str) -> pb.LookupResponse | None:
         assert self._clients.cache is not None
@@ -312,17 +367,6 @@ class Orchestrator:
             stream.close()
             span.set_attribute("meshserve.tokens", tokens)
             span.end()
-
-    def _store_later(self, req: pb.GenerateRequest, tenant: str, chunks: list[pb.GenerateResponse]) -> None:
-        if len(self._pending_stores) >= MAX_PENDING_STORES:
-            metrics.CACHE_ERRORS.labels("store_skipped").inc()
-            log.warning(
-                "request %s: %d cache stores pending, skipping this one", req.request_id, MAX_PENDING_STORES
-            )
-            return
-        task = asyncio.create_task(self._store(req, tenant, chunks))
-        self._pending_stores.add(task)
-        task.add_done_callback(self._pending_stores.discard)
 
     async def _store(self, req: pb.GenerateRequest, tenant: str, chunks: list[pb.GenerateResponse]) -> None:
         assert self._clients.cache is not None

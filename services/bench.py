@@ -61,6 +61,8 @@ VOCABULARY = (
     "least value village key this against winter black letter forty message green"
 ).split()
 
+GENERATED = "generated"  # an answer generated for the request itself (no cache_kind)
+
 # How a refused user waits before its next request (replaced in tests).
 backoff = asyncio.sleep
 
@@ -91,6 +93,7 @@ class RequestResult:
     error_code: str = ""  # gRPC status code name, e.g. "UNAVAILABLE"
     error: str = ""
     retry_after: float = 0.0  # seconds, from a refusal's 'retry-after' metadata
+    answer: str = GENERATED  # how it was answered: GENERATED, or the chunks' cache_kind
 
 
 # ---------------------------------------------------------------------------------------------
@@ -112,16 +115,19 @@ def random_requests(
     range_ratio: float,
     rng: random.Random,
     prefix_len: int = 0,
+    distinct: int = 0,
 ) -> list[BenchRequest]:
-    """``n`` prompts of random words, sharing ``prefix_len`` leading words."""
+    """``n`` prompts of random words, sharing ``prefix_len`` leading words; with ``distinct``,
+    only that many different requests, repeated in turn (a burst of identical requests)."""
     prefix = rng.choices(VOCABULARY, k=prefix_len)
-    input_lens = sample_lengths(input_len, range_ratio, n, rng)
-    output_lens = sample_lengths(output_len, range_ratio, n, rng)
+    count = min(n, distinct) if distinct > 0 else n
+    input_lens = sample_lengths(input_len, range_ratio, count, rng)
+    output_lens = sample_lengths(output_len, range_ratio, count, rng)
     requests = []
     for in_len, out_len in zip(input_lens, output_lens):
         words = prefix + rng.choices(VOCABULARY, k=in_len)
         requests.append(BenchRequest(" ".join(words), len(words), out_len))
-    return requests
+    return [requests[i % count] for i in range(n)]
 
 
 def prefix_repetition_requests(
@@ -155,7 +161,7 @@ def workload(args: argparse.Namespace, n: int) -> list[BenchRequest]:
             args.prefix_repetition_hot_share,
         )
     return random_requests(n, args.random_input_len, args.random_output_len, args.random_range_ratio,
-                           rng, args.random_prefix_len)
+                           rng, args.random_prefix_len, args.random_distinct_prompts)
 
 
 @dataclass
@@ -256,6 +262,8 @@ async def measure(open_stream: OpenStream, prompt_len: int, text: list[str] | No
                     result.itl.append(now - last)
                 last = now
             token_ids += len(chunk.token_ids)
+            if chunk.cache_kind:
+                result.answer = chunk.cache_kind
             if chunk.HasField("usage"):
                 usage = chunk.usage
         result.latency = time.perf_counter() - start
@@ -334,6 +342,12 @@ def summarize(
         result |= _stats_ms(samples[name], percentiles, f"_{name}_ms")
     # Failed requests: how fast they failed (a refusal under overload should take milliseconds).
     result |= _stats_ms([r.latency for r in failed], percentiles, "_error_ms")
+    # How the successful requests were answered, and the TTFT of each kind (a cache hit or a
+    # coalesced request against one generated for itself).
+    result["answers"] = dict(Counter(r.answer for r in ok))
+    result["ttft_ms_by_answer"] = {
+        kind: _stats_ms([r.ttft for r in ok if r.answer == kind], percentiles) for kind in sorted(result["answers"])
+    }
     result["errors"] = dict(Counter(r.error_code for r in failed))
     result["error_ms_by_code"] = {
         code: _stats_ms([r.latency for r in failed if r.error_code == code], percentiles)
@@ -418,6 +432,12 @@ def format_summary(
         row(f"Median {short} (ms):", result[f"median_{name}_ms"], "{:<10.2f}")
         for p in percentiles:
             row(f"P{_pkey(p)} {short} (ms):", result[f"p{_pkey(p)}_{name}_ms"], "{:<10.2f}")
+    if set(result.get("answers", {})) - {GENERATED}:
+        lines.append("{s:{c}^{n}}".format(s="Answered by (TTFT ms)", n=50, c="-"))
+        for kind, count in sorted(result["answers"].items()):
+            ttft = result["ttft_ms_by_answer"][kind]
+            tails = ", ".join(f"p{_pkey(p)} {ttft[f'p{_pkey(p)}']:.2f}" for p in percentiles)
+            row(f"{kind}:", f"{count} (median {ttft['median']:.2f}, {tails})", "{}")
     if result["errors"]:
         lines.append("{s:{c}^{n}}".format(s="Time to Error (failed requests)", n=50, c="-"))
         row("Mean time to error (ms):", result["mean_error_ms"], "{:<10.2f}")
@@ -480,6 +500,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--random-output-len", type=_positive_int, default=128, help="max_tokens per request")
     data.add_argument("--random-range-ratio", type=float, default=0.0,
                       help="lengths are uniform in [len * (1 - r), len * (1 + r)], 0 <= r < 1")
+    data.add_argument("--random-distinct-prompts", type=int, default=0,
+                      help="only this many different requests, sent in turn (0: every request differs); "
+                           "1 with --allow-cache: a burst of identical requests, coalesced by the gateway")
     data.add_argument("--random-prefix-len", type=int, default=0,
                       help="words of a prefix shared by every prompt")
 

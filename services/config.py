@@ -167,6 +167,9 @@ class GatewayConfig(ServerConfig):
     max_in_flight: int = _f(2048, "most streams the gateway serves at once; beyond: RESOURCE_EXHAUSTED")
     cache_timeout_s: float = _f(0.5, "give up on a cache call after this long (serve uncached)")
     first_token_timeout_s: float = _f(60.0, "a worker that sends nothing for this long counts as failed")
+    coalesce: bool = _f(
+        True, "identical deterministic requests in flight share one generation (followers stream the first's tokens)"
+    )
 
 
 @dataclass

@@ -57,7 +57,7 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("request_id", "text", "token_ids", "finish_reason", "usage", "cached", "worker")
+    __slots__ = ("request_id", "text", "token_ids", "finish_reason", "usage", "cached", "worker", "cache_kind", "cache_age_s", "cache_similarity")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +65,9 @@ class GenerateResponse(_message.Message):
     USAGE_FIELD_NUMBER: _ClassVar[int]
     CACHED_FIELD_NUMBER: _ClassVar[int]
     WORKER_FIELD_NUMBER: _ClassVar[int]
+    CACHE_KIND_FIELD_NUMBER: _ClassVar[int]
+    CACHE_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SIMILARITY_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -72,10 +75,13 @@ class GenerateResponse(_message.Message):
     usage: Usage
     cached: bool
     worker: str
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., cached: _Optional[bool] = ..., worker: _Optional[str] = ...) -> None: ...
+    cache_kind: str
+    cache_age_s: float
+    cache_similarity: float
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., cached: _Optional[bool] = ..., worker: _Optional[str] = ..., cache_kind: _Optional[str] = ..., cache_age_s: _Optional[float] = ..., cache_similarity: _Optional[float] = ...) -> None: ...
 
 class CompleteResponse(_message.Message):
-    __slots__ = ("request_id", "text", "token_ids", "finish_reason", "usage", "cached", "worker")
+    __slots__ = ("request_id", "text", "token_ids", "finish_reason", "usage", "cached", "worker", "cache_kind", "cache_age_s", "cache_similarity")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -83,6 +89,9 @@ class CompleteResponse(_message.Message):
     USAGE_FIELD_NUMBER: _ClassVar[int]
     CACHED_FIELD_NUMBER: _ClassVar[int]
     WORKER_FIELD_NUMBER: _ClassVar[int]
+    CACHE_KIND_FIELD_NUMBER: _ClassVar[int]
+    CACHE_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SIMILARITY_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -90,7 +99,10 @@ class CompleteResponse(_message.Message):
     usage: Usage
     cached: bool
     worker: str
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., cached: _Optional[bool] = ..., worker: _Optional[str] = ...) -> None: ...
+    cache_kind: str
+    cache_age_s: float
+    cache_similarity: float
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., cached: _Optional[bool] = ..., worker: _Optional[str] = ..., cache_kind: _Optional[str] = ..., cache_age_s: _Optional[float] = ..., cache_similarity: _Optional[float] = ...) -> None: ...
 
 class StreamOptions(_message.Message):
     __slots__ = ("include_usage",)
@@ -238,21 +250,33 @@ class ChatCompletionChoice(_message.Message):
     finish_reason: str
     def __init__(self, index: _Optional[int] = ..., message: _Optional[_Union[ChatCompletionMessage, _Mapping]] = ..., finish_reason: _Optional[str] = ...) -> None: ...
 
+class CacheInfo(_message.Message):
+    __slots__ = ("kind", "age_s", "similarity")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    AGE_S_FIELD_NUMBER: _ClassVar[int]
+    SIMILARITY_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    age_s: float
+    similarity: float
+    def __init__(self, kind: _Optional[str] = ..., age_s: _Optional[float] = ..., similarity: _Optional[float] = ...) -> None: ...
+
 class ChatCompletion(_message.Message):
-    __slots__ = ("id", "object", "created", "model", "choices", "usage")
+    __slots__ = ("id", "object", "created", "model", "choices", "usage", "cache")
     ID_FIELD_NUMBER: _ClassVar[int]
     OBJECT_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     CHOICES_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
+    CACHE_FIELD_NUMBER: _ClassVar[int]
     id: str
     object: str
     created: int
     model: str
     choices: _containers.RepeatedCompositeFieldContainer[ChatCompletionChoice]
     usage: CompletionUsage
-    def __init__(self, id: _Optional[str] = ..., object: _Optional[str] = ..., created: _Optional[int] = ..., model: _Optional[str] = ..., choices: _Optional[_Iterable[_Union[ChatCompletionChoice, _Mapping]]] = ..., usage: _Optional[_Union[CompletionUsage, _Mapping]] = ...) -> None: ...
+    cache: CacheInfo
+    def __init__(self, id: _Optional[str] = ..., object: _Optional[str] = ..., created: _Optional[int] = ..., model: _Optional[str] = ..., choices: _Optional[_Iterable[_Union[ChatCompletionChoice, _Mapping]]] = ..., usage: _Optional[_Union[CompletionUsage, _Mapping]] = ..., cache: _Optional[_Union[CacheInfo, _Mapping]] = ...) -> None: ...
 
 class ChatCompletionDelta(_message.Message):
     __slots__ = ("role", "content")
@@ -273,7 +297,7 @@ class ChatCompletionChunkChoice(_message.Message):
     def __init__(self, index: _Optional[int] = ..., delta: _Optional[_Union[ChatCompletionDelta, _Mapping]] = ..., finish_reason: _Optional[str] = ...) -> None: ...
 
 class ChatCompletionChunk(_message.Message):
-    __slots__ = ("id", "object", "created", "model", "choices", "usage", "error")
+    __slots__ = ("id", "object", "created", "model", "choices", "usage", "error", "cache")
     ID_FIELD_NUMBER: _ClassVar[int]
     OBJECT_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
@@ -281,6 +305,7 @@ class ChatCompletionChunk(_message.Message):
     CHOICES_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    CACHE_FIELD_NUMBER: _ClassVar[int]
     id: str
     object: str
     created: int
@@ -288,7 +313,8 @@ class ChatCompletionChunk(_message.Message):
     choices: _containers.RepeatedCompositeFieldContainer[ChatCompletionChunkChoice]
     usage: CompletionUsage
     error: OpenAIError
-    def __init__(self, id: _Optional[str] = ..., object: _Optional[str] = ..., created: _Optional[int] = ..., model: _Optional[str] = ..., choices: _Optional[_Iterable[_Union[ChatCompletionChunkChoice, _Mapping]]] = ..., usage: _Optional[_Union[CompletionUsage, _Mapping]] = ..., error: _Optional[_Union[OpenAIError, _Mapping]] = ...) -> None: ...
+    cache: CacheInfo
+    def __init__(self, id: _Optional[str] = ..., object: _Optional[str] = ..., created: _Optional[int] = ..., model: _Optional[str] = ..., choices: _Optional[_Iterable[_Union[ChatCompletionChunkChoice, _Mapping]]] = ..., usage: _Optional[_Union[CompletionUsage, _Mapping]] = ..., error: _Optional[_Union[OpenAIError, _Mapping]] = ..., cache: _Optional[_Union[CacheInfo, _Mapping]] = ...) -> None: ...
 
 class CompletionChoice(_message.Message):
     __slots__ = ("index", "text", "finish_reason")
@@ -301,7 +327,7 @@ class CompletionChoice(_message.Message):
     def __init__(self, index: _Optional[int] = ..., text: _Optional[str] = ..., finish_reason: _Optional[str] = ...) -> None: ...
 
 class Completion(_message.Message):
-    __slots__ = ("id", "object", "created", "model", "choices", "usage", "error")
+    __slots__ = ("id", "object", "created", "model", "choices", "usage", "error", "cache")
     ID_FIELD_NUMBER: _ClassVar[int]
     OBJECT_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
@@ -309,6 +335,7 @@ class Completion(_message.Message):
     CHOICES_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    CACHE_FIELD_NUMBER: _ClassVar[int]
     id: str
     object: str
     created: int
@@ -316,7 +343,8 @@ class Completion(_message.Message):
     choices: _containers.RepeatedCompositeFieldContainer[CompletionChoice]
     usage: CompletionUsage
     error: OpenAIError
-    def __init__(self, id: _Optional[str] = ..., object: _Optional[str] = ..., created: _Optional[int] = ..., model: _Optional[str] = ..., choices: _Optional[_Iterable[_Union[CompletionChoice, _Mapping]]] = ..., usage: _Optional[_Union[CompletionUsage, _Mapping]] = ..., error: _Optional[_Union[OpenAIError, _Mapping]] = ...) -> None: ...
+    cache: CacheInfo
+    def __init__(self, id: _Optional[str] = ..., object: _Optional[str] = ..., created: _Optional[int] = ..., model: _Optional[str] = ..., choices: _Optional[_Iterable[_Union[CompletionChoice, _Mapping]]] = ..., usage: _Optional[_Union[CompletionUsage, _Mapping]] = ..., error: _Optional[_Union[OpenAIError, _Mapping]] = ..., cache: _Optional[_Union[CacheInfo, _Mapping]] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ()
@@ -531,14 +559,26 @@ class LookupRequest(_message.Message):
     def __init__(self, request: _Optional[_Union[GenerateRequest, _Mapping]] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
-    __slots__ = ("hit", "kind", "chunks")
+    __slots__ = ("hit", "kind", "chunks", "age_s", "similarity")
     HIT_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    AGE_S_FIELD_NUMBER: _ClassVar[int]
+    SIMILARITY_FIELD_NUMBER: _ClassVar[int]
     hit: bool
     kind: str
     chunks: _containers.RepeatedCompositeFieldContainer[GenerateResponse]
-    def __init__(self, hit: _Optional[bool] = ..., kind: _Optional[str] = ..., chunks: _Optional[_Iterable[_Union[GenerateResponse, _Mapping]]] = ...) -> None: ...
+    age_s: float
+    similarity: float
+    def __init__(self, hit: _Optional[bool] = ..., kind: _Optional[str] = ..., chunks: _Optional[_Iterable[_Union[GenerateResponse, _Mapping]]] = ..., age_s: _Optional[float] = ..., similarity: _Optional[float] = ...) -> None: ...
+
+class CacheEntry(_message.Message):
+    __slots__ = ("chunks", "stored_at")
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    STORED_AT_FIELD_NUMBER: _ClassVar[int]
+    chunks: _containers.RepeatedCompositeFieldContainer[GenerateResponse]
+    stored_at: float
+    def __init__(self, chunks: _Optional[_Iterable[_Union[GenerateResponse, _Mapping]]] = ..., stored_at: _Optional[float] = ...) -> None: ...
 
 class StoreRequest(_message.Message):
     __slots__ = ("request", "tenant", "chunks")

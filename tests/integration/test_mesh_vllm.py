@@ -189,6 +189,35 @@ async def test_second_identical_greedy_request_is_served_from_cache(mesh: UpMesh
     assert metric_sum(scrape(worker_metrics), "meshserve_worker_requests_total") == served_before
 
 
+async def test_a_burst_of_identical_requests_is_one_engine_generation(mesh: UpMesh) -> None:
+    worker_metrics = mesh.metrics_url("worker-0")
+
+    def engine_finished() -> float:  # vLLM's own counter of finished requests
+        return metric_sum(scrape(worker_metrics), "vllm:request_success_total")
+
+    before = engine_finished()
+    req = dict(prompt=f"One for all {time.time_ns()}", max_tokens=24, temperature=0)
+    async with insecure_channel(mesh.envoy) as channel:
+        stub = pb_grpc.InferenceStub(channel)
+
+        async def one(i: int) -> list[pb.GenerateResponse]:
+            return [c async for c in stub.Generate(pb.GenerateRequest(request_id=f"burst-{i}", **req))]
+
+        answers = await asyncio.gather(*(one(i) for i in range(300)))
+
+    # vLLM counts a request when its stat logger runs, just after the last output went out.
+    await wait_until(lambda: engine_finished() > before, 10, "vLLM to count the request")
+    assert engine_finished() == before + 1
+    expected = (text(answers[0]), token_ids(answers[0]))
+    assert len(expected[1]) == 24
+    for i, chunks in enumerate(answers):
+        assert (text(chunks), token_ids(chunks)) == expected
+        assert {c.request_id for c in chunks} == {f"burst-{i}"} and chunks[-1].usage.completion_tokens == 24
+    kinds = [chunks[-1].cache_kind for chunks in answers]
+    # The rest streamed the one generation (or, arriving after it was stored, hit the cache).
+    assert kinds.count("") == 1 and set(kinds) <= {"", "coalesced", "exact"}
+
+
 async def test_client_cancel_aborts_the_engine_request(mesh: UpMesh) -> None:
     worker_metrics = mesh.metrics_url("worker-0")
 

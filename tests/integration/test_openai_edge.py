@@ -203,17 +203,45 @@ async def test_edge_status_codes_have_openai_error_bodies(
 
 async def test_tenant_from_the_key_isolates_the_cache(mesh: Mesh) -> None:
     fields = {"prompt": "tenant isolation probe", "max_tokens": 4, "temperature": 0}
+
+    def stored() -> float:
+        return metric_sum(scrape(mesh.metrics["cache"]), "meshserve_cache_stores_total", result="stored")
+
+    before = stored()
     _, first = await grpc_text(mesh, ALICE, **fields)
+    # The gateway stores after the stream ends; until then an identical request is coalesced.
+    await wait_until(lambda: stored() > before, 10, "alice's answer to be stored")
     _, again = await grpc_text(mesh, ALICE, **fields)
     _, other = await grpc_text(mesh, BOB, **fields)
     assert not first[0].cached
-    assert again[0].cached  # same tenant: served from the cache
+    assert again[0].cached and again[-1].cache_kind == "exact"  # same tenant: served from the cache
     assert not other[0].cached  # another key's tenant never sees alice's entries
     log_path = mesh.run_dir / "envoy.log"
     await wait_until(lambda: '"tenant":"bob"' in log_path.read_text(), 10, "bob's access log line")
     log = log_path.read_text()
     assert '"tenant":"alice"' in log
     assert ALICE not in log and BOB not in log  # keys are never logged
+
+
+async def test_a_cache_hit_says_so_in_the_answer_and_the_last_chunk(mesh: Mesh) -> None:
+    def stored() -> float:
+        return metric_sum(scrape(mesh.metrics["cache"]), "meshserve_cache_stores_total", result="stored")
+
+    ask = {"model": MODEL, "messages": [{"role": "user", "content": "cache info probe"}], "max_tokens": 4,
+           "temperature": 0}
+    before = stored()
+    first = await client(mesh).chat.completions.create(**ask)
+    await wait_until(lambda: stored() > before, 10, "the answer to be stored")
+    again = await client(mesh).chat.completions.create(**ask)
+    stream = await client(mesh).chat.completions.create(**ask, stream=True)
+    chunks = [c async for c in stream]
+
+    assert "cache" not in (first.model_extra or {})
+    info = (again.model_extra or {})["cache"]
+    assert info["kind"] == "exact" and 0 <= info["age_s"] < 10
+    assert again.choices[0].message.content == first.choices[0].message.content
+    assert (chunks[-1].model_extra or {})["cache"]["kind"] == "exact"
+    assert not any("cache" in (c.model_extra or {}) for c in chunks[:-1])
 
 
 def envoy_active_requests(cfg: EnvoyConfig) -> float:

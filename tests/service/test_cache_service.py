@@ -10,7 +10,7 @@ import grpc
 import pytest
 import redis.asyncio as aioredis
 
-from cache_service.keys import exact_key
+from services.cache_keys import exact_key
 from cache_service.server import start_cache
 from services.config import CacheConfig
 from services.gen import meshserve_pb2 as pb

@@ -260,6 +260,8 @@ async def test_second_identical_greedy_request_is_a_cache_hit(mesh: MeshFactory)
     assert [list(c.token_ids) for c in second] == [list(c.token_ids) for c in first]
     assert second[-1].usage == first[-1].usage and second[-1].finish_reason == "length"
     assert all(c.cached and c.worker == "" and c.request_id == "again" for c in second)
+    assert all(c.cache_kind == "exact" and 0 <= c.cache_age_s < WAIT_S for c in second)
+    assert not any(c.cache_kind for c in first)
     assert m.a.calls + m.b.calls == 1 and len(m.router.picks) == 1
     assert sample("meshserve_cache_hits_total", {"kind": "exact"}) == hits_before + 1
 
@@ -415,8 +417,9 @@ async def test_past_max_in_flight_is_resource_exhausted_fast(mesh: MeshFactory) 
 @pytest.mark.parametrize("cache", ["dead-port", "dead-redis"])
 async def test_cache_down_request_is_still_served(mesh: MeshFactory, cache: str) -> None:
     m = await mesh(cache=cache, cache_timeout_s=0.5)
-    for _ in range(2):
-        chunks = await collect(m.stub.Generate(greedy()))
+    for i in range(2):
+        # Two prompts: a second identical one could replay the first's answer from memory.
+        chunks = await collect(m.stub.Generate(greedy(prompt=f"Hello {i}")))
         assert joined(chunks) == "".join(PIECES) and not any(c.cached for c in chunks)
     assert m.a.calls == 2
 
@@ -443,3 +446,115 @@ async def test_complete_maps_mid_stream_failure_to_unavailable(mesh: MeshFactory
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await m.stub.Complete(greedy(), timeout=WAIT_S)
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "worker lost mid-stream" in err.value.details()
+
+
+# -- coalescing: identical requests in flight share one generation ----------------------------------
+
+
+async def _first_chunk(call: Any) -> pb.GenerateResponse:
+    async with asyncio.timeout(WAIT_S):
+        return await call.read()
+
+
+async def _rest(call: Any) -> list[pb.GenerateResponse]:
+    async with asyncio.timeout(WAIT_S):
+        out = []
+        while (chunk := await call.read()) is not grpc.aio.EOF:
+            out.append(chunk)
+        return out
+
+
+@pytest.mark.parametrize("cache", ["real", "off"])
+async def test_identical_requests_in_flight_share_one_generation(mesh: MeshFactory, cache: str) -> None:
+    m = await mesh(a="hold", cache=cache)
+    coalesced = sample("meshserve_gateway_coalesced_total")
+    calls = [m.stub.Generate(greedy(request_id=f"r{i}")) for i in range(5)]
+    # Every one has its first token while the worker holds the only generation after it.
+    firsts = [await _first_chunk(call) for call in calls]
+    m.a.release.set()
+    answers = [[first, *await _rest(call)] for first, call in zip(firsts, calls, strict=True)]
+
+    assert m.a.calls + m.b.calls == 1
+    for i, chunks in enumerate(answers):
+        assert joined(chunks) == "".join(PIECES) and tokens(chunks) == [10, 11, 12]
+        assert {c.request_id for c in chunks} == {f"r{i}"} and chunks[-1].usage.completion_tokens == 3
+        assert {c.worker for c in chunks} == {"A"} and not any(c.cached for c in chunks)
+    leader = m.a.requests[0].request_id
+    for i, chunks in enumerate(answers):
+        assert {c.cache_kind for c in chunks} == ({""} if f"r{i}" == leader else {"coalesced"})
+    assert sample("meshserve_gateway_coalesced_total") == coalesced + 4
+
+
+async def test_a_leaving_leader_or_follower_does_not_end_the_others(mesh: MeshFactory) -> None:
+    m = await mesh(a="hold", cache="off")
+    leader, follower, other = (m.stub.Generate(greedy(request_id=r)) for r in ("lead", "f1", "f2"))
+    for call in (leader, follower, other):
+        assert (await _first_chunk(call)).text == PIECES[0]
+    leader.cancel()
+    follower.cancel()
+    m.a.release.set()
+    assert joined(await _rest(other)) == "".join(PIECES[1:])
+    assert m.a.calls == 1 and not m.a.cancelled.is_set()
+
+
+async def test_the_last_reader_leaving_cancels_the_generation(mesh: MeshFactory) -> None:
+    m = await mesh(a="hold", cache="off")
+    calls = [m.stub.Generate(greedy(request_id=r)) for r in ("a", "b")]
+    for call in calls:
+        await _first_chunk(call)
+    for call in calls:
+        call.cancel()
+    async with asyncio.timeout(WAIT_S):
+        await m.a.cancelled.wait()
+    # The key is free again: the next identical request starts a generation of its own.
+    m.a.mode = "ok"
+    assert joined(await collect(m.stub.Generate(greedy()))) == "".join(PIECES) and m.a.calls == 2
+
+
+async def test_a_failing_generation_fails_every_reader(mesh: MeshFactory) -> None:
+    m = await mesh(a="hold", cache="off")
+    calls = [m.stub.Generate(greedy(request_id=r)) for r in ("a", "b")]
+    for call in calls:
+        await _first_chunk(call)
+    m.a.mode = "die_mid"  # the held generation dies after its next chunk
+    m.a.release.set()
+    for call in calls:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await _rest(call)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert m.a.calls == 1
+
+
+@pytest.mark.parametrize(
+    ("second", "cfg"),
+    [
+        (greedy(), {"coalesce": False}),                                  # turned off
+        (pb.GenerateRequest(prompt="Hello there", max_tokens=3, temperature=0.7), {}),  # sampled
+        (greedy(skip_cache=True), {}),                                    # opted out
+        (greedy(prompt="Hello here"), {}),                                # another prompt
+    ],
+)
+async def test_requests_that_must_not_share_a_generation_do_not(
+    mesh: MeshFactory, second: pb.GenerateRequest, cfg: dict[str, Any]
+) -> None:
+    m = await mesh(a="hold", b="hold", cache="off", **cfg)
+    first = m.stub.Generate(greedy())
+    await _first_chunk(first)
+    other = m.stub.Generate(second)
+    await _first_chunk(other)  # while the first is held: a coalesced one would have it too
+    m.a.release.set()
+    await _rest(first)
+    assert joined(await _rest(other)) == "".join(PIECES[1:])
+    assert m.a.calls == 2
+
+
+async def test_another_tenants_identical_request_is_not_coalesced(mesh: MeshFactory) -> None:
+    m = await mesh(a="hold", cache="off")
+    first = m.stub.Generate(greedy())
+    await _first_chunk(first)
+    other = m.stub.Generate(greedy(), metadata=((TENANT_METADATA, "other"),))
+    await _first_chunk(other)
+    m.a.release.set()
+    for call in (first, other):
+        await _rest(call)
+    assert m.a.calls == 2

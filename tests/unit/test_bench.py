@@ -241,6 +241,21 @@ def test_random_requests_lengths_and_shared_prefix() -> None:
     assert len({r.prompt for r in reqs}) == 200
     fixed = random_requests(10, 32, 16, 0.0, random.Random(0))
     assert {r.prompt_len for r in fixed} == {32} and {r.output_len for r in fixed} == {16}
+    burst = random_requests(9, 32, 16, 0.0, random.Random(0), distinct=2)
+    assert len(burst) == 9 and len({r.prompt for r in burst}) == 2
+    assert [r.prompt for r in burst[:2]] == [r.prompt for r in burst[2:4]]
+
+
+def test_summarize_reports_how_requests_were_answered_and_their_ttft() -> None:
+    results = [ok(0.2, 1.0, 4), ok(0.3, 1.0, 4), ok(0.002, 0.01, 4), failure("UNAVAILABLE", 0.01)]
+    results[1].answer, results[2].answer = "coalesced", "exact"
+    result = summarize(results, 1.0, percentiles=(50,))
+    assert result["answers"] == {"generated": 1, "coalesced": 1, "exact": 1}
+    assert result["ttft_ms_by_answer"]["exact"]["median"] == pytest.approx(2.0)
+    assert result["ttft_ms_by_answer"]["coalesced"]["p50"] == pytest.approx(300.0)
+    text = bench.format_summary(result, ("ttft",), (50,))
+    assert "Answered by (TTFT ms)" in text and "coalesced:" in text and "exact:" in text
+    assert "Answered by" not in bench.format_summary(summarize(results[:1], 1.0), ("ttft",), (99,))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cache_service.keys import exact_key
+from services.cache_keys import exact_key
 from services.gen import meshserve_pb2 as pb
 
 

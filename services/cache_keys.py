@@ -1,4 +1,7 @@
-"""Cache keys: one sha256 per (tenant, request) over every field that can change the output."""
+"""Cache keys: one sha256 per (tenant, request) over every field that can change the output.
+
+Shared by the cache service (where entries live) and the gateway (which coalesces identical
+requests in flight under the same key)."""
 
 from __future__ import annotations
 
