@@ -1,21 +1,26 @@
 """The Cache gRPC service: Lookup and Store of finished deterministic completions.
 
-Only the exact-match kind exists today; a semantic kind (embedding similarity) would be a second
-store consulted after an exact miss, reported with ``kind="semantic"``.
+Two kinds of hit: ``exact`` (the same request, ``cache_service.store``) and ``semantic`` (the
+same question in other words within the same scope, ``cache_service.semantic``), looked up in
+that order. Redis errors become UNAVAILABLE, so the gateway serves uncached.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
 
 import grpc
 import prometheus_client
+import redis.asyncio as aioredis
 import redis.exceptions
 from opentelemetry import trace
 
+from cache_service.semantic import SemanticStore
 from cache_service.store import ExactStore, connect
+from services import validation
 from services.config import CacheConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
@@ -26,40 +31,76 @@ log = logging.getLogger(__name__)
 LOOKUPS = prometheus_client.Counter(
     "meshserve_cache_lookups_total", "Cache lookups by result (hit, miss, error) and kind", ["result", "kind"]
 )
+LOOKUP_SECONDS = prometheus_client.Histogram(
+    "meshserve_cache_lookup_seconds", "Time of a lookup in the cache service, by mode (exact, semantic)", ["mode"],
+    buckets=[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64],
+)
 STORES = prometheus_client.Counter(
     "meshserve_cache_stores_total", "Cache stores by result (stored, refused, error)", ["result"]
 )
+REDIS_EVICTED = prometheus_client.Gauge(
+    "meshserve_cache_redis_evicted_keys", "Keys Redis evicted to stay within its maxmemory (its INFO evicted_keys)"
+)
+REDIS_MEMORY = prometheus_client.Gauge("meshserve_cache_redis_used_memory_bytes", "Memory Redis uses (INFO used_memory)")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Cache"].full_name
+REDIS_STATS_S = 5.0
 
 
 class CacheServicer(pb_grpc.CacheServicer):
-    """Thin edge over ExactStore: Redis errors become UNAVAILABLE, so callers serve uncached."""
+    """Exact entries, then semantic ones; a Redis error is UNAVAILABLE (the caller serves uncached)."""
 
-    def __init__(self, exact: ExactStore) -> None:
+    def __init__(self, exact: ExactStore, semantic: SemanticStore | None = None) -> None:
         self._exact = exact
+        self._semantic = semantic
 
     async def Lookup(self, request: pb.LookupRequest, context: grpc.aio.ServicerContext) -> pb.LookupResponse:
+        mode = request.mode or validation.CACHE_SEMANTIC
+        if self._semantic is None:
+            mode = validation.CACHE_EXACT
+        span = trace.get_current_span()  # the span of this call (tracing interceptor in services.server)
+        started = time.perf_counter()
         try:
-            entry = await self._exact.lookup(request.request, request.tenant)
+            resp = await self._lookup(request, mode)
         except redis.exceptions.RedisError as e:
-            LOOKUPS.labels("error", self._exact.kind).inc()
-            trace.get_current_span().set_attribute("meshserve.cache.result", "error")
+            LOOKUPS.labels("error", mode).inc()
+            span.set_attribute("meshserve.cache.result", "error")
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"cache backend (Redis) unavailable: {e}")
-        result = "miss" if entry is None else "hit"
-        # The span of this call (tracing interceptor in services.server).
-        trace.get_current_span().set_attributes(
-            {"meshserve.cache.result": result, "meshserve.cache.kind": self._exact.kind}
-        )
-        LOOKUPS.labels(result, self._exact.kind).inc()
+        LOOKUP_SECONDS.labels(mode).observe(time.perf_counter() - started)
+        kind = resp.kind if resp.hit else mode
+        LOOKUPS.labels("hit" if resp.hit else "miss", kind).inc()
+        span.set_attributes({"meshserve.cache.result": "hit" if resp.hit else "miss", "meshserve.cache.kind": kind})
+        if resp.hit and resp.kind == self._semantic_kind():
+            span.set_attribute("meshserve.cache.similarity", resp.similarity)
+        return resp
+
+    def _semantic_kind(self) -> str:
+        return self._semantic.kind if self._semantic is not None else ""
+
+    async def _lookup(self, request: pb.LookupRequest, mode: str) -> pb.LookupResponse:
+        req, tenant = request.request, request.tenant
+        entry = await self._exact.lookup(req, tenant)
+        similarity = 1.0
+        kind = self._exact.kind
+        if entry is None and mode == validation.CACHE_SEMANTIC and self._semantic is not None:
+            if validation.cache_mode(req, mode) == validation.CACHE_OFF:
+                return pb.LookupResponse(hit=False)
+            found = await self._semantic.lookup(req, tenant)
+            if found is not None:
+                raw, match = found
+                entry = await self._exact.parse(match.exact, raw)
+                similarity, kind = match.similarity, self._semantic.kind
         if entry is None:
             return pb.LookupResponse(hit=False)
         age = max(0.0, time.time() - entry.stored_at)
-        return pb.LookupResponse(hit=True, kind=self._exact.kind, chunks=entry.chunks, age_s=age)
+        return pb.LookupResponse(hit=True, kind=kind, chunks=entry.chunks, age_s=age,
+                                 similarity=similarity if kind != self._exact.kind else 0.0)
 
     async def Store(self, request: pb.StoreRequest, context: grpc.aio.ServicerContext) -> pb.StoreResponse:
         try:
             result = await self._exact.store(request.request, request.tenant, request.chunks)
+            if result.stored and self._semantic is not None:
+                await self._semantic.store(request.request, request.tenant, result.key)
         except redis.exceptions.RedisError as e:
             STORES.labels("error").inc()
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"cache backend (Redis) unavailable: {e}")
@@ -72,9 +113,41 @@ class CacheServicer(pb_grpc.CacheServicer):
         return pb.StoreResponse(stored=result.stored, reason=result.reason)
 
 
+async def _watch_redis(client: aioredis.Redis) -> None:
+    """Keeps the Redis gauges (evictions, memory) current."""
+    while True:
+        try:
+            stats = await client.info("stats")
+            memory = await client.info("memory")
+            REDIS_EVICTED.set(float(stats.get("evicted_keys", 0)))
+            REDIS_MEMORY.set(float(memory.get("used_memory", 0)))
+        except redis.exceptions.RedisError:
+            pass  # lookups report it; the gauges keep their last values
+        await asyncio.sleep(REDIS_STATS_S)
+
+
 def _build(cfg: CacheConfig) -> tuple[CacheServicer, Lifecycle]:
-    exact = ExactStore(connect(cfg.redis_url), cfg.ttl_seconds, cfg.key_prefix)
-    return CacheServicer(exact), Lifecycle(on_close=[exact.close])
+    client = connect(cfg.redis_url)
+    exact = ExactStore(client, cfg.ttl_seconds, cfg.key_prefix, cfg.max_entry_bytes)
+    lifecycle = Lifecycle(on_close=[exact.close])
+    semantic = None
+    if cfg.semantic:
+        from cache_service.embedder import Embedder  # noqa: PLC0415 (loads torch and the model)
+
+        # The index follower blocks on a stream read: its own connection, a longer timeout.
+        follower = connect(cfg.redis_url, socket_timeout_s=5.0)
+        semantic = SemanticStore(client, follower, Embedder(threads=cfg.embed_threads), cfg.ttl_seconds,
+                                 cfg.key_prefix, cfg.semantic_threshold, cfg.semantic_max_entries)
+        semantic.start()
+        lifecycle.on_close.insert(0, semantic.close)
+    stats = asyncio.create_task(_watch_redis(client), name="redis stats")
+
+    async def stop_stats() -> None:
+        stats.cancel()
+        await asyncio.gather(stats, return_exceptions=True)
+
+    lifecycle.on_close.insert(0, stop_stats)
+    return CacheServicer(exact, semantic), lifecycle
 
 
 def _register(servicer: CacheServicer) -> Callable[[grpc.aio.Server], list[str]]:

@@ -8,9 +8,12 @@ turns them into UNAVAILABLE so the gateway serves uncached.
 from __future__ import annotations
 
 from collections.abc import Sequence
+import logging
 import time
 from dataclasses import dataclass
 
+import google.protobuf.message
+import prometheus_client
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -19,17 +22,24 @@ from services.cache_keys import KIND_EXACT, exact_key
 from services import validation
 from services.gen import meshserve_pb2 as pb
 
-# A cache must fail fast: the gateway gives up after a fraction of a second anyway.
-SOCKET_TIMEOUT_S = 2.0
-CONNECT_TIMEOUT_S = 1.0
+log = logging.getLogger(__name__)
+
+# A cache must fail fast: a slow or absent Redis costs a request this long at most, and the
+# gateway's breaker stops asking while Redis is down.
+SOCKET_TIMEOUT_S = 0.25
+CONNECT_TIMEOUT_S = 0.25
 FINISHED = frozenset({"stop", "length"})
 
+CORRUPT = prometheus_client.Counter(
+    "meshserve_cache_corrupt_entries_total", "Entries that did not parse: deleted and treated as a miss"
+)
 
-def connect(url: str) -> aioredis.Redis:
+
+def connect(url: str, socket_timeout_s: float = SOCKET_TIMEOUT_S) -> aioredis.Redis:
     """A redis.asyncio client that retries a broken connection once, without backoff."""
     return aioredis.from_url(
         url,
-        socket_timeout=SOCKET_TIMEOUT_S,
+        socket_timeout=socket_timeout_s,
         socket_connect_timeout=CONNECT_TIMEOUT_S,
         retry=Retry(NoBackoff(), 1),
     )
@@ -39,12 +49,13 @@ def connect(url: str) -> aioredis.Redis:
 class StoreResult:
     stored: bool
     reason: str = ""
+    key: str = ""
 
 
 def refusal(req: pb.GenerateRequest, chunks: Sequence[pb.GenerateResponse]) -> str:
     """Why this completion must not be cached ('' when it may be)."""
-    if req.skip_cache:
-        return "skip_cache is set"
+    if req.skip_cache or req.cache == validation.CACHE_OFF:
+        return "the cache is off for this request"
     if not validation.is_deterministic(req):
         return "not deterministic (needs temperature 0 or a fixed seed)"
     if not chunks:
@@ -59,22 +70,38 @@ class ExactStore:
 
     kind = KIND_EXACT
 
-    def __init__(self, client: aioredis.Redis, ttl_seconds: int, key_prefix: str) -> None:
+    def __init__(
+        self, client: aioredis.Redis, ttl_seconds: int, key_prefix: str, max_entry_bytes: int = 1 << 20
+    ) -> None:
         self._redis = client
         self._ttl = ttl_seconds
         self._prefix = key_prefix
+        self._max_entry_bytes = max_entry_bytes
 
     def key(self, req: pb.GenerateRequest, tenant: str) -> str:
         return exact_key(req, tenant, self._prefix)
 
     async def lookup(self, req: pb.GenerateRequest, tenant: str) -> pb.CacheEntry | None:
         """The cached entry of ``req``, or None on a miss."""
-        if req.skip_cache or not validation.is_deterministic(req):
+        if validation.cache_mode(req, validation.CACHE_EXACT) == validation.CACHE_OFF:
             return None
-        raw = await self._redis.get(self.key(req, tenant))
+        key = self.key(req, tenant)
+        return await self.parse(key, await self._redis.get(key))
+
+    async def parse(self, key: str, raw: bytes | None) -> pb.CacheEntry | None:
+        """The entry stored under ``key`` from its bytes; a corrupt one is deleted (a miss)."""
         if raw is None:
             return None
-        return pb.CacheEntry.FromString(raw)
+        try:
+            entry = pb.CacheEntry.FromString(raw)
+            if not entry.chunks or entry.chunks[-1].finish_reason not in FINISHED:
+                raise ValueError("no finished stream in it")
+        except (google.protobuf.message.DecodeError, ValueError) as e:
+            CORRUPT.inc()
+            log.warning("cache entry %s is corrupt (%s): deleted", key, e)
+            await self._redis.delete(key)
+            return None
+        return entry
 
     async def store(
         self, req: pb.GenerateRequest, tenant: str, chunks: Sequence[pb.GenerateResponse]
@@ -95,8 +122,12 @@ class ExactStore:
                     cached=True,
                 )
             )
-        await self._redis.set(self.key(req, tenant), entry.SerializeToString(), ex=self._ttl)
-        return StoreResult(True)
+        raw = entry.SerializeToString()
+        if len(raw) > self._max_entry_bytes:
+            return StoreResult(False, f"too large ({len(raw)} bytes, the bound is {self._max_entry_bytes})")
+        key = self.key(req, tenant)
+        await self._redis.set(key, raw, ex=self._ttl)
+        return StoreResult(True, key=key)
 
     async def close(self) -> None:
         await self._redis.aclose()

@@ -44,6 +44,12 @@ COALESCED = prometheus_client.Counter(
     "meshserve_gateway_coalesced_total",
     "Requests that streamed the answer of an identical request in flight instead of generating their own",
 )
+CACHE_SKIPPED = prometheus_client.Counter(
+    "meshserve_gateway_cache_skipped_total", "Cache calls not made because the cache breaker was open"
+)
+CACHE_BREAKER_OPEN = prometheus_client.Gauge(
+    "meshserve_gateway_cache_breaker_open", "1 while the cache breaker is open (the cache is not called)"
+)
 CACHE_ERRORS = prometheus_client.Counter(
     "meshserve_gateway_cache_errors_total", "Cache calls that failed or timed out (served uncached)", ["op"]
 )

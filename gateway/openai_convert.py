@@ -63,6 +63,7 @@ def _sampling(req: pb.ChatCompletionRequest | pb.CompletionRequest, out: pb.Gene
     out.stop.extend(_stop(req.stop))
     out.ignore_eos = req.ignore_eos
     out.skip_cache = req.skip_cache
+    out.cache = req.cache
     out.model = req.model
     out.user = req.user
 

@@ -18,6 +18,7 @@ import grpc
 from opentelemetry import trace
 
 from gateway import metrics
+from gateway.breaker import Breaker
 from gateway.clients import Clients
 from gateway.flights import Flight, Flights
 from gateway.picks import PickFailed
@@ -82,6 +83,7 @@ class Orchestrator:
         self._in_flight = 0
         self._flights = Flights()
         self._cache_ok = True  # warn once when the cache starts failing, not on every request
+        self._breaker = Breaker(cfg.cache_breaker_failures, cfg.cache_breaker_s, clock)
 
     async def generate(self, request: pb.GenerateRequest, tenant: str) -> AsyncIterator[pb.GenerateResponse]:
         """Streams the completion of ``request``; raises GatewayError to end with a status."""
@@ -172,21 +174,21 @@ class Orchestrator:
     async def _serve(
         self, req: pb.GenerateRequest, tenant: str, outcome: _Outcome
     ) -> AsyncIterator[pb.GenerateResponse]:
-        if req.skip_cache or not validation.is_deterministic(req) or not (
-            self._clients.cache is not None or self._cfg.coalesce
-        ):
+        mode = validation.cache_mode(req, self._cfg.cache_mode)
+        if mode == validation.CACHE_OFF or not (self._clients.cache is not None or self._cfg.coalesce):
             # Sampled (or opted out): this request's own generation, nothing shared or stored.
             async with aclosing(self._stream_with_failover(req, outcome)) as stream:
                 async for chunk in stream:
                     yield chunk
             return
         # 3. Deterministic: identical requests in flight share one answer (gateway.flights), which
-        # is a cache hit or one generation; the leader's flight stores what it generated.
+        # is a cache hit or one generation; the leader's flight stores what it generated. The
+        # mode is part of the key: an "exact" request must not get a "semantic" one's hit.
         if self._cfg.coalesce:
-            key = cache_keys.exact_key(self._cache_view(req), tenant)
+            key = f"{cache_keys.exact_key(self._cache_view(req), tenant)}/{mode}"
         else:
             key = req.request_id  # a flight of its own
-        flight, leader = self._flights.join(key, req.request_id, lambda f: self._fly(f, req, tenant))
+        flight, leader = self._flights.join(key, req.request_id, lambda f: self._fly(f, req, tenant, mode))
         if not leader:
             metrics.COALESCED.inc()
             trace.get_current_span().set_attribute("meshserve.coalesced_with", flight.leader_request_id)
@@ -221,11 +223,11 @@ class Orchestrator:
             chunk.cache_kind = COALESCED
         return chunk
 
-    async def _fly(self, flight: Flight, req: pb.GenerateRequest, tenant: str) -> None:
+    async def _fly(self, flight: Flight, req: pb.GenerateRequest, tenant: str, mode: str) -> None:
         """A flight's task: the cache, else one generation, stored once it finished."""
         outcome = _Outcome(req.request_id)
         try:
-            hit = await self._lookup(req, tenant) if self._clients.cache is not None else None
+            hit = await self._lookup(req, tenant, mode)
             if hit is not None:
                 metrics.CACHE_HITS.labels(hit.kind).inc()
                 flight.cache_kind, flight.cache_age_s, flight.cache_similarity = hit.kind, hit.age_s, hit.similarity
@@ -250,15 +252,16 @@ class Orchestrator:
         flight.finish()
         # 6. Store: the readers have their answer already; until the store is done, the finished
         # flight answers identical requests from memory.
-        if self._clients.cache is not None and flight.chunks[-1].finish_reason in FINISHED:
+        if flight.chunks[-1].finish_reason in FINISHED:
             await self._store(req, tenant, flight.chunks)
 
-    async def _lookup(self, req: pb.GenerateRequest, tenant: str) -> pb.LookupResponse | None:
-        assert self._clients.cache is not None
+    async def _lookup(self, req: pb.GenerateRequest, tenant: str, mode: str) -> pb.LookupResponse | None:
+        if self._clients.cache is None or not self._breaker.allow():
+            return None
         with telemetry.tracer.start_as_current_span("cache lookup") as span:
             try:
                 resp = await self._clients.cache.Lookup(
-                    pb.LookupRequest(request=self._cache_view(req), tenant=tenant),
+                    pb.LookupRequest(request=self._cache_view(req), tenant=tenant, mode=mode),
                     timeout=self._cfg.cache_timeout_s,
                     metadata=telemetry.outgoing_metadata(),
                 )
@@ -269,7 +272,9 @@ class Orchestrator:
             self._cache_worked()
             hit = resp.hit and bool(resp.chunks)
             span.set_attributes({"meshserve.cache.result": "hit" if hit else "miss",
-                                 "meshserve.cache.kind": resp.kind})
+                                 "meshserve.cache.kind": resp.kind or mode})
+            if hit and resp.similarity:
+                span.set_attribute("meshserve.cache.similarity", resp.similarity)
             return resp if hit else None
 
     def _cache_view(self, req: pb.GenerateRequest) -> pb.GenerateRequest:
@@ -369,7 +374,8 @@ class Orchestrator:
             span.end()
 
     async def _store(self, req: pb.GenerateRequest, tenant: str, chunks: list[pb.GenerateResponse]) -> None:
-        assert self._clients.cache is not None
+        if self._clients.cache is None or not self._breaker.allow():
+            return
         with telemetry.tracer.start_as_current_span("cache store") as span:
             try:
                 resp = await self._clients.cache.Store(
@@ -392,8 +398,12 @@ class Orchestrator:
         self._cache_ok = False
         log.log(level, "request %s: cache %s failed, serving uncached: %s %s",
                 req.request_id, op, e.code().name, e.details())
+        if self._breaker.failed():
+            log.warning("cache breaker open: %d cache calls failed in a row; not calling the cache for %gs",
+                        self._cfg.cache_breaker_failures, self._cfg.cache_breaker_s)
 
     def _cache_worked(self) -> None:
+        self._breaker.worked()
         if not self._cache_ok:
             log.info("cache is answering again")
             self._cache_ok = True

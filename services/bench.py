@@ -151,9 +151,54 @@ def prefix_repetition_requests(
     return requests
 
 
+# Paraphrase pairs of the repeats dataset: the held-out set of the semantic cache's tests.
+DEFAULT_PAIRS = Path(__file__).resolve().parent.parent / "tests" / "data" / "semantic_pairs_holdout.jsonl"
+
+
+def repeats_requests(
+    n: int, share: float, paraphrase_share: float, pairs_file: Path, output_len: int, rng: random.Random,
+) -> list[BenchRequest]:
+    """Questions people ask, about ``share`` of them again: of those, ``paraphrase_share`` in
+    other words (the paraphrase of a labelled pair), the rest word for word. A repeat comes after
+    the question it repeats. Questions are the pairs' first prompts, then numbered variants
+    ("Question 7: ...") when ``n`` needs more distinct ones."""
+    pairs = [json.loads(line) for line in pairs_file.read_text().splitlines() if line.strip()]
+    paraphrases = {p["a"]: p["b"] for p in pairs if p["label"] == "paraphrase"}
+    questions = list(dict.fromkeys(p["a"] for p in pairs))
+    rng.shuffle(questions)
+    num_repeats = round(n * share)
+    num_paraphrased = min(round(num_repeats * paraphrase_share), len(paraphrases))
+    firsts = [q for q in questions if q in paraphrases][:num_paraphrased]
+    others = [q for q in questions if q not in firsts]
+    i = 0
+    while len(firsts) < n - num_repeats:
+        firsts.append(others[i % len(others)] if i < len(others) else f"Question {i}: {others[i % len(others)]}")
+        i += 1
+    prompts = list(firsts)
+    rng.shuffle(prompts)
+    order = {q: k for k, q in enumerate(prompts)}
+    later: list[tuple[int, str]] = []
+    for k in range(num_repeats):
+        if k < num_paraphrased:
+            source = firsts[k]
+            text = paraphrases[source]
+        else:
+            source = rng.choice(firsts)
+            text = source
+        later.append((order[source], text))
+    # Each repeat lands at a random place after its source.
+    out = list(prompts)
+    for position, text in sorted(later, reverse=True):
+        out.insert(rng.randint(position + 1, len(out)), text)
+    return [BenchRequest(q, len(q.split()), output_len) for q in out[:n]]
+
+
 def workload(args: argparse.Namespace, n: int) -> list[BenchRequest]:
     """The ``n`` requests of ``--dataset-name``, fixed by ``--seed``."""
     rng = random.Random(args.seed)
+    if args.dataset_name == "repeats":
+        return repeats_requests(n, args.repeats_share, args.repeats_paraphrase_share, args.repeats_pairs,
+                                args.random_output_len, rng)
     if args.dataset_name == "prefix_repetition":
         return prefix_repetition_requests(
             n, args.prefix_repetition_num_prefixes, args.prefix_repetition_prefix_len,
@@ -491,7 +536,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="a refused user waits the refusal's retry-after before its next request "
                            "(as the OpenAI SDK does); default: it sends the next one at once")
 
-    parser.add_argument("--dataset-name", default="random", choices=["random", "prefix_repetition", "multi_turn"],
+    parser.add_argument("--dataset-name", default="random",
+                        choices=["random", "prefix_repetition", "multi_turn", "repeats"],
                         help="the prompts: random words, shared prefixes plus random suffixes, or "
                              "conversations (closed loop: each turn after the previous answer)")
     data = parser.add_argument_group("random dataset")
@@ -534,6 +580,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           help="tokens per streamed chunk after the first (default: the worker's)")
     sampling.add_argument("--allow-cache", action="store_true",
                           help="let the mesh answer from its response cache (default: skip_cache=true)")
+    sampling.add_argument("--cache", choices=["off", "exact", "semantic"], default=None,
+                          help="the requests' cache mode (implies --allow-cache unless off)")
+    reps = parser.add_argument_group("repeats dataset (questions asked again, some in other words)")
+    reps.add_argument("--repeats-share", type=float, default=0.2, help="fraction of requests that repeat an earlier one")
+    reps.add_argument("--repeats-paraphrase-share", type=float, default=0.5,
+                      help="fraction of the repeats in other words (the rest word for word)")
+    reps.add_argument("--repeats-pairs", type=Path, default=DEFAULT_PAIRS,
+                      help="labelled pairs (JSON lines a, b, label) the questions and paraphrases come from")
 
     output = parser.add_argument_group("output")
     output.add_argument("--save-result", nargs="?", const=True, default=None, metavar="FILE",
@@ -593,7 +647,8 @@ def _to_proto(req: BenchRequest, request_id: str, args: argparse.Namespace) -> p
         max_tokens=req.output_len,
         temperature=args.temperature,
         ignore_eos=args.ignore_eos,
-        skip_cache=not args.allow_cache,
+        skip_cache=not (args.allow_cache or args.cache),
+        cache=args.cache or "",
         request_id=request_id,
         model=args.model,
     )
@@ -699,7 +754,8 @@ def _run_info(args: argparse.Namespace, num_channels: int, date: str) -> dict[st
         "temperature": args.temperature,
         "ignore_eos": args.ignore_eos,
         "stream_interval": args.stream_interval,
-        "skip_cache": not args.allow_cache,
+        "skip_cache": not (args.allow_cache or args.cache),
+        "cache": args.cache or "",
         "num_warmups": args.num_warmups,
         "seed": args.seed,
     }

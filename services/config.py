@@ -154,6 +154,13 @@ class CacheConfig(ServerConfig):
     redis_url: str = _f("redis://127.0.0.1:6379/0", "Redis/Valkey URL")
     ttl_seconds: int = _f(3600, "how long a cached completion lives")
     key_prefix: str = _f("meshserve:cache:", "prefix of every cache key")
+    max_entry_bytes: int = _f(1 << 20, "largest entry stored; larger completions are not cached (counted)")
+    semantic: bool = _f(True, "also answer the same question asked in other words (embeddings + guards)")
+    semantic_threshold: float = _f(
+        0.90, "cosine similarity a semantic hit needs, besides the guards (see docs/operations.md)"
+    )
+    semantic_max_entries: int = _f(100_000, "most entries in each replica's semantic index (oldest dropped first)")
+    embed_threads: int = _f(1, "CPU threads of the embedding model")
 
 
 @dataclass
@@ -165,11 +172,17 @@ class GatewayConfig(ServerConfig):
     cache: str = _f("127.0.0.1:50053", "cache address host:port ('' disables the cache)")
     model: str = _f("meshserve-tiny", "model name clients may send (requests naming another model are refused)")
     max_in_flight: int = _f(2048, "most streams the gateway serves at once; beyond: RESOURCE_EXHAUSTED")
-    cache_timeout_s: float = _f(0.5, "give up on a cache call after this long (serve uncached)")
+    cache_timeout_s: float = _f(0.3, "give up on a cache call after this long (serve uncached)")
     first_token_timeout_s: float = _f(60.0, "a worker that sends nothing for this long counts as failed")
     coalesce: bool = _f(
         True, "identical deterministic requests in flight share one generation (followers stream the first's tokens)"
     )
+    cache_mode: str = _f(
+        "semantic", "response cache of requests that do not choose: semantic, exact or off",
+        choices=("semantic", "exact", "off"),
+    )
+    cache_breaker_failures: int = _f(3, "consecutive failed cache calls that open the breaker (no cache calls)")
+    cache_breaker_s: float = _f(2.0, "how long an open breaker skips the cache before trying it again")
 
 
 @dataclass

@@ -54,6 +54,7 @@ class MeshSpec:
     workers: int = 1
     redis_url: str = ""                      # empty: start an embedded valkey-server
     redis_port: int = 6379
+    redis_maxmemory: str = "256mb"           # of the embedded valkey-server (LRU eviction beyond)
     run_dir: Path | None = None              # logs and generated configs (default: a temp dir)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     sim_speeds: list[float] = field(default_factory=list)  # per worker (the last repeats); empty: the worker's
@@ -190,7 +191,8 @@ class Mesh:
 
         port = self.spec.redis_port
         argv = [str(get_binary_path()), "--bind", "127.0.0.1", "--port", str(port), "--save", "",
-                "--appendonly", "no", "--dir", str(self.run_dir), "--maxmemory-policy", "allkeys-lru"]
+                "--appendonly", "no", "--dir", str(self.run_dir), "--maxmemory", self.spec.redis_maxmemory,
+                "--maxmemory-policy", "allkeys-lru"]
         proc = self._spawn("valkey", argv)
         client = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=1)
         try:
@@ -336,6 +338,9 @@ def _signal_group(proc: Proc, sig: signal.Signals) -> None:
 
 # Service settings `meshserve up` takes as they are (flags and help generated from the configs).
 ROUTER_FLAGS = ("routing", "load_bound", "kv_load_weight", "kv_home_weight", "kv_pending_s")
+CACHE_FLAGS = ("ttl_seconds", "max_entry_bytes", "semantic", "semantic_threshold", "semantic_max_entries",
+               "embed_threads")
+GATEWAY_FLAGS = ("coalesce", "cache_mode", "cache_timeout_s")
 
 
 def _sim_flag(name: str) -> bool:
@@ -357,6 +362,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-port", type=int, default=50053)
     parser.add_argument("--worker-port", type=int, default=50061, help="first worker port; worker i gets +i")
     config.add_arguments(parser, RouterConfig, only=lambda name: name in ROUTER_FLAGS)
+    config.add_arguments(parser, CacheConfig, only=lambda name: name in CACHE_FLAGS)
+    config.add_arguments(parser, GatewayConfig, only=lambda name: name in GATEWAY_FLAGS)
+    parser.add_argument("--redis-maxmemory", default=MeshSpec.redis_maxmemory,
+                        help="memory bound of the embedded valkey-server (least recently used keys are evicted; "
+                             "counted in meshserve_cache_redis_evicted_keys)")
     config.add_arguments(parser, WorkerConfig, only=_sim_flag)
     parser.add_argument("--sim-speed", type=config.at_least(float, 0.01), nargs="+", default=[WorkerConfig.sim_speed],
                         help="sim: speed of each worker's simulated accelerator, one value per worker "
@@ -403,8 +413,10 @@ def spec_from_args(args: argparse.Namespace) -> MeshSpec:
                             **{k: getattr(args, k) for k in vars(args) if _sim_flag(k)}),
         sim_speeds=list(args.sim_speed),
         router=RouterConfig(port=args.router_port, **{k: getattr(args, k) for k in ROUTER_FLAGS}),
-        cache=CacheConfig(port=args.cache_port),
-        gateway=GatewayConfig(port=args.gateway_port, max_in_flight=args.gateway_max_in_flight),
+        cache=CacheConfig(port=args.cache_port, **{k: getattr(args, k) for k in CACHE_FLAGS}),
+        gateway=GatewayConfig(port=args.gateway_port, max_in_flight=args.gateway_max_in_flight,
+                              **{k: getattr(args, k) for k in GATEWAY_FLAGS}),
+        redis_maxmemory=args.redis_maxmemory,
         envoy=EnvoyConfig(listen_port=args.port, admin_port=args.admin_port, api_keys_file=args.api_keys_file),
         traces=TracesConfig(port=args.trace_port),
         tracing=args.tracing,

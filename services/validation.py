@@ -8,6 +8,9 @@ from services.gen import meshserve_pb2 as pb
 
 DEFAULT_MAX_TOKENS = 128
 VALID_ROLES = {"system", "user", "assistant", "tool", "developer"}
+# GenerateRequest.cache: "" leaves it to the gateway's --cache-mode.
+CACHE_OFF, CACHE_EXACT, CACHE_SEMANTIC = "off", "exact", "semantic"
+CACHE_MODES = (CACHE_OFF, CACHE_EXACT, CACHE_SEMANTIC)
 
 
 class InvalidRequest(ValueError):
@@ -39,10 +42,20 @@ def validate(req: pb.GenerateRequest, max_model_len: int | None = None) -> None:
             raise InvalidRequest(f"'stop[{i}]' is an empty string")
     if req.HasField("stream_interval") and req.stream_interval < 1:
         raise InvalidRequest(f"'stream_interval' must be at least 1 (tokens per chunk), got {req.stream_interval}")
+    if req.cache and req.cache not in CACHE_MODES:
+        raise InvalidRequest(f"'cache' must be one of {list(CACHE_MODES)} (or empty: the gateway's default), got {req.cache!r}")
 
 
 def max_tokens(req: pb.GenerateRequest) -> int:
     return req.max_tokens if req.HasField("max_tokens") else DEFAULT_MAX_TOKENS
+
+
+def cache_mode(req: pb.GenerateRequest, default: str) -> str:
+    """How the response cache serves ``req``: "off" (skip_cache, cache "off", or sampled
+    output: nothing to share), else its own ``cache`` or ``default``."""
+    if req.skip_cache or req.cache == CACHE_OFF or not is_deterministic(req):
+        return CACHE_OFF
+    return req.cache or default
 
 
 def is_deterministic(req: pb.GenerateRequest) -> bool:

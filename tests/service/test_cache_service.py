@@ -1,17 +1,21 @@
-"""The cache gRPC service against a real Valkey: store, hit, refusals, TTL, Redis down."""
+"""The cache gRPC service against a real Valkey and the real embedding model: exact and semantic
+hits, scopes and tenants, replicas in step through Redis, refusals, TTL, bad entries, Redis down."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 import pytest
 import redis.asyncio as aioredis
 
-from services.cache_keys import exact_key
+from prometheus_client import REGISTRY
+
 from cache_service.server import start_cache
+from services.cache_keys import exact_key
 from services.config import CacheConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
@@ -26,19 +30,38 @@ def prefix() -> str:
     return f"test:{uuid.uuid4().hex}:"
 
 
+Replica = Callable[..., Awaitable[pb_grpc.CacheStub]]
+
+
 @pytest.fixture
-async def cache(redis_url: str, prefix: str) -> AsyncIterator[pb_grpc.CacheStub]:
-    running = await start_cache(
-        CacheConfig(
-            port=0, metrics_port=-1, redis_url=redis_url, ttl_seconds=TTL, key_prefix=prefix, grace_seconds=1
-        )
-    )
-    channel = insecure_channel(f"127.0.0.1:{running.port}")
+async def replica(redis_url: str, prefix: str) -> AsyncIterator[Replica]:
+    """Starts cache services on the same Redis and key prefix (replicas of one cache)."""
+    started: list[tuple[object, grpc.aio.Channel]] = []
+
+    async def make(**cfg: object) -> pb_grpc.CacheStub:
+        running = await start_cache(CacheConfig(
+            port=0, metrics_port=-1, redis_url=redis_url, ttl_seconds=TTL, key_prefix=prefix, grace_seconds=1,
+            **cfg,
+        ))
+        channel = insecure_channel(f"127.0.0.1:{running.port}")
+        started.append((running, channel))
+        return pb_grpc.CacheStub(channel)
+
     try:
-        yield pb_grpc.CacheStub(channel)
+        yield make
     finally:
-        await channel.close()
-        await running.shutdown()
+        for running, channel in started:
+            await channel.close()
+            await running.shutdown()  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+async def cache(replica: Replica) -> pb_grpc.CacheStub:
+    return await replica()
+
+
+def sample(name: str, labels: dict[str, str] | None = None) -> float:
+    return REGISTRY.get_sample_value(name, labels or {}) or 0.0
 
 
 @pytest.fixture
@@ -70,15 +93,15 @@ def chunks(finish: str = "length") -> list[pb.GenerateResponse]:
 
 
 async def test_store_then_lookup_hits_with_identical_chunks(cache: pb_grpc.CacheStub) -> None:
-    miss = await cache.Lookup(pb.LookupRequest(request=greedy(), tenant="t"))
+    miss = await cache.Lookup(pb.LookupRequest(request=greedy(), tenant="t"), timeout=10)
     assert not miss.hit and not miss.chunks
 
-    stored = await cache.Store(pb.StoreRequest(request=greedy(), tenant="t", chunks=chunks()))
+    stored = await cache.Store(pb.StoreRequest(request=greedy(), tenant="t", chunks=chunks()), timeout=10)
     assert stored.stored, stored.reason
 
     other_id = greedy()
     other_id.request_id = "r2"
-    hit = await cache.Lookup(pb.LookupRequest(request=other_id, tenant="t"))
+    hit = await cache.Lookup(pb.LookupRequest(request=other_id, tenant="t"), timeout=10)
     assert hit.hit and hit.kind == "exact"
     assert [(c.text, list(c.token_ids), c.finish_reason) for c in hit.chunks] == [
         ("a", [1], ""),
@@ -89,14 +112,14 @@ async def test_store_then_lookup_hits_with_identical_chunks(cache: pb_grpc.Cache
     assert all(c.cached and not c.worker and not c.request_id for c in hit.chunks)
 
     # Another tenant or another prompt does not see the entry.
-    assert not (await cache.Lookup(pb.LookupRequest(request=greedy(), tenant="u"))).hit
-    assert not (await cache.Lookup(pb.LookupRequest(request=greedy("Bye"), tenant="t"))).hit
+    assert not (await cache.Lookup(pb.LookupRequest(request=greedy(), tenant="u"), timeout=10)).hit
+    assert not (await cache.Lookup(pb.LookupRequest(request=greedy("Bye"), tenant="t"), timeout=10)).hit
 
 
 async def test_entry_has_the_configured_ttl(
     cache: pb_grpc.CacheStub, redis_client: aioredis.Redis, prefix: str
 ) -> None:
-    assert (await cache.Store(pb.StoreRequest(request=greedy(), tenant="t", chunks=chunks("stop")))).stored
+    assert (await cache.Store(pb.StoreRequest(request=greedy(), tenant="t", chunks=chunks("stop")), timeout=10)).stored
     ttl = await redis_client.ttl(exact_key(greedy(), "t", prefix))
     assert 0 < ttl <= TTL
 
@@ -105,25 +128,25 @@ async def test_non_deterministic_is_not_stored(
     cache: pb_grpc.CacheStub, redis_client: aioredis.Redis, prefix: str
 ) -> None:
     sampled = pb.GenerateRequest(prompt="Hello", max_tokens=3, temperature=0.8)
-    result = await cache.Store(pb.StoreRequest(request=sampled, tenant="t", chunks=chunks()))
+    result = await cache.Store(pb.StoreRequest(request=sampled, tenant="t", chunks=chunks()), timeout=10)
     assert not result.stored and "deterministic" in result.reason
     assert await redis_client.keys(prefix + "*") == []
-    assert not (await cache.Lookup(pb.LookupRequest(request=sampled, tenant="t"))).hit
+    assert not (await cache.Lookup(pb.LookupRequest(request=sampled, tenant="t"), timeout=10)).hit
 
 
 @pytest.mark.parametrize("finish", ["", "abort"])
 async def test_unfinished_or_aborted_is_not_stored(
     cache: pb_grpc.CacheStub, redis_client: aioredis.Redis, prefix: str, finish: str
 ) -> None:
-    result = await cache.Store(pb.StoreRequest(request=greedy(), tenant="t", chunks=chunks(finish)))
+    result = await cache.Store(pb.StoreRequest(request=greedy(), tenant="t", chunks=chunks(finish)), timeout=10)
     assert not result.stored and "not finished" in result.reason
     assert await redis_client.keys(prefix + "*") == []
 
 
 async def test_seeded_sampling_is_cached(cache: pb_grpc.CacheStub) -> None:
     seeded = pb.GenerateRequest(prompt="Hello", max_tokens=3, temperature=0.8, seed=42)
-    assert (await cache.Store(pb.StoreRequest(request=seeded, tenant="t", chunks=chunks()))).stored
-    assert (await cache.Lookup(pb.LookupRequest(request=seeded, tenant="t"))).hit
+    assert (await cache.Store(pb.StoreRequest(request=seeded, tenant="t", chunks=chunks()), timeout=10)).stored
+    assert (await cache.Lookup(pb.LookupRequest(request=seeded, tenant="t"), timeout=10)).hit
 
 
 async def test_redis_unreachable_is_unavailable() -> None:
@@ -145,3 +168,124 @@ async def test_redis_unreachable_is_unavailable() -> None:
     finally:
         await channel.close()
         await running.shutdown()
+
+
+# -- semantic ------------------------------------------------------------------------------------
+
+
+def ask(text: str, chat: bool = False, system: str = "", **fields: object) -> pb.GenerateRequest:
+    req = pb.GenerateRequest(max_tokens=3, temperature=0, **fields)
+    if chat:
+        if system:
+            req.messages.add(role="system", content=system)
+        req.messages.add(role="user", content=text)
+    else:
+        req.prompt = text
+    return req
+
+
+async def lookup(stub: pb_grpc.CacheStub, req: pb.GenerateRequest, tenant: str = "t", mode: str = "") -> pb.LookupResponse:
+    return await stub.Lookup(pb.LookupRequest(request=req, tenant=tenant, mode=mode), timeout=10)
+
+
+async def store(stub: pb_grpc.CacheStub, req: pb.GenerateRequest, tenant: str = "t") -> None:
+    assert (await stub.Store(pb.StoreRequest(request=req, tenant=tenant, chunks=chunks("stop")), timeout=10)).stored
+
+
+@pytest.mark.parametrize("chat", [False, True])
+async def test_a_paraphrase_is_a_semantic_hit_with_the_stored_answer(
+    cache: pb_grpc.CacheStub, redis_client: aioredis.Redis, prefix: str, chat: bool
+) -> None:
+    await store(cache, ask("What is the capital of France?", chat, system="Be brief."))
+    hit = await lookup(cache, ask("what's the capital of france?", chat, system="Be brief."))
+    assert hit.hit and hit.kind == "semantic" and 0.9 <= hit.similarity < 1.0
+    assert "".join(c.text for c in hit.chunks) == "abc" and hit.chunks[-1].finish_reason == "stop"
+    # In Redis: the exact entry and, beside it, the record the semantic index is built from.
+    records = await redis_client.keys(prefix + "semvec:*")
+    assert len(records) == 1
+    assert (await redis_client.hget(records[0], "text")) == b"What is the capital of France?"
+    assert len(await redis_client.hget(records[0], "vector")) == 384 * 4
+
+
+async def test_the_same_words_in_another_scope_never_hit(cache: pb_grpc.CacheStub) -> None:
+    question = "What is the capital of France?"
+    await store(cache, ask(question, chat=True, system="Be brief."))
+    paraphrase = "what's the capital of france?"
+    for other, tenant in [
+        (ask(paraphrase, chat=True, system="Be brief."), "another-tenant"),
+        (ask(paraphrase, chat=True, system="Answer in French."), "t"),      # another system prompt
+        (ask(paraphrase, chat=True, system="Be brief.", seed=3), "t"),      # another sampling field
+        (ask(paraphrase, chat=False), "t"),                                 # a prompt, not a chat
+    ]:
+        assert not (await lookup(cache, other, tenant)).hit
+    assert not (await lookup(cache, ask(paraphrase, chat=True, system="Be brief."), mode="exact")).hit
+    assert not (await lookup(cache, ask(paraphrase, chat=True, system="Be brief.", cache="off"))).hit
+    assert (await lookup(cache, ask(paraphrase, chat=True, system="Be brief."))).hit
+
+
+async def test_a_near_miss_is_refused_by_its_guard(cache: pb_grpc.CacheStub) -> None:
+    # Cosine 0.953 (past the 0.90 threshold): only the negation guard tells them apart.
+    await store(cache, ask("Give me a pasta recipe with garlic."))
+    refused = sample("meshserve_cache_semantic_rejected_total", {"guard": "negation"})
+    assert not (await lookup(cache, ask("Give me a pasta recipe without garlic."))).hit
+    assert sample("meshserve_cache_semantic_rejected_total", {"guard": "negation"}) == refused + 1
+    assert (await lookup(cache, ask("Please give me a pasta recipe with garlic"))).hit
+
+
+async def test_a_prompt_too_long_to_embed_is_cached_exactly_only(
+    cache: pb_grpc.CacheStub, redis_client: aioredis.Redis, prefix: str
+) -> None:
+    long_prompt = "Summarise this text: " + "the river runs to the sea " * 60
+    skipped = sample("meshserve_cache_semantic_skipped_total", {"reason": "too_long"})
+    await store(cache, ask(long_prompt))
+    assert await redis_client.keys(prefix + "semvec:*") == []
+    assert not (await lookup(cache, ask(long_prompt.replace("Summarise", "Summarize")))).hit
+    assert (await lookup(cache, ask(long_prompt))).kind == "exact"
+    assert sample("meshserve_cache_semantic_skipped_total", {"reason": "too_long"}) >= skipped + 2
+
+
+async def test_replicas_share_entries_through_redis(replica: Replica) -> None:
+    a, b = await replica(), await replica()
+    await store(a, ask("How do I reverse a list in Python?"))
+    paraphrase = ask("how can I reverse a Python list")
+
+    async def found(stub: pb_grpc.CacheStub) -> None:
+        async with asyncio.timeout(10):
+            while not (await lookup(stub, paraphrase)).hit:  # b follows the stream: soon, not at once
+                await asyncio.sleep(0.02)
+
+    await found(b)
+    late = await replica()  # started after the store: rebuilt from Redis
+    await found(late)
+
+
+async def test_lookups_under_load_share_embedding_batches(cache: pb_grpc.CacheStub) -> None:
+    batches, texts = sample("meshserve_cache_embed_batches_total"), sample("meshserve_cache_embedded_texts_total")
+    await asyncio.gather(*(lookup(cache, ask(f"What is the population of city number {i}?")) for i in range(40)))
+    assert sample("meshserve_cache_embedded_texts_total") - texts == 40
+    assert sample("meshserve_cache_embed_batches_total") - batches < 40
+
+
+# -- bad entries ----------------------------------------------------------------------------------
+
+
+async def test_a_corrupt_entry_is_deleted_and_a_miss(
+    cache: pb_grpc.CacheStub, redis_client: aioredis.Redis, prefix: str
+) -> None:
+    key = exact_key(greedy(), "t", prefix)
+    for garbage in (b"\xff\x00 not a protobuf", pb.CacheEntry(chunks=chunks("")).SerializeToString()):
+        await redis_client.set(key, garbage)
+        corrupt = sample("meshserve_cache_corrupt_entries_total")
+        assert not (await lookup(cache, greedy())).hit
+        assert await redis_client.exists(key) == 0
+        assert sample("meshserve_cache_corrupt_entries_total") == corrupt + 1
+
+
+async def test_an_oversized_entry_is_not_stored(
+    replica: Replica, redis_client: aioredis.Redis, prefix: str
+) -> None:
+    small = await replica(max_entry_bytes=64, semantic=False)
+    big = [pb.GenerateResponse(text="x" * 100, token_ids=[1], finish_reason="stop")]
+    result = await small.Store(pb.StoreRequest(request=greedy(), tenant="t", chunks=big), timeout=10)
+    assert not result.stored and "too large" in result.reason
+    assert await redis_client.keys(prefix + "*") == []

@@ -120,10 +120,12 @@ class ObservedCache(CacheServicer):
     def __init__(self, store: ExactStore) -> None:
         super().__init__(store)
         self.lookups = 0
+        self.modes: list[str] = []
         self.stores: asyncio.Queue[pb.StoreResponse] = asyncio.Queue()
 
     async def Lookup(self, request: pb.LookupRequest, context: grpc.aio.ServicerContext) -> pb.LookupResponse:
         self.lookups += 1
+        self.modes.append(request.mode)
         return await super().Lookup(request, context)
 
     async def Store(self, request: pb.StoreRequest, context: grpc.aio.ServicerContext) -> pb.StoreResponse:
@@ -363,6 +365,7 @@ async def test_client_cancel_cancels_the_worker_call(mesh: MeshFactory) -> None:
         (pb.GenerateRequest(prompt=""), "prompt"),
         (pb.GenerateRequest(prompt="hi", max_tokens=0), "max_tokens"),
         (pb.GenerateRequest(prompt="hi", model="gpt-4"), "model"),
+        (pb.GenerateRequest(prompt="hi", cache="always"), "cache"),
     ],
 )
 async def test_bad_input_is_invalid_argument_and_gateway_keeps_serving(
@@ -412,6 +415,27 @@ async def test_past_max_in_flight_is_resource_exhausted_fast(mesh: MeshFactory) 
         assert await held.code() == grpc.StatusCode.OK
     async with asyncio.timeout(WAIT_S):
         assert (await m.stub.Complete(greedy(), timeout=WAIT_S)).text == "".join(PIECES)
+
+
+async def test_the_cache_mode_is_the_requests_or_the_gateways(mesh: MeshFactory) -> None:
+    m = await mesh(cache_mode="exact")
+    assert m.cache is not None
+    await collect(m.stub.Generate(greedy(prompt="one")))
+    await collect(m.stub.Generate(greedy(prompt="two", cache="semantic")))
+    await collect(m.stub.Generate(greedy(prompt="three", cache="off")))
+    assert m.cache.modes == ["exact", "semantic"] and m.a.calls == 3
+
+
+async def test_an_open_breaker_stops_calling_a_failing_cache(mesh: MeshFactory) -> None:
+    m = await mesh(cache="dead-redis", cache_breaker_failures=3, cache_breaker_s=600)
+    assert m.cache is not None
+    skipped = sample("meshserve_gateway_cache_skipped_total")
+    for i in range(4):
+        assert joined(await collect(m.stub.Generate(greedy(prompt=f"p{i}")))) == "".join(PIECES)
+    # lookup 1, store 1, lookup 2 failed: open; from then on the cache is not called.
+    assert m.cache.lookups == 2 and m.a.calls == 4
+    assert sample("meshserve_gateway_cache_skipped_total") >= skipped + 3
+    assert sample("meshserve_gateway_cache_breaker_open") == 1
 
 
 @pytest.mark.parametrize("cache", ["dead-port", "dead-redis"])

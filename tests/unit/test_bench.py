@@ -246,6 +246,21 @@ def test_random_requests_lengths_and_shared_prefix() -> None:
     assert [r.prompt for r in burst[:2]] == [r.prompt for r in burst[2:4]]
 
 
+def test_repeats_asks_a_share_again_after_the_first_time_some_in_other_words() -> None:
+    reqs = bench.repeats_requests(200, 0.2, 0.5, bench.DEFAULT_PAIRS, 16, random.Random(0))
+    prompts = [r.prompt for r in reqs]
+    pairs = [json.loads(line) for line in bench.DEFAULT_PAIRS.read_text().splitlines()]
+    paraphrase_of = {p["b"]: p["a"] for p in pairs if p["label"] == "paraphrase"}
+    exact_repeats = len(prompts) - len(set(prompts))
+    paraphrased = [i for i, q in enumerate(prompts) if q in paraphrase_of]
+    assert len(reqs) == 200 and exact_repeats == 20 and len(paraphrased) == 20
+    for i in paraphrased:  # the question comes first, its paraphrase later
+        assert paraphrase_of[prompts[i]] in prompts[:i]
+    assert {r.output_len for r in reqs} == {16}
+    assert prompts == [r.prompt for r in bench.repeats_requests(200, 0.2, 0.5, bench.DEFAULT_PAIRS, 16,
+                                                                random.Random(0))]
+
+
 def test_summarize_reports_how_requests_were_answered_and_their_ttft() -> None:
     results = [ok(0.2, 1.0, 4), ok(0.3, 1.0, 4), ok(0.002, 0.01, 4), failure("UNAVAILABLE", 0.01)]
     results[1].answer, results[2].answer = "coalesced", "exact"

