@@ -102,7 +102,7 @@ class Valkey:
             self.killed_at = time.time()
 
 
-@dataclass
+@dataclass(eq=False)  # a Thread must stay hashable
 class Killer(threading.Thread):
     """Kills valkey once the gateway has finished ``at_requests`` requests."""
 

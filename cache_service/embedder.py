@@ -53,6 +53,7 @@ class Embedder:
 
     def __init__(self, path: str | None = None, threads: int = 1) -> None:
         self._model = _load(path or model_path(), threads)
+        self.encode(["warm up"])  # the first call is slow: not on a request's path
         self.dim = int(self._model.get_embedding_dimension() or 0)
         self.max_tokens = int(self._model.max_seq_length)
         self._tokenizer = self._model.tokenizer

@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 KIND_SEMANTIC = "semantic"
 NEIGHBOURS = 16           # nearest entries looked at per lookup (then filtered by scope)
+MAX_PENDING_STORES = 1000  # entries waiting to be embedded and indexed; beyond, a store is skipped
 SCAN_BATCH = 500
 FOLLOW_BLOCK_MS = 1000
 RETRY_S = (0.2, 0.5, 1.0, 2.0, 5.0)
@@ -49,7 +50,7 @@ REJECTED = prometheus_client.Counter(
 )
 SKIPPED = prometheus_client.Counter(
     "meshserve_cache_semantic_skipped_total",
-    "Requests not looked up or stored by meaning, by reason (too_long, not_user, empty)", ["reason"],
+    "Requests not looked up or stored by meaning, by reason (too_long, not_user, backlog)", ["reason"],
 )
 SIMILARITY = prometheus_client.Histogram(
     "meshserve_cache_semantic_similarity", "Cosine similarity of each semantic hit",
@@ -172,15 +173,19 @@ class SemanticStore:
         self.index = SemanticIndex(embedder.dim, max_entries)
         self._vectors: OrderedDict[str, np.ndarray] = OrderedDict()  # recent lookups' embeddings
         self._task: asyncio.Task[None] | None = None
+        self._pending: asyncio.Queue[tuple[pb.GenerateRequest, str, str]] = asyncio.Queue(MAX_PENDING_STORES)
+        self._indexer: asyncio.Task[None] | None = None
         self.synced = asyncio.Event()  # set once the index was rebuilt from Redis
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._follow(), name="semantic index")
+        self._indexer = asyncio.create_task(self._index_stores(), name="semantic stores")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        for task in (self._task, self._indexer):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         await self._follower.aclose()
         self._embedder.close()
 
@@ -225,6 +230,24 @@ class SemanticStore:
             SIMILARITY.observe(similarity)
             return raw, Match(entry.exact, similarity, entry.text)
         return None
+
+    def store_later(self, req: pb.GenerateRequest, tenant: str, exact_key: str) -> None:
+        """Queues making ``exact_key`` findable by meaning: the caller (the gateway's store) does
+        not wait for the embedding; a backlog past MAX_PENDING_STORES skips it (counted)."""
+        try:
+            self._pending.put_nowait((req, tenant, exact_key))
+        except asyncio.QueueFull:
+            SKIPPED.labels("backlog").inc()
+
+    async def _index_stores(self) -> None:
+        while True:
+            req, tenant, exact_key = await self._pending.get()
+            try:
+                await self.store(req, tenant, exact_key)
+            except redis.exceptions.RedisError as e:
+                log.debug("semantic store of %s failed: %s", exact_key, e)
+            except Exception:
+                log.exception("semantic store of %s failed", exact_key)
 
     async def store(self, req: pb.GenerateRequest, tenant: str, exact_key: str) -> None:
         """Makes the stored exact entry ``exact_key`` findable by meaning, on every replica."""

@@ -100,7 +100,7 @@ class CacheServicer(pb_grpc.CacheServicer):
         try:
             result = await self._exact.store(request.request, request.tenant, request.chunks)
             if result.stored and self._semantic is not None:
-                await self._semantic.store(request.request, request.tenant, result.key)
+                self._semantic.store_later(request.request, request.tenant, result.key)
         except redis.exceptions.RedisError as e:
             STORES.labels("error").inc()
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"cache backend (Redis) unavailable: {e}")
