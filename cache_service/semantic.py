@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 KIND_SEMANTIC = "semantic"
 NEIGHBOURS = 16           # nearest entries looked at per lookup (then filtered by scope)
-MAX_PENDING_STORES = 1000  # entries waiting to be embedded and indexed; beyond, a store is skipped
+MAX_PENDING_STORES = 256  # entries waiting to be embedded and indexed; beyond, a store is skipped
 SCAN_BATCH = 500
 FOLLOW_BLOCK_MS = 1000
 RETRY_S = (0.2, 0.5, 1.0, 2.0, 5.0)
@@ -50,7 +50,7 @@ REJECTED = prometheus_client.Counter(
 )
 SKIPPED = prometheus_client.Counter(
     "meshserve_cache_semantic_skipped_total",
-    "Requests not looked up or stored by meaning, by reason (too_long, not_user, backlog)", ["reason"],
+    "Requests not looked up or stored by meaning, by reason (too_long, not_user, backlog, slow)", ["reason"],
 )
 SIMILARITY = prometheus_client.Histogram(
     "meshserve_cache_semantic_similarity", "Cosine similarity of each semantic hit",
@@ -160,7 +160,7 @@ class SemanticStore:
 
     def __init__(
         self, client: aioredis.Redis, follower: aioredis.Redis, embedder: Embedder, ttl_seconds: int,
-        key_prefix: str, threshold: float, max_entries: int,
+        key_prefix: str, threshold: float, max_entries: int, budget_s: float = 0.05,
     ) -> None:
         self._redis = client
         self._follower = follower  # its own connection: the stream read blocks
@@ -169,6 +169,7 @@ class SemanticStore:
         self._prefix = key_prefix
         self._log_key = f"{key_prefix}semlog"
         self.threshold = threshold
+        self._budget_s = budget_s  # a lookup's wait for its embedding, at most
         self._max_entries = max_entries
         self.index = SemanticIndex(embedder.dim, max_entries)
         self._vectors: OrderedDict[str, np.ndarray] = OrderedDict()  # recent lookups' embeddings
@@ -191,14 +192,24 @@ class SemanticStore:
 
     # -- requests ---------------------------------------------------------------------------------
 
-    async def _vector(self, text: str) -> np.ndarray | None:
-        if not self._embedder.fits(text):
-            SKIPPED.labels("too_long").inc()
-            return None
+    def _fits(self, text: str) -> bool:
+        if self._embedder.fits(text):
+            return True
+        SKIPPED.labels("too_long").inc()
+        return False
+
+    async def _vector(self, text: str, budget_s: float | None = None) -> np.ndarray | None:
+        """The embedding of ``text``; None if it is not ready within ``budget_s``."""
         vector = self._vectors.get(text)
         if vector is None:
             started = time.perf_counter()
-            vector = await self._embedder.embed(text)
+            try:
+                vector = await asyncio.wait_for(self._embedder.embed(text), budget_s)
+            except TimeoutError:
+                # The embedder is behind: a miss now beats a late answer (it is dropped from
+                # the queue if it has not started).
+                SKIPPED.labels("slow").inc()
+                return None
             EMBED_SECONDS.observe(time.perf_counter() - started)
             self._vectors[text] = vector
             if len(self._vectors) > 1024:
@@ -213,7 +224,9 @@ class SemanticStore:
             SKIPPED.labels("not_user").inc()
             return None
         scope, text = view
-        vector = await self._vector(text)
+        if not self._fits(text) or not len(self.index):
+            return None
+        vector = await self._vector(text, self._budget_s)
         if vector is None:
             return None
         for similarity, entry in self.index.nearest(vector, scope, time.monotonic()):
@@ -255,7 +268,7 @@ class SemanticStore:
         if view is None:
             return
         scope, text = view
-        vector = await self._vector(text)
+        vector = await self._vector(text) if self._fits(text) else None
         if vector is None:
             return
         record = f"{self._prefix}semvec:{exact_key.rsplit(':', 1)[-1]}"

@@ -137,7 +137,8 @@ def _build(cfg: CacheConfig) -> tuple[CacheServicer, Lifecycle]:
         # The index follower blocks on a stream read: its own connection, a longer timeout.
         follower = connect(cfg.redis_url, socket_timeout_s=5.0)
         semantic = SemanticStore(client, follower, Embedder(threads=cfg.embed_threads), cfg.ttl_seconds,
-                                 cfg.key_prefix, cfg.semantic_threshold, cfg.semantic_max_entries)
+                                 cfg.key_prefix, cfg.semantic_threshold, cfg.semantic_max_entries,
+                                 cfg.semantic_budget_s)
         semantic.start()
         lifecycle.on_close.insert(0, semantic.close)
     stats = asyncio.create_task(_watch_redis(client), name="redis stats")

@@ -161,6 +161,9 @@ class CacheConfig(ServerConfig):
     )
     semantic_max_entries: int = _f(100_000, "most entries in each replica's semantic index (oldest dropped first)")
     embed_threads: int = _f(1, "CPU threads of the embedding model")
+    semantic_budget_s: float = _f(
+        0.05, "longest a lookup waits for its embedding; a busier embedder makes it a miss (counted)"
+    )
 
 
 @dataclass

@@ -339,7 +339,7 @@ def _signal_group(proc: Proc, sig: signal.Signals) -> None:
 # Service settings `meshserve up` takes as they are (flags and help generated from the configs).
 ROUTER_FLAGS = ("routing", "load_bound", "kv_load_weight", "kv_home_weight", "kv_pending_s")
 CACHE_FLAGS = ("ttl_seconds", "max_entry_bytes", "semantic", "semantic_threshold", "semantic_max_entries",
-               "embed_threads")
+               "embed_threads", "semantic_budget_s")
 GATEWAY_FLAGS = ("coalesce", "cache_mode", "cache_timeout_s")
 
 

@@ -57,7 +57,8 @@ async def replica(redis_url: str, prefix: str) -> AsyncIterator[Replica]:
 
 @pytest.fixture
 async def cache(replica: Replica) -> pb_grpc.CacheStub:
-    return await replica()
+    # A generous embedding budget: a loaded test machine must not turn lookups into misses.
+    return await replica(semantic_budget_s=10.0)
 
 
 def sample(name: str, labels: dict[str, str] | None = None) -> float:
@@ -256,7 +257,7 @@ async def test_a_prompt_too_long_to_embed_is_cached_exactly_only(
 
 
 async def test_replicas_share_entries_through_redis(replica: Replica) -> None:
-    a, b = await replica(), await replica()
+    a, b = await replica(semantic_budget_s=10.0), await replica(semantic_budget_s=10.0)
     await store(a, ask("How do I reverse a list in Python?"))
     paraphrase = ask("how can I reverse a Python list")
 
@@ -267,15 +268,28 @@ async def test_replicas_share_entries_through_redis(replica: Replica) -> None:
 
     await found(a)
     await found(b)
-    late = await replica()  # started after the store: rebuilt from Redis
+    late = await replica(semantic_budget_s=10.0)  # started after the store: rebuilt from Redis
     await found(late)
 
 
 async def test_lookups_under_load_share_embedding_batches(cache: pb_grpc.CacheStub) -> None:
+    await store(cache, ask("What is the population of Paris?"))
+    await until_hit(cache, ask("what is the population of Paris?"))  # the index is not empty
     batches, texts = sample("meshserve_cache_embed_batches_total"), sample("meshserve_cache_embedded_texts_total")
     await asyncio.gather(*(lookup(cache, ask(f"What is the population of city number {i}?")) for i in range(40)))
     assert sample("meshserve_cache_embedded_texts_total") - texts == 40
     assert sample("meshserve_cache_embed_batches_total") - batches < 40
+
+
+async def test_a_lookup_does_not_wait_past_its_budget_for_a_busy_embedder(replica: Replica) -> None:
+    patient, hasty = await replica(semantic_budget_s=10.0), await replica(semantic_budget_s=1e-6)
+    await store(patient, ask("How many legs does a spider have?"))
+    paraphrase = ask("how many legs does a spider have")
+    await until_hit(patient, paraphrase)
+    slow = sample("meshserve_cache_semantic_skipped_total", {"reason": "slow"})
+    await until_hit(hasty, ask("How many legs does a spider have?"))  # exact: no embedding needed
+    assert not (await lookup(hasty, paraphrase)).hit
+    assert sample("meshserve_cache_semantic_skipped_total", {"reason": "slow"}) == slow + 1
 
 
 # -- bad entries ----------------------------------------------------------------------------------
