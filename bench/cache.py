@@ -11,7 +11,8 @@ Scenarios (variants alternate round to round):
   burst    300 identical greedy requests at once (64 words -> 128 tokens): coalescing on (the
            default) against --no-coalesce.
   repeats  the `repeats` dataset (questions, 20% asked again: half word for word, half in other
-           words), 1,000 requests at 50 concurrent, 64 tokens each: --cache semantic, exact, off.
+           words), 1,000 requests at 50 concurrent, 64 tokens each: --cache semantic, exact, off,
+           and exact on a cache service without the semantic store (--no-semantic).
   redis    the same workload at 100 concurrent with the cache on, and valkey-server killed (-9)
            once a third of the requests are done; against the cache off.
 
@@ -57,6 +58,7 @@ SCENARIOS = {
     "repeats": Scenario("repeats", {
         "semantic": ([], ["--cache", "semantic"]),
         "exact": ([], ["--cache", "exact"]),
+        "exact-only-service": (["--no-semantic"], ["--cache", "exact"]),
         "off": ([], ["--cache", "off"]),
     }),
     "redis": Scenario("redis", {
@@ -191,6 +193,7 @@ def main() -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--scenarios", default="burst,repeats,redis")
+    parser.add_argument("--variants", default="", help="only these variants (comma-separated labels)")
     parser.add_argument("--tree", type=Path, default=REPO)
     args = parser.parse_args()
     tree = args.tree.resolve()
@@ -198,7 +201,7 @@ def main() -> int:
     for r in range(args.rounds):
         for name in args.scenarios.split(","):
             scenario = SCENARIOS[name]
-            labels = list(scenario.variants)
+            labels = [v for v in scenario.variants if not args.variants or v in args.variants.split(",")]
             for label in labels[r % len(labels):] + labels[: r % len(labels)]:
                 result = run_one(args.out, scenario, label, 1000 * r + 7, tree)
                 rows.setdefault((name, label), []).append(result)
