@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench._mesh import CLI, meshserve_up, tree_env  # noqa: E402
+
 PORT, ADMIN_PORT, REDIS_PORT = 8390, 9991, 6399
 FLEET = ["--engine", "sim", "--workers", "4", "--no-tracing", "--port", str(PORT), "--admin-port", str(ADMIN_PORT),
          "--gateway-port", "50451", "--router-port", "50452", "--cache-port", "50453", "--worker-port", "50461",
@@ -131,50 +134,33 @@ def run_one(out: Path, scenario: Scenario, label: str, seed: int, tree: Path) ->
     up_flags, bench_flags = scenario.variants[label]
     run_dir = out / "runs" / f"{scenario.name}-{label}-s{seed}"
     run_dir.mkdir(parents=True, exist_ok=True)
-    cli = [sys.executable, "-m", "services.cli"]
-    env = {**os.environ, "PYTHONPATH": str(tree)}
     logs = tempfile.mkdtemp(prefix=f"cache-{scenario.name}-{label}-")
     valkey = Valkey(logs)
     valkey.start()
-    up = subprocess.Popen([*cli, "up", *FLEET, *up_flags, "--run-dir", logs],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tree, env=env)
-    assert up.stdout is not None
-    lines = []
     try:
-        for line in up.stdout:
-            lines.append(line)
-            if line.startswith("Try:"):
-                break
-        else:
-            raise RuntimeError("meshserve up failed:\n" + "".join(lines[-30:]))
-        workers = [ln.split()[-1] for ln in lines if ln.split()[:1] and ln.split()[0].startswith("worker-")
-                   and ln.split()[1] == "metrics"]
-        gateway = next(ln.split()[-1] for ln in lines if ln.split()[:2] == ["gateway", "metrics"])
-        before = worker_requests(workers)
-        killer = None
-        if scenario.kill_redis_after and label != "off":
-            total = int(BENCH[scenario.name][BENCH[scenario.name].index("--num-prompts") + 1])
-            killer = Killer(valkey, gateway, scenario.kill_redis_after * total)
-            killer.start()
-        result_file = run_dir / "bench.json"
-        started = time.time()
-        subprocess.run([*cli, "bench", "--target", f"127.0.0.1:{PORT}", *BENCH[scenario.name], *bench_flags,
-                        "--seed", str(seed), "--disable-tqdm", "--label", label, "--save-result",
-                        str(result_file.resolve())], check=True, stdout=subprocess.DEVNULL, cwd=tree, env=env)
-        if killer is not None:
-            killer.stop.set()
-            killer.join()
-        result = json.loads(result_file.read_text())
-        result["engine_requests"] = worker_requests(workers) - before
-        result["redis_killed_after_s"] = valkey.killed_at - started if valkey.killed_at else None
-        result_file.write_text(json.dumps(result, indent=2) + "\n")
-        return result
+        with meshserve_up([*FLEET, *up_flags], logs, tree) as mesh:
+            workers = mesh.worker_metrics()
+            before = worker_requests(workers)
+            killer = None
+            if scenario.kill_redis_after and label != "off":
+                total = int(BENCH[scenario.name][BENCH[scenario.name].index("--num-prompts") + 1])
+                killer = Killer(valkey, mesh.metrics("gateway"), scenario.kill_redis_after * total)
+                killer.start()
+            result_file = run_dir / "bench.json"
+            started = time.time()
+            subprocess.run([*CLI, "bench", "--target", f"127.0.0.1:{PORT}", *BENCH[scenario.name], *bench_flags,
+                            "--seed", str(seed), "--disable-tqdm", "--label", label, "--save-result",
+                            str(result_file.resolve())], check=True, stdout=subprocess.DEVNULL, cwd=tree,
+                           env=tree_env(tree))
+            if killer is not None:
+                killer.stop.set()
+                killer.join()
+            result = json.loads(result_file.read_text())
+            result["engine_requests"] = worker_requests(workers) - before
+            result["redis_killed_after_s"] = valkey.killed_at - started if valkey.killed_at else None
+            result_file.write_text(json.dumps(result, indent=2) + "\n")
+            return result
     finally:
-        up.send_signal(2)
-        try:
-            up.wait(60)
-        except subprocess.TimeoutExpired:
-            up.kill()
         valkey.kill()
 
 

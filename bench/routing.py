@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import statistics
 import subprocess
@@ -43,6 +42,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench._mesh import CLI, meshserve_up, tree_env  # noqa: E402
 from services.config import ROUTING_POLICIES  # noqa: E402
 
 PORT, ADMIN_PORT = 8380, 9981
@@ -135,32 +135,18 @@ def pick_p99_ms(router_metrics: str) -> float:
 def run_one(out: Path, scenario: Scenario, label: str, up_args: list[str], seed: int, tree: Path) -> dict:
     run_dir = out / "runs" / f"{scenario.name}-{label}-s{seed}"
     run_dir.mkdir(parents=True, exist_ok=True)
-    cli = [sys.executable, "-m", "services.cli"]
-    env = {**os.environ, "PYTHONPATH": str(tree)}
     logs = tempfile.mkdtemp(prefix=f"routing-{scenario.name}-{label}-")  # the mesh's logs stay out of results
-    up = subprocess.Popen([*cli, "up", *FLEET, *scenario.up, *up_args, "--run-dir", logs],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tree, env=env)
-    assert up.stdout is not None
-    lines = []
-    try:
-        for line in up.stdout:  # `meshserve up` prints its table once everything is ready
-            lines.append(line)
-            if line.startswith("Try:"):
-                break
-        else:
-            raise RuntimeError("meshserve up failed:\n" + "".join(lines[-30:]))
-        # "  worker-0 metrics   http://127.0.0.1:PORT/metrics"
-        metrics = [ln.split()[-1] for ln in lines if ln.split()[:1] and ln.split()[0].startswith("worker-")
-                   and ln.split()[1] == "metrics"]
-        router_metrics = next(ln.split()[-1] for ln in lines if ln.split()[:2] == ["router", "metrics"])
+    with meshserve_up([*FLEET, *scenario.up, *up_args], logs, tree) as mesh:
+        metrics = mesh.worker_metrics()
+        router_metrics = mesh.metrics("router")
         before = worker_prefix_stats(metrics)
         result_file = run_dir / "bench.json"
         sampler = LoadSampler(metrics)
         sampler.start()
-        subprocess.run([*cli, "bench", "--target", f"127.0.0.1:{PORT}",
+        subprocess.run([*CLI, "bench", "--target", f"127.0.0.1:{PORT}",
                         *scenario.bench, "--seed", str(seed), "--disable-tqdm", "--label", label,
                         "--save-result", str(result_file.resolve())], check=True, stdout=subprocess.DEVNULL,
-                       cwd=tree, env=env)
+                       cwd=tree, env=tree_env(tree))
         sampler.stop.set()
         sampler.join()
         after = worker_prefix_stats(metrics)
@@ -172,12 +158,6 @@ def run_one(out: Path, scenario: Scenario, label: str, up_args: list[str], seed:
         result["engine_prefix_hit_rate"] = hits / queries if queries else 0.0
         result_file.write_text(json.dumps(result, indent=2) + "\n")
         return result
-    finally:
-        up.send_signal(2)
-        try:
-            up.wait(60)
-        except subprocess.TimeoutExpired:
-            up.kill()
 
 
 def main() -> int:

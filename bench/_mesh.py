@@ -1,0 +1,56 @@
+"""What the benchmark scripts share: `meshserve up` from a source tree, ready, and the
+addresses it printed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+CLI = [sys.executable, "-m", "services.cli"]
+
+
+def tree_env(tree: Path) -> dict[str, str]:
+    """The environment that runs the code of ``tree`` (a worktree of the commit measured)."""
+    return {**os.environ, "PYTHONPATH": str(tree)}
+
+
+@dataclass
+class UpMesh:
+    lines: list[str]  # what `meshserve up` printed up to its table
+
+    def metrics(self, name: str) -> str:
+        """The metrics URL of service ``name`` ("gateway", "router", ...)."""
+        return next(ln.split()[-1] for ln in self.lines if ln.split()[:2] == [name, "metrics"])
+
+    def worker_metrics(self) -> list[str]:
+        # "  worker-0 metrics   http://127.0.0.1:PORT/metrics"
+        return [ln.split()[-1] for ln in self.lines if ln.split()[:1] and ln.split()[0].startswith("worker-")
+                and ln.split()[1] == "metrics"]
+
+
+@contextmanager
+def meshserve_up(flags: list[str], run_dir: str, tree: Path) -> Iterator[UpMesh]:
+    """`meshserve up FLAGS` until it prints its table; Ctrl-C (SIGINT) on the way out."""
+    up = subprocess.Popen([*CLI, "up", *flags, "--run-dir", run_dir], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, cwd=tree, env=tree_env(tree))
+    assert up.stdout is not None
+    lines: list[str] = []
+    try:
+        for line in up.stdout:  # `meshserve up` prints its table once everything is ready
+            lines.append(line)
+            if line.startswith("Try:"):
+                break
+        else:
+            raise RuntimeError("meshserve up failed:\n" + "".join(lines[-30:]))
+        yield UpMesh(lines)
+    finally:
+        up.send_signal(2)
+        try:
+            up.wait(60)
+        except subprocess.TimeoutExpired:
+            up.kill()
