@@ -43,6 +43,7 @@ MAX_PENDING_STORES = 256  # entries waiting to be embedded and indexed; beyond, 
 SCAN_BATCH = 500
 FOLLOW_BLOCK_MS = 1000
 RETRY_S = (0.2, 0.5, 1.0, 2.0, 5.0)
+CLOSE_TIMEOUT_S = 2.0
 
 REJECTED = prometheus_client.Counter(
     "meshserve_cache_semantic_rejected_total",
@@ -177,17 +178,22 @@ class SemanticStore:
         self._pending: asyncio.Queue[tuple[pb.GenerateRequest, str, str]] = asyncio.Queue(MAX_PENDING_STORES)
         self._indexer: asyncio.Task[None] | None = None
         self.synced = asyncio.Event()  # set once the index was rebuilt from Redis
+        self._closing = False
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._follow(), name="semantic index")
         self._indexer = asyncio.create_task(self._index_stores(), name="semantic stores")
 
     async def close(self) -> None:
-        for task in (self._task, self._indexer):
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-        await self._follower.aclose()
+        # Cancelled inside a Redis call, redis-py may raise its own error instead of
+        # CancelledError; the loops then see _closing and return rather than retry forever.
+        self._closing = True
+        tasks = [t for t in (self._task, self._indexer) if t is not None]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT_S)
+        await asyncio.wait_for(self._follower.aclose(), CLOSE_TIMEOUT_S)
         self._embedder.close()
 
     # -- requests ---------------------------------------------------------------------------------
@@ -253,14 +259,15 @@ class SemanticStore:
             SKIPPED.labels("backlog").inc()
 
     async def _index_stores(self) -> None:
-        while True:
+        while not self._closing:
             req, tenant, exact_key = await self._pending.get()
             try:
                 await self.store(req, tenant, exact_key)
             except redis.exceptions.RedisError as e:
                 log.debug("semantic store of %s failed: %s", exact_key, e)
             except Exception:
-                log.exception("semantic store of %s failed", exact_key)
+                if not self._closing:
+                    log.exception("semantic store of %s failed", exact_key)
 
     async def store(self, req: pb.GenerateRequest, tenant: str, exact_key: str) -> None:
         """Makes the stored exact entry ``exact_key`` findable by meaning, on every replica."""
@@ -325,7 +332,7 @@ class SemanticStore:
     async def _follow(self) -> None:
         position: str | None = None
         failures = 0
-        while True:
+        while not self._closing:
             try:
                 if position is None:
                     position = await self._rebuild()
@@ -335,6 +342,8 @@ class SemanticStore:
                     await self._load([fields[b"record"].decode() for _, fields in messages])
                 failures = 0
             except (redis.exceptions.RedisError, OSError) as e:
+                if self._closing:
+                    return
                 # Redis went away: rebuild when it is back (it may have lost or changed its data).
                 delay = RETRY_S[min(failures, len(RETRY_S) - 1)]
                 if failures == 0:

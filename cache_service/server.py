@@ -8,6 +8,7 @@ that order. Redis errors become UNAVAILABLE, so the gateway serves uncached.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -113,9 +114,9 @@ class CacheServicer(pb_grpc.CacheServicer):
         return pb.StoreResponse(stored=result.stored, reason=result.reason)
 
 
-async def _watch_redis(client: aioredis.Redis) -> None:
-    """Keeps the Redis gauges (evictions, memory) current."""
-    while True:
+async def _watch_redis(client: aioredis.Redis, stop: asyncio.Event) -> None:
+    """Keeps the Redis gauges (evictions, memory) current until ``stop`` is set."""
+    while not stop.is_set():
         try:
             stats = await client.info("stats")
             memory = await client.info("memory")
@@ -123,7 +124,8 @@ async def _watch_redis(client: aioredis.Redis) -> None:
             REDIS_MEMORY.set(float(memory.get("used_memory", 0)))
         except redis.exceptions.RedisError:
             pass  # lookups report it; the gauges keep their last values
-        await asyncio.sleep(REDIS_STATS_S)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), REDIS_STATS_S)
 
 
 def _build(cfg: CacheConfig) -> tuple[CacheServicer, Lifecycle]:
@@ -141,11 +143,14 @@ def _build(cfg: CacheConfig) -> tuple[CacheServicer, Lifecycle]:
                                  cfg.semantic_budget_s)
         semantic.start()
         lifecycle.on_close.insert(0, semantic.close)
-    stats = asyncio.create_task(_watch_redis(client), name="redis stats")
+    stop = asyncio.Event()
+    stats = asyncio.create_task(_watch_redis(client, stop), name="redis stats")
 
     async def stop_stats() -> None:
+        # A flag, then a cancel: redis-py may turn a cancel inside a call into its own error.
+        stop.set()
         stats.cancel()
-        await asyncio.gather(stats, return_exceptions=True)
+        await asyncio.wait([stats], timeout=2.0)
 
     lifecycle.on_close.insert(0, stop_stats)
     return CacheServicer(exact, semantic), lifecycle

@@ -17,16 +17,6 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
 
-def pytest_sessionstart(session: pytest.Session) -> None:
-    """Loads the semantic cache's embedding model (torch, sentence-transformers) into this
-    process first, as the cache service does before it serves. Loaded late instead — after a
-    session's worth of in-process gRPC servers, engines and meshes — its first use hung the
-    run (the event loop idle, no embedding thread started; the cause is not found yet)."""
-    from cache_service.embedder import Embedder
-
-    Embedder()
-
-
 def free_port() -> int:
     """A port the OS just handed out; the caller binds it right away."""
     with socket.socket() as s:

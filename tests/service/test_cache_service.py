@@ -4,23 +4,25 @@ hits, scopes and tenants, replicas in step through Redis, refusals, TTL, bad ent
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import grpc
 import pytest
 import redis.asyncio as aioredis
 
-from prometheus_client import REGISTRY
-
-from cache_service.server import start_cache
 from services.cache_keys import exact_key
+from services import config
 from services.config import CacheConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.server import insecure_channel
 from tests.conftest import free_port
+from tests.integration.helpers import metric_sum, scrape, wait_until
 
 TTL = 120
 
@@ -30,39 +32,58 @@ def prefix() -> str:
     return f"test:{uuid.uuid4().hex}:"
 
 
-Replica = Callable[..., Awaitable[pb_grpc.CacheStub]]
+class CacheReplica:
+    """A cache service process (``meshserve serve cache``): its stub's calls, and its metrics."""
+
+    def __init__(self, channel: grpc.aio.Channel, metrics_url: str) -> None:
+        self.stub = pb_grpc.CacheStub(channel)
+        self.Lookup = self.stub.Lookup
+        self.Store = self.stub.Store
+        self._metrics_url = metrics_url
+
+    def metric(self, name: str, **labels: str) -> float:
+        return metric_sum(scrape(self._metrics_url), name, **labels)
+
+
+Replica = Callable[..., Awaitable[CacheReplica]]
 
 
 @pytest.fixture
-async def replica(redis_url: str, prefix: str) -> AsyncIterator[Replica]:
-    """Starts cache services on the same Redis and key prefix (replicas of one cache)."""
-    started: list[tuple[object, grpc.aio.Channel]] = []
+async def replica(redis_url: str, prefix: str, tmp_path: Path) -> AsyncIterator[Replica]:
+    """Starts cache service processes on the same Redis and key prefix (replicas of one cache).
+    Processes, as `meshserve up` runs them: the embedding model runs in the service, not here."""
+    started: list[tuple[subprocess.Popen[bytes], grpc.aio.Channel]] = []
 
-    async def make(**cfg: object) -> pb_grpc.CacheStub:
-        running = await start_cache(CacheConfig(
-            port=0, metrics_port=-1, redis_url=redis_url, ttl_seconds=TTL, key_prefix=prefix, grace_seconds=1,
-            **cfg,
-        ))
-        channel = insecure_channel(f"127.0.0.1:{running.port}")
-        started.append((running, channel))
-        return pb_grpc.CacheStub(channel)
+    async def make(**fields: object) -> CacheReplica:
+        ready = tmp_path / f"cache-{len(started)}.ready"
+        settings: dict[str, object] = {"redis_url": redis_url, "ttl_seconds": TTL, "key_prefix": prefix, **fields}
+        cfg = CacheConfig(port=free_port(), metrics_port=0, grace_seconds=1, ready_file=str(ready), **settings)
+        log = open(tmp_path / f"cache-{len(started)}.log", "wb")  # noqa: SIM115 (the process writes it)
+        proc = subprocess.Popen([sys.executable, "-m", "services.cli", "serve", "cache", *config.to_argv(cfg)],
+                                stdout=log, stderr=subprocess.STDOUT)
+        channel = insecure_channel(f"127.0.0.1:{cfg.port}")
+        started.append((proc, channel))
+        await wait_until(lambda: ready.exists() or proc.poll() is not None, 120, "the cache service to be ready")
+        assert proc.poll() is None, (tmp_path / f"cache-{len(started) - 1}.log").read_text()[-2000:]
+        return CacheReplica(channel, f"http://127.0.0.1:{ready.read_text().split()[1]}/metrics")
 
     try:
         yield make
     finally:
-        for running, channel in started:
+        for proc, channel in started:
             await channel.close()
-            await running.shutdown()  # type: ignore[attr-defined]
+            proc.terminate()
+        for proc, _ in started:
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 @pytest.fixture
-async def cache(replica: Replica) -> pb_grpc.CacheStub:
+async def cache(replica: Replica) -> CacheReplica:
     # A generous embedding budget: a loaded test machine must not turn lookups into misses.
     return await replica(semantic_budget_s=10.0)
-
-
-def sample(name: str, labels: dict[str, str] | None = None) -> float:
-    return REGISTRY.get_sample_value(name, labels or {}) or 0.0
 
 
 @pytest.fixture
@@ -93,7 +114,7 @@ def chunks(finish: str = "length") -> list[pb.GenerateResponse]:
     ]
 
 
-async def test_store_then_lookup_hits_with_identical_chunks(cache: pb_grpc.CacheStub) -> None:
+async def test_store_then_lookup_hits_with_identical_chunks(cache: CacheReplica) -> None:
     miss = await cache.Lookup(pb.LookupRequest(request=greedy(), tenant="t"), timeout=10)
     assert not miss.hit and not miss.chunks
 
@@ -118,7 +139,7 @@ async def test_store_then_lookup_hits_with_identical_chunks(cache: pb_grpc.Cache
 
 
 async def test_entry_has_the_configured_ttl(
-    cache: pb_grpc.CacheStub, redis_client: aioredis.Redis, prefix: str
+    cache: CacheReplica, redis_client: aioredis.Redis, prefix: str
 ) -> None:
     assert (await cache.Store(pb.StoreRequest(request=greedy(), tenant="t", chunks=chunks("stop")), timeout=10)).stored
     ttl = await redis_client.ttl(exact_key(greedy(), "t", prefix))
@@ -126,7 +147,7 @@ async def test_entry_has_the_configured_ttl(
 
 
 async def test_non_deterministic_is_not_stored(
-    cache: pb_grpc.CacheStub, redis_client: aioredis.Redis, prefix: str
+    cache: CacheReplica, redis_client: aioredis.Redis, prefix: str
 ) -> None:
     sampled = pb.GenerateRequest(prompt="Hello", max_tokens=3, temperature=0.8)
     result = await cache.Store(pb.StoreRequest(request=sampled, tenant="t", chunks=chunks()), timeout=10)
@@ -137,38 +158,31 @@ async def test_non_deterministic_is_not_stored(
 
 @pytest.mark.parametrize("finish", ["", "abort"])
 async def test_unfinished_or_aborted_is_not_stored(
-    cache: pb_grpc.CacheStub, redis_client: aioredis.Redis, prefix: str, finish: str
+    cache: CacheReplica, redis_client: aioredis.Redis, prefix: str, finish: str
 ) -> None:
     result = await cache.Store(pb.StoreRequest(request=greedy(), tenant="t", chunks=chunks(finish)), timeout=10)
     assert not result.stored and "not finished" in result.reason
     assert await redis_client.keys(prefix + "*") == []
 
 
-async def test_seeded_sampling_is_cached(cache: pb_grpc.CacheStub) -> None:
+async def test_seeded_sampling_is_cached(cache: CacheReplica) -> None:
     seeded = pb.GenerateRequest(prompt="Hello", max_tokens=3, temperature=0.8, seed=42)
     assert (await cache.Store(pb.StoreRequest(request=seeded, tenant="t", chunks=chunks()), timeout=10)).stored
     assert (await cache.Lookup(pb.LookupRequest(request=seeded, tenant="t"), timeout=10)).hit
 
 
-async def test_redis_unreachable_is_unavailable() -> None:
-    dead = f"redis://127.0.0.1:{free_port()}/0"
-    running = await start_cache(CacheConfig(port=0, metrics_port=-1, redis_url=dead, grace_seconds=1))
-    channel = insecure_channel(f"127.0.0.1:{running.port}")
-    try:
-        stub = pb_grpc.CacheStub(channel)
-        for call in (
-            stub.Lookup(pb.LookupRequest(request=greedy(), tenant="t"), timeout=10),
-            stub.Store(pb.StoreRequest(request=greedy(), tenant="t", chunks=chunks()), timeout=10),
-        ):
-            started = time.monotonic()
-            with pytest.raises(grpc.aio.AioRpcError) as err:
-                await call
-            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-            assert "Redis" in err.value.details()
-            assert time.monotonic() - started < 5
-    finally:
-        await channel.close()
-        await running.shutdown()
+async def test_redis_unreachable_is_unavailable(replica: Replica) -> None:
+    stub = await replica(redis_url=f"redis://127.0.0.1:{free_port()}/0")
+    for call in (
+        stub.Lookup(pb.LookupRequest(request=greedy(), tenant="t"), timeout=10),
+        stub.Store(pb.StoreRequest(request=greedy(), tenant="t", chunks=chunks()), timeout=10),
+    ):
+        started = time.monotonic()
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await call
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "Redis" in err.value.details()
+        assert time.monotonic() - started < 5
 
 
 # -- semantic ------------------------------------------------------------------------------------
@@ -185,15 +199,15 @@ def ask(text: str, chat: bool = False, system: str = "", **fields: object) -> pb
     return req
 
 
-async def lookup(stub: pb_grpc.CacheStub, req: pb.GenerateRequest, tenant: str = "t", mode: str = "") -> pb.LookupResponse:
+async def lookup(stub: CacheReplica, req: pb.GenerateRequest, tenant: str = "t", mode: str = "") -> pb.LookupResponse:
     return await stub.Lookup(pb.LookupRequest(request=req, tenant=tenant, mode=mode), timeout=10)
 
 
-async def store(stub: pb_grpc.CacheStub, req: pb.GenerateRequest, tenant: str = "t") -> None:
+async def store(stub: CacheReplica, req: pb.GenerateRequest, tenant: str = "t") -> None:
     assert (await stub.Store(pb.StoreRequest(request=req, tenant=tenant, chunks=chunks("stop")), timeout=10)).stored
 
 
-async def until_hit(stub: pb_grpc.CacheStub, req: pb.GenerateRequest, tenant: str = "t") -> pb.LookupResponse:
+async def until_hit(stub: CacheReplica, req: pb.GenerateRequest, tenant: str = "t") -> pb.LookupResponse:
     """The lookup, once it hits: an entry is indexed by meaning just after its Store returns."""
     async with asyncio.timeout(10):
         while not (resp := await lookup(stub, req, tenant)).hit:
@@ -203,7 +217,7 @@ async def until_hit(stub: pb_grpc.CacheStub, req: pb.GenerateRequest, tenant: st
 
 @pytest.mark.parametrize("chat", [False, True])
 async def test_a_paraphrase_is_a_semantic_hit_with_the_stored_answer(
-    cache: pb_grpc.CacheStub, redis_client: aioredis.Redis, prefix: str, chat: bool
+    cache: CacheReplica, redis_client: aioredis.Redis, prefix: str, chat: bool
 ) -> None:
     await store(cache, ask("What is the capital of France?", chat, system="Be brief."))
     hit = await until_hit(cache, ask("what's the capital of france?", chat, system="Be brief."))
@@ -216,7 +230,7 @@ async def test_a_paraphrase_is_a_semantic_hit_with_the_stored_answer(
     assert len(await redis_client.hget(records[0], "vector")) == 384 * 4
 
 
-async def test_the_same_words_in_another_scope_never_hit(cache: pb_grpc.CacheStub) -> None:
+async def test_the_same_words_in_another_scope_never_hit(cache: CacheReplica) -> None:
     question = "What is the capital of France?"
     await store(cache, ask(question, chat=True, system="Be brief."))
     paraphrase = "what's the capital of france?"
@@ -232,28 +246,28 @@ async def test_the_same_words_in_another_scope_never_hit(cache: pb_grpc.CacheStu
     assert not (await lookup(cache, ask(paraphrase, chat=True, system="Be brief.", cache="off"))).hit
 
 
-async def test_a_near_miss_is_refused_by_its_guard(cache: pb_grpc.CacheStub) -> None:
+async def test_a_near_miss_is_refused_by_its_guard(cache: CacheReplica) -> None:
     # Cosine 0.953 (past the 0.90 threshold): only the negation guard tells them apart.
     await store(cache, ask("Give me a pasta recipe with garlic."))
     await until_hit(cache, ask("Please give me a pasta recipe with garlic"))  # indexed
-    refused = sample("meshserve_cache_semantic_rejected_total", {"guard": "negation"})
+    refused = cache.metric("meshserve_cache_semantic_rejected_total", guard="negation")
     assert not (await lookup(cache, ask("Give me a pasta recipe without garlic."))).hit
-    assert sample("meshserve_cache_semantic_rejected_total", {"guard": "negation"}) == refused + 1
+    assert cache.metric("meshserve_cache_semantic_rejected_total", guard="negation") == refused + 1
 
 
 async def test_a_prompt_too_long_to_embed_is_cached_exactly_only(
-    cache: pb_grpc.CacheStub, redis_client: aioredis.Redis, prefix: str
+    cache: CacheReplica, redis_client: aioredis.Redis, prefix: str
 ) -> None:
     long_prompt = "Summarise this text: " + "the river runs to the sea " * 60
-    skipped = sample("meshserve_cache_semantic_skipped_total", {"reason": "too_long"})
+    skipped = cache.metric("meshserve_cache_semantic_skipped_total", reason="too_long")
     await store(cache, ask(long_prompt))
     async with asyncio.timeout(10):  # the store's indexing, just after it returned, skips it
-        while sample("meshserve_cache_semantic_skipped_total", {"reason": "too_long"}) == skipped:
+        while cache.metric("meshserve_cache_semantic_skipped_total", reason="too_long") == skipped:
             await asyncio.sleep(0.02)
     assert await redis_client.keys(prefix + "semvec:*") == []
     assert not (await lookup(cache, ask(long_prompt.replace("Summarise", "Summarize")))).hit
     assert (await lookup(cache, ask(long_prompt))).kind == "exact"
-    assert sample("meshserve_cache_semantic_skipped_total", {"reason": "too_long"}) == skipped + 2
+    assert cache.metric("meshserve_cache_semantic_skipped_total", reason="too_long") == skipped + 2
 
 
 async def test_replicas_share_entries_through_redis(replica: Replica) -> None:
@@ -261,7 +275,7 @@ async def test_replicas_share_entries_through_redis(replica: Replica) -> None:
     await store(a, ask("How do I reverse a list in Python?"))
     paraphrase = ask("how can I reverse a Python list")
 
-    async def found(stub: pb_grpc.CacheStub) -> None:
+    async def found(stub: CacheReplica) -> None:
         async with asyncio.timeout(10):
             while not (await lookup(stub, paraphrase)).hit:  # b follows the stream: soon, not at once
                 await asyncio.sleep(0.02)
@@ -272,13 +286,13 @@ async def test_replicas_share_entries_through_redis(replica: Replica) -> None:
     await found(late)
 
 
-async def test_lookups_under_load_share_embedding_batches(cache: pb_grpc.CacheStub) -> None:
+async def test_lookups_under_load_share_embedding_batches(cache: CacheReplica) -> None:
     await store(cache, ask("What is the population of Paris?"))
     await until_hit(cache, ask("what is the population of Paris?"))  # the index is not empty
-    batches, texts = sample("meshserve_cache_embed_batches_total"), sample("meshserve_cache_embedded_texts_total")
+    batches, texts = cache.metric("meshserve_cache_embed_batches_total"), cache.metric("meshserve_cache_embedded_texts_total")
     await asyncio.gather(*(lookup(cache, ask(f"What is the population of city number {i}?")) for i in range(40)))
-    assert sample("meshserve_cache_embedded_texts_total") - texts == 40
-    assert sample("meshserve_cache_embed_batches_total") - batches < 40
+    assert cache.metric("meshserve_cache_embedded_texts_total") - texts == 40
+    assert cache.metric("meshserve_cache_embed_batches_total") - batches < 40
 
 
 async def test_a_lookup_does_not_wait_past_its_budget_for_a_busy_embedder(replica: Replica) -> None:
@@ -286,25 +300,25 @@ async def test_a_lookup_does_not_wait_past_its_budget_for_a_busy_embedder(replic
     await store(patient, ask("How many legs does a spider have?"))
     paraphrase = ask("how many legs does a spider have")
     await until_hit(patient, paraphrase)
-    slow = sample("meshserve_cache_semantic_skipped_total", {"reason": "slow"})
+    slow = hasty.metric("meshserve_cache_semantic_skipped_total", reason="slow")
     await until_hit(hasty, ask("How many legs does a spider have?"))  # exact: no embedding needed
     assert not (await lookup(hasty, paraphrase)).hit
-    assert sample("meshserve_cache_semantic_skipped_total", {"reason": "slow"}) == slow + 1
+    assert hasty.metric("meshserve_cache_semantic_skipped_total", reason="slow") == slow + 1
 
 
 # -- bad entries ----------------------------------------------------------------------------------
 
 
 async def test_a_corrupt_entry_is_deleted_and_a_miss(
-    cache: pb_grpc.CacheStub, redis_client: aioredis.Redis, prefix: str
+    cache: CacheReplica, redis_client: aioredis.Redis, prefix: str
 ) -> None:
     key = exact_key(greedy(), "t", prefix)
     for garbage in (b"\xff\x00 not a protobuf", pb.CacheEntry(chunks=chunks("")).SerializeToString()):
         await redis_client.set(key, garbage)
-        corrupt = sample("meshserve_cache_corrupt_entries_total")
+        corrupt = cache.metric("meshserve_cache_corrupt_entries_total")
         assert not (await lookup(cache, greedy())).hit
         assert await redis_client.exists(key) == 0
-        assert sample("meshserve_cache_corrupt_entries_total") == corrupt + 1
+        assert cache.metric("meshserve_cache_corrupt_entries_total") == corrupt + 1
 
 
 async def test_an_oversized_entry_is_not_stored(
