@@ -60,7 +60,6 @@ class Embedder:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="embedder")
         self._queued: list[tuple[str, asyncio.Future[np.ndarray]]] = []
         self._running: asyncio.Task[None] | None = None
-        self.batches = 0  # how many model calls (tests read the batching from it)
 
     def fits(self, text: str) -> bool:
         """Whether the model reads all of ``text`` (its word pieces plus [CLS] and [SEP])."""
@@ -97,7 +96,6 @@ class Embedder:
                     if not future.done():
                         future.set_exception(e)
                 continue
-            self.batches += 1
             BATCHES.inc()
             TEXTS.inc(len(batch))
             for (_, future), vector in zip(batch, vectors, strict=True):

@@ -94,7 +94,6 @@ class _Entry:
 class Match:
     exact: str
     similarity: float
-    text: str
 
 
 class SemanticIndex:
@@ -177,7 +176,6 @@ class SemanticStore:
         self._task: asyncio.Task[None] | None = None
         self._pending: asyncio.Queue[tuple[pb.GenerateRequest, str, str]] = asyncio.Queue(MAX_PENDING_STORES)
         self._indexer: asyncio.Task[None] | None = None
-        self.synced = asyncio.Event()  # set once the index was rebuilt from Redis
         self._closing = False
 
     def start(self) -> None:
@@ -247,7 +245,7 @@ class SemanticStore:
                 self.index.remove(entry.record)
                 continue
             SIMILARITY.observe(similarity)
-            return raw, Match(entry.exact, similarity, entry.text)
+            return raw, Match(entry.exact, similarity)
         return None
 
     def store_later(self, req: pb.GenerateRequest, tenant: str, exact_key: str) -> None:
@@ -326,7 +324,6 @@ class SemanticStore:
         records = [key.decode() async for key in self._follower.scan_iter(match=f"{self._prefix}semvec:*", count=1000)]
         await self._load(records)
         log.info("semantic index rebuilt from Redis: %d entries", len(self.index))
-        self.synced.set()
         return position
 
     async def _follow(self) -> None:

@@ -184,11 +184,12 @@ class Orchestrator:
         # 3. Deterministic: identical requests in flight share one answer (gateway.flights), which
         # is a cache hit or one generation; the leader's flight stores what it generated. The
         # mode is part of the key: an "exact" request must not get a "semantic" one's hit.
+        view = self._cache_view(req)  # the request as the cache keys it, for the key, lookup and store
         if self._cfg.coalesce:
-            key = f"{cache_keys.exact_key(self._cache_view(req), tenant)}/{mode}"
+            key = f"{cache_keys.exact_key(view, tenant)}/{mode}"
         else:
             key = req.request_id  # a flight of its own
-        flight, leader = self._flights.join(key, req.request_id, lambda f: self._fly(f, req, tenant, mode))
+        flight, leader = self._flights.join(key, req.request_id, lambda f: self._fly(f, req, view, tenant, mode))
         if not leader:
             metrics.COALESCED.inc()
             trace.get_current_span().set_attribute("meshserve.coalesced_with", flight.leader_request_id)
@@ -223,11 +224,13 @@ class Orchestrator:
             chunk.cache_kind = COALESCED
         return chunk
 
-    async def _fly(self, flight: Flight, req: pb.GenerateRequest, tenant: str, mode: str) -> None:
+    async def _fly(
+        self, flight: Flight, req: pb.GenerateRequest, view: pb.GenerateRequest, tenant: str, mode: str
+    ) -> None:
         """A flight's task: the cache, else one generation, stored once it finished."""
         outcome = _Outcome(req.request_id)
         try:
-            hit = await self._lookup(req, tenant, mode)
+            hit = await self._lookup(view, tenant, mode)
             if hit is not None:
                 metrics.CACHE_HITS.labels(hit.kind).inc()
                 flight.cache_kind, flight.cache_age_s, flight.cache_similarity = hit.kind, hit.age_s, hit.similarity
@@ -253,7 +256,7 @@ class Orchestrator:
         # 6. Store: the readers have their answer already; until the store is done, the finished
         # flight answers identical requests from memory.
         if flight.chunks[-1].finish_reason in FINISHED:
-            await self._store(req, tenant, flight.chunks)
+            await self._store(view, tenant, flight.chunks)
 
     async def _lookup(self, req: pb.GenerateRequest, tenant: str, mode: str) -> pb.LookupResponse | None:
         if self._clients.cache is None or not self._breaker.allow():
@@ -261,7 +264,7 @@ class Orchestrator:
         with telemetry.tracer.start_as_current_span("cache lookup") as span:
             try:
                 resp = await self._clients.cache.Lookup(
-                    pb.LookupRequest(request=self._cache_view(req), tenant=tenant, mode=mode),
+                    pb.LookupRequest(request=req, tenant=tenant, mode=mode),
                     timeout=self._cfg.cache_timeout_s,
                     metadata=telemetry.outgoing_metadata(),
                 )
@@ -379,7 +382,7 @@ class Orchestrator:
         with telemetry.tracer.start_as_current_span("cache store") as span:
             try:
                 resp = await self._clients.cache.Store(
-                    pb.StoreRequest(request=self._cache_view(req), tenant=tenant, chunks=chunks),
+                    pb.StoreRequest(request=req, tenant=tenant, chunks=chunks),
                     timeout=self._cfg.cache_timeout_s,
                     metadata=telemetry.outgoing_metadata(),
                 )
