@@ -9,7 +9,7 @@ import grpc
 from gateway.picks import PickStream
 from gateway.relay import WorkerSession
 from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.server import insecure_channel
+from services.server import insecure_channel, stall_options
 
 
 class Clients:
@@ -19,7 +19,7 @@ class Clients:
     and closing a channel would cancel the streams still on it.
     """
 
-    def __init__(self, router: str, cache: str) -> None:
+    def __init__(self, router: str, cache: str, stall_timeout_s: float = 0.0) -> None:
         self._router_channel = insecure_channel(router)
         self.router = pb_grpc.RouterStub(self._router_channel)
         self.picks = PickStream(self.router)
@@ -27,10 +27,11 @@ class Clients:
         self.cache = pb_grpc.CacheStub(self._cache_channel) if self._cache_channel else None
         self._workers: dict[str, tuple[grpc.aio.Channel, pb_grpc.WorkerStub]] = {}
         self._sessions: dict[str, WorkerSession] = {}
+        self._worker_options = stall_options(stall_timeout_s) if stall_timeout_s > 0 else []
 
     def worker(self, address: str) -> pb_grpc.WorkerStub:
         if address not in self._workers:
-            channel = insecure_channel(address)
+            channel = insecure_channel(address, self._worker_options)
             self._workers[address] = (channel, pb_grpc.WorkerStub(channel))
         return self._workers[address][1]
 

@@ -37,6 +37,17 @@ FAILOVERS = prometheus_client.Counter(
     "meshserve_gateway_failovers_total",
     "Requests retried on another worker after a failure before the first token",
 )
+MIGRATIONS = prometheus_client.Counter(
+    "meshserve_gateway_migrations_total",
+    "Streams moved to another worker after theirs was lost mid-stream, by outcome: ok (the "
+    "continuation streamed) or failed (no worker could continue; the stream ended UNAVAILABLE)",
+    ["outcome"],
+)
+MIGRATION_GAP = prometheus_client.Histogram(
+    "meshserve_gateway_migration_gap_seconds",
+    "From a worker lost mid-stream to the continuation's first chunk: the pause the client sees",
+    buckets=[0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0],
+)
 CACHE_HITS = prometheus_client.Counter(
     "meshserve_cache_hits_total", "Requests the gateway answered from the response cache", ["kind"]
 )

@@ -160,6 +160,11 @@ class Orchestrator:
             validation.validate(request)
         except validation.InvalidRequest as e:
             raise GatewayError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+        if request.continue_token_ids:
+            raise GatewayError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "'continue_token_ids' is set by the gateway when it migrates a stream; clients may not set it",
+            )
         if request.model and request.model != self._cfg.model:
             raise GatewayError(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -311,22 +316,28 @@ class Orchestrator:
     async def _stream_with_failover(
         self, req: pb.GenerateRequest, outcome: _Outcome
     ) -> AsyncIterator[pb.GenerateResponse]:
+        """The request's stream from a worker. A worker that fails before the first token is
+        replaced (failover, once); one lost after it is continued on another (``_migrate``)."""
         exclude: list[str] = []
         for attempt in range(1, MAX_ATTEMPTS + 1):
             pick = await self._pick(req, exclude)
             outcome.worker = pick.worker_id
+            streamed: list[int] = []  # the token ids the client has: what a continuation starts from
             forwarded = 0
             try:
                 async with aclosing(self._stream_worker(pick, req, attempt)) as stream:
                     async for chunk in stream:
                         forwarded += 1
+                        streamed.extend(chunk.token_ids)
                         yield chunk
                 return
             except WorkerFailed as e:
+                exclude.append(pick.worker_id)
                 if forwarded:
-                    raise GatewayError(
-                        grpc.StatusCode.UNAVAILABLE, f"worker lost mid-stream ({pick.worker_id}: {e.detail})"
-                    ) from None
+                    async with aclosing(self._migrate(req, outcome, streamed, pick.worker_id, e, exclude)) as rest:
+                        async for chunk in rest:
+                            yield chunk
+                    return
                 if e.code in CLIENT_ERRORS:
                     raise GatewayError(e.code, e.detail) from None
                 if attempt == MAX_ATTEMPTS:
@@ -339,10 +350,61 @@ class Orchestrator:
                 log.warning("request %s: worker %s failed before the first token (%s: %s); failing over",
                             req.request_id, pick.worker_id, e.code.name, e.detail)
                 metrics.FAILOVERS.inc()
-                exclude.append(pick.worker_id)
+
+    async def _migrate(
+        self, req: pb.GenerateRequest, outcome: _Outcome, streamed: list[int], lost: str, error: WorkerFailed,
+        exclude: list[str],
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        """Continues a stream whose worker was lost mid-stream on another worker: the same request
+        with the token ids the client already has put after its prompt; that worker generates
+        and sends only the rest, so the client's stream goes on with no gap and no duplicate.
+        Bounded: at most --migrations moves, each continuation's first token within
+        --migration-timeout-s of the loss; then UNAVAILABLE."""
+        migrations = 0
+        lost_at = self._clock()
+        while True:
+            what = f"worker lost mid-stream ({lost}: {error.code.name}: {error.detail}) after {len(streamed)} tokens"
+            if error.code in CLIENT_ERRORS:
+                raise GatewayError(error.code, error.detail) from None
+            if migrations == self._cfg.migrations:
+                metrics.MIGRATIONS.labels("failed").inc()
+                raise GatewayError(grpc.StatusCode.UNAVAILABLE,
+                                   f"{what}, and no worker could continue the stream "
+                                   f"({migrations} of at most {self._cfg.migrations} migrations tried)")
+            migrations += 1
+            log.warning("request %s: %s; continuing it on another worker", req.request_id, what)
+            cont = pb.GenerateRequest()
+            cont.CopyFrom(req)
+            cont.continue_token_ids[:] = streamed
+            continued = False
+            try:
+                left = self._cfg.migration_timeout_s - (self._clock() - lost_at)
+                try:
+                    async with asyncio.timeout(max(left, 0.0)):
+                        pick = await self._pick(cont, exclude)
+                except TimeoutError:
+                    raise WorkerFailed(grpc.StatusCode.DEADLINE_EXCEEDED, "no worker picked in time") from None
+                except GatewayError as e:  # no worker left to continue on, or no router
+                    raise WorkerFailed(grpc.StatusCode.UNAVAILABLE, e.message) from None
+                outcome.worker = lost = pick.worker_id
+                exclude.append(pick.worker_id)  # should this one fail too, the next goes elsewhere
+                left = self._cfg.migration_timeout_s - (self._clock() - lost_at)
+                async with aclosing(self._stream_worker(pick, cont, MAX_ATTEMPTS + migrations, max(left, 0.001))) as stream:
+                    async for chunk in stream:
+                        if not continued:
+                            continued = True
+                            metrics.MIGRATIONS.labels("ok").inc()
+                            metrics.MIGRATION_GAP.observe(self._clock() - lost_at)
+                        streamed.extend(chunk.token_ids)
+                        yield chunk
+                return
+            except WorkerFailed as e:
+                error = e
+                if continued:  # lost again, later: a new splice with a budget of its own
+                    lost_at = self._clock()
 
     async def _stream_worker(
-        self, pick: pb.PickResponse, req: pb.GenerateRequest, attempt: int
+        self, pick: pb.PickResponse, req: pb.GenerateRequest, attempt: int, first_token_s: float | None = None
     ) -> AsyncIterator[pb.GenerateResponse]:
         """One request's stream from its worker, over the gateway's session to it (deltas that
         queued while the client side was busy come merged); any failure, silence included,
@@ -351,10 +413,11 @@ class Orchestrator:
         span = telemetry.tracer.start_span(
             "worker stream",
             attributes={"meshserve.worker": pick.worker_id, "meshserve.worker.address": pick.address,
-                        "meshserve.attempt": attempt},
+                        "meshserve.attempt": attempt, "meshserve.continued_tokens": len(req.continue_token_ids)},
         )
         trace_context = dict(telemetry.outgoing_metadata(trace.set_span_in_context(span)))
-        stream = self._clients.session(pick.address).start(req, trace_context, self._cfg.first_token_timeout_s)
+        stream = self._clients.session(pick.address).start(req, trace_context, self._cfg.first_token_timeout_s,
+                                                           first_token_s)
         last: pb.GenerateResponse | None = None
         tokens = 0
         try:

@@ -57,23 +57,27 @@ def merge(chunks: list[pb.GenerateResponse]) -> pb.GenerateResponse:
 class RequestStream:
     """One request's deltas from its session. ``next()`` returns what arrived since the previous
     call, merged. ``silence_s``: a worker that sends this request nothing for this long has
-    failed (one timer per request, re-armed lazily: no timer work per delta). What is buffered
-    is bounded by the request's ``max_tokens``: the worker sends no more."""
+    failed (one timer per request, re-armed lazily: no timer work per delta); ``first_s``, if
+    given, bounds the wait for the first delta instead. What is buffered is bounded by the
+    request's ``max_tokens``: the worker sends no more."""
 
-    def __init__(self, session: WorkerSession, request_id: str, silence_s: float) -> None:
+    def __init__(self, session: WorkerSession, request_id: str, silence_s: float,
+                 first_s: float | None = None) -> None:
         self._session = session
         self.request_id = request_id
         self._silence_s = silence_s
+        self._first_s = first_s  # None once the first delta came
         self._loop = asyncio.get_running_loop()
         self._pending: list[pb.GenerateResponse] = []
         self._waiter: asyncio.Future[None] | None = None
         self.ended = False
         self._error: WorkerFailed | None = None
         self._last = self._loop.time()
-        self._timer = self._loop.call_later(silence_s, self._check_silence)
+        self._timer = self._loop.call_later(silence_s if first_s is None else first_s, self._check_silence)
 
     def push(self, chunk: pb.GenerateResponse) -> None:
         self._last = self._loop.time()
+        self._first_s = None
         self._pending.append(chunk)
         self._wake()
 
@@ -93,11 +97,12 @@ class RequestStream:
     def _check_silence(self) -> None:
         if self.ended:
             return
+        bound = self._silence_s if self._first_s is None else self._first_s
         quiet = self._loop.time() - self._last
-        if quiet < self._silence_s:
-            self._timer = self._loop.call_later(self._silence_s - quiet, self._check_silence)
+        if quiet < bound:
+            self._timer = self._loop.call_later(bound - quiet, self._check_silence)
             return
-        self.end(WorkerFailed(grpc.StatusCode.DEADLINE_EXCEEDED, f"sent nothing for {self._silence_s:g}s"))
+        self.end(WorkerFailed(grpc.StatusCode.DEADLINE_EXCEEDED, f"sent nothing for {bound:g}s"))
         self._session.cancel(self.request_id)
 
     async def next(self) -> pb.GenerateResponse | None:
@@ -173,9 +178,10 @@ class WorkerSession:
         self.closed = False
         self._reader = asyncio.create_task(self._read_all(), name=f"session reader {address}")
 
-    def start(self, request: pb.GenerateRequest, trace_context: dict[str, str], silence_s: float) -> RequestStream:
+    def start(self, request: pb.GenerateRequest, trace_context: dict[str, str], silence_s: float,
+              first_s: float | None = None) -> RequestStream:
         """Sends ``request`` (its request_id must be set) and returns its stream of deltas."""
-        stream = RequestStream(self, request.request_id, silence_s)
+        stream = RequestStream(self, request.request_id, silence_s, first_s)
         if self.closed:
             stream.end(WorkerFailed(grpc.StatusCode.UNAVAILABLE, "session to the worker is closed"))
         elif request.request_id in self._requests:

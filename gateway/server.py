@@ -57,7 +57,7 @@ class InferenceServicer(pb_grpc.InferenceServicer):
 
 def _build(cfg: GatewayConfig) -> tuple[Callable[[grpc.aio.Server], list[str]], Lifecycle]:
     """Both public services share one orchestrator (one admission bound, one set of channels)."""
-    orchestrator = Orchestrator(cfg, Clients(cfg.router, cfg.cache))
+    orchestrator = Orchestrator(cfg, Clients(cfg.router, cfg.cache, cfg.stall_timeout_s))
     inference = InferenceServicer(orchestrator)
     openai = OpenAIServicer(orchestrator, cfg.model, _tenant)
 

@@ -186,6 +186,17 @@ class GatewayConfig(ServerConfig):
     )
     cache_breaker_failures: int = _f(3, "consecutive failed cache calls that open the breaker (no cache calls)")
     cache_breaker_s: float = _f(2.0, "how long an open breaker skips the cache before trying it again")
+    stall_timeout_s: float = _f(
+        2.0, "a worker that answers no keepalive ping for this long is taken for frozen (SIGSTOP, a hung "
+             "host): its connection is closed and its streams move to other workers (0: no pings)"
+    )
+    migrations: int = _f(
+        3, "most times one stream moves to another worker when its worker is lost mid-stream (0: such a "
+           "stream fails with UNAVAILABLE)"
+    )
+    migration_timeout_s: float = _f(
+        10.0, "a migrated stream fails unless its continuation's first token comes within this long of the loss"
+    )
 
 
 @dataclass

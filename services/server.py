@@ -42,9 +42,31 @@ def configure_logging(level: str) -> None:
         handler.addFilter(telemetry.TraceIdLogFilter())
 
 
-def insecure_channel(address: str) -> grpc.aio.Channel:
-    """An aio channel to another meshserve service, with the mesh's channel options."""
-    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+# What a server accepts from its clients: keepalive pings as often as every 100 ms (a gateway
+# finds a frozen worker by its unanswered pings; gRPC's default would call that abuse).
+SERVER_OPTIONS = [
+    ("grpc.http2.min_ping_interval_without_data_ms", 100),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 100),
+    ("grpc.http2.max_ping_strikes", 0),
+]
+
+
+def stall_options(stall_timeout_s: float) -> list[tuple[str, int]]:
+    """Channel options that close a connection whose peer answers no keepalive ping within
+    ``stall_timeout_s``: a process that froze (SIGSTOP, a hung host) without closing its socket.
+    Pings are answered by gRPC's transport, not by the peer's Python code, so a busy peer is
+    not taken for a frozen one."""
+    timeout_ms = max(1, int(stall_timeout_s * 1000))
+    return [("grpc.keepalive_time_ms", max(1, timeout_ms // 4)), ("grpc.keepalive_timeout_ms", timeout_ms),
+            ("grpc.http2.ping_timeout_ms", timeout_ms)]
+
+
+def insecure_channel(address: str, extra: list[tuple[str, int]] | None = None) -> grpc.aio.Channel:
+    """An aio channel to another meshserve service, with the mesh's channel options (``extra``
+    ones override them)."""
+    options = dict(CHANNEL_OPTIONS)
+    options.update(extra or [])
+    return grpc.aio.insecure_channel(address, options=list(options.items()))
 
 
 @dataclass
@@ -90,7 +112,8 @@ async def start(
     telemetry.setup_tracing(name.partition("[")[0], cfg)
     # No SO_REUSEPORT: a second server on a busy port must fail, not share it silently.
     server = grpc.aio.server(
-        options=[*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)], interceptors=[telemetry.TracingInterceptor()]
+        options=[*CHANNEL_OPTIONS, *SERVER_OPTIONS, ("grpc.so_reuseport", 0)],
+        interceptors=[telemetry.TracingInterceptor()]
     )
     service_names = list(register(server))
     health_servicer = health.aio.HealthServicer()

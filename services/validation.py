@@ -42,6 +42,9 @@ def validate(req: pb.GenerateRequest, max_model_len: int | None = None) -> None:
             raise InvalidRequest(f"'stop[{i}]' is an empty string")
     if req.HasField("stream_interval") and req.stream_interval < 1:
         raise InvalidRequest(f"'stream_interval' must be at least 1 (tokens per chunk), got {req.stream_interval}")
+    if len(req.continue_token_ids) >= max_tokens(req):
+        raise InvalidRequest(f"'continue_token_ids' has {len(req.continue_token_ids)} tokens: no room left "
+                             f"under max_tokens ({max_tokens(req)})")
     if req.cache and req.cache not in CACHE_MODES:
         raise InvalidRequest(f"'cache' must be one of {list(CACHE_MODES)} (or empty: the gateway's default), got {req.cache!r}")
 

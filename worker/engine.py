@@ -25,6 +25,9 @@ class Request:
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
     stream_interval: int = 1                        # tokens per Delta after the first
+    # A stream migrated from a lost worker: the output it had sent, put after the prompt. Counts
+    # in max_tokens and in completion_tokens; not streamed again.
+    continue_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

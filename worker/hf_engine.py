@@ -65,25 +65,26 @@ class TransformersEngine(Engine):
         self._running = 1
         self.load_signal.notify()
         try:
-            async for delta in self._run(request, prompt_ids):
+            async for delta in self._run(request, prompt_ids, request.continue_token_ids):
                 yield delta
         finally:
             self._running = 0
             self._lock.release()
             self.load_signal.notify()
 
-    async def _run(self, request: Request, prompt_ids: list[int]) -> AsyncIterator[Delta]:
+    async def _run(self, request: Request, prompt_ids: list[int], continued: list[int]) -> AsyncIterator[Delta]:
+        """``continued``: a migrated stream's output so far, generated after and not sent again."""
         loop = asyncio.get_running_loop()
         # Bounded by max_tokens: generate puts at most that many items, plus the end marker.
         tokens: asyncio.Queue[int | None] = asyncio.Queue()
         stop_flag = threading.Event()
         done = loop.run_in_executor(
-            None, _generate, self._model, self._tokenizer, request, prompt_ids,
+            None, _generate, self._model, self._tokenizer, request, [*prompt_ids, *continued],
             lambda token: loop.call_soon_threadsafe(tokens.put_nowait, token), stop_flag,
         )
         eos = self._tokenizer.eos_token_id
-        ids: list[int] = []
-        text = ""
+        ids: list[int] = list(continued)
+        text = self._tokenizer.decode(ids, skip_special_tokens=True).removesuffix("\ufffd") if ids else ""
         finish: str | None = None
         try:
             while finish is None:
@@ -156,7 +157,7 @@ def _generate(model: Any, tokenizer: Any, request: Request, prompt_ids: list[int
 
     greedy = request.temperature == 0
     config = GenerationConfig(
-        max_new_tokens=request.max_tokens,
+        max_new_tokens=request.max_tokens - len(request.continue_token_ids),
         do_sample=not greedy,
         temperature=None if greedy else request.temperature,
         top_p=None if greedy else request.top_p,

@@ -132,6 +132,7 @@ def to_engine_request(req: pb.GenerateRequest, min_stream_interval: int = 1) -> 
         stop=list(req.stop),
         ignore_eos=req.ignore_eos,
         stream_interval=max(req.stream_interval if req.HasField("stream_interval") else 1, min_stream_interval),
+        continue_token_ids=list(req.continue_token_ids),
     )
 
 

@@ -306,7 +306,14 @@ class SimEngine(Engine):
             rng = random.Random(f"{self._cfg.sim_seed}\0{seed}\0{prompt}")
         else:
             rng = random.Random()
-        return _Seq(request=request, prompt_ids=prompt_ids, rng=rng)
+        seq = _Seq(request=request, prompt_ids=prompt_ids, rng=rng)
+        # A migrated stream: its output so far is already there (recomputed at admission, like a
+        # preempted request) and the generator is where it was, so greedy output goes on unchanged.
+        for token in request.continue_token_ids:
+            seq.text += " " + rng.choice(_WORDS)
+            seq.output_ids.append(token)
+        seq.sent_chars = len(seq.text)
+        return seq
 
     def _abort(self, seq: _Seq) -> None:
         seq.finish_reason = "abort"

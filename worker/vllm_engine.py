@@ -232,8 +232,9 @@ class VllmEngine(Engine):
             raise RuntimeError("the engine is not started")
         prompt_ids = render_prompt(self._tokenizer, request)
         check_fits(len(prompt_ids), request.max_tokens, self.info.max_model_len)
+        continued = request.continue_token_ids  # a migrated stream: its output so far follows the prompt
         params = SamplingParams(
-            max_tokens=request.max_tokens,
+            max_tokens=request.max_tokens - len(continued),
             temperature=request.temperature,
             top_p=request.top_p,
             seed=request.seed,
@@ -243,11 +244,11 @@ class VllmEngine(Engine):
             # vLLM then builds one output per interval, not one per token.
             stream_interval=request.stream_interval if request.stream_interval > 1 else None,
         )
-        completion_tokens = 0
+        completion_tokens = len(continued)
         finished = False
         self._active.add(request.request_id)
         try:
-            async for out in self._llm.generate(TokensPrompt(prompt_token_ids=prompt_ids), params,
+            async for out in self._llm.generate(TokensPrompt(prompt_token_ids=[*prompt_ids, *continued]), params,
                                                 request.request_id):
                 completion = out.outputs[0]
                 completion_tokens += len(completion.token_ids)
@@ -258,7 +259,7 @@ class VllmEngine(Engine):
                     finish_reason=completion.finish_reason if finished else None,
                     prompt_tokens=len(prompt_ids),
                     completion_tokens=completion_tokens,
-                    cached_prompt_tokens=out.num_cached_tokens or 0,
+                    cached_prompt_tokens=min(out.num_cached_tokens or 0, len(prompt_ids)),
                 )
         finally:
             self._active.discard(request.request_id)

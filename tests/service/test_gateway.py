@@ -34,7 +34,9 @@ PIECES = ["Hel", "lo", " world"]
 
 @dataclass(eq=False)
 class FakeWorker(pb_grpc.WorkerServicer):
-    """Streams PIECES; ``mode`` makes it fail in one of the ways a real worker can."""
+    """Streams PIECES (one token each: 10, 11, 12), after those a migrated stream already has
+    (``continue_token_ids``, as a real worker does); ``mode`` makes it fail in one of the ways a
+    real worker can."""
 
     worker_id: str
     mode: str = "ok"  # ok | unavailable | exhausted | invalid | hang | die_mid | hold
@@ -61,6 +63,8 @@ class FakeWorker(pb_grpc.WorkerServicer):
             if self.mode == "hang":
                 await asyncio.Event().wait()
             for i, piece in enumerate(PIECES):
+                if i < len(request.continue_token_ids):
+                    continue  # the client has it already
                 last = i == len(PIECES) - 1
                 yield pb.GenerateResponse(
                     request_id=request.request_id,
@@ -332,9 +336,9 @@ async def test_both_workers_failing_is_unavailable(mesh: MeshFactory) -> None:
 
 
 @pytest.mark.parametrize("mode", ["die_mid", "hold"])
-async def test_failure_mid_stream_ends_with_unavailable(mesh: MeshFactory, mode: str) -> None:
+async def test_failure_mid_stream_without_migrations_ends_with_unavailable(mesh: MeshFactory, mode: str) -> None:
     # "hold": the worker goes silent after the first chunk and the idle timeout fires.
-    m = await mesh(a=mode, cache="off", first_token_timeout_s=0.5)
+    m = await mesh(a=mode, cache="off", first_token_timeout_s=0.5, migrations=0)
     received: list[pb.GenerateResponse] = []
     with pytest.raises(grpc.aio.AioRpcError) as err:
         async with asyncio.timeout(WAIT_S):
@@ -342,9 +346,68 @@ async def test_failure_mid_stream_ends_with_unavailable(mesh: MeshFactory, mode:
                 received.append(chunk)
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "worker lost mid-stream" in err.value.details()
+    assert "no worker could continue the stream" in err.value.details()
     # Everything the worker sent before failing, nothing more (deltas may arrive merged).
     assert joined(received) == "".join(PIECES[: 2 if mode == "die_mid" else 1])
     assert m.b.calls == 0
+
+
+@pytest.mark.parametrize("mode", ["die_mid", "hold"])
+async def test_a_stream_whose_worker_is_lost_mid_stream_continues_on_another(mesh: MeshFactory, mode: str) -> None:
+    # "die_mid": A's stream ends with an error after two tokens; "hold": A goes silent after one.
+    m = await mesh(a=mode, cache="off", first_token_timeout_s=0.5)
+    ok_before = sample("meshserve_gateway_migrations_total", {"outcome": "ok"})
+    chunks = await collect(m.stub.Generate(greedy()))
+    # One stream, no gap, no duplicate: every token once, in order, and the text with it.
+    assert tokens(chunks) == [10, 11, 12]
+    assert joined(chunks) == "".join(PIECES)
+    assert chunks[-1].finish_reason == "length"
+    assert chunks[-1].usage.completion_tokens == len(PIECES)  # one request's usage
+    sent_by_a = [10, 11] if mode == "die_mid" else [10]
+    assert [c.worker for c in chunks if c.token_ids][0] == "A" and chunks[-1].worker == "B"
+    # B was asked to continue from what the client had, with the same request otherwise.
+    assert m.b.calls == 1
+    assert list(m.b.requests[0].continue_token_ids) == sent_by_a
+    assert m.b.requests[0].prompt == m.a.requests[0].prompt
+    assert m.b.requests[0].request_id == m.a.requests[0].request_id
+    assert m.router.picks[-1].exclude == ["A"]
+    assert sample("meshserve_gateway_migrations_total", {"outcome": "ok"}) == ok_before + 1
+
+
+async def test_a_lost_stream_with_no_worker_to_continue_on_ends_with_unavailable(mesh: MeshFactory) -> None:
+    m = await mesh(a="die_mid", b="unavailable", cache="off")
+    failed_before = sample("meshserve_gateway_migrations_total", {"outcome": "failed"})
+    received: list[pb.GenerateResponse] = []
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        async with asyncio.timeout(WAIT_S):
+            async for chunk in m.stub.Generate(greedy()):
+                received.append(chunk)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "after 2 tokens, and no worker could continue the stream" in err.value.details()
+    assert tokens(received) == [10, 11]  # nothing after the loss, nothing twice
+    assert m.b.calls == 1  # B refused the continuation; then no worker was left to pick
+    assert sample("meshserve_gateway_migrations_total", {"outcome": "failed"}) == failed_before + 1
+
+
+async def test_coalesced_readers_of_a_migrated_stream_all_get_the_whole_answer(mesh: MeshFactory) -> None:
+    m = await mesh(a="hold", first_token_timeout_s=0.5)
+    leader = asyncio.create_task(collect(m.stub.Generate(greedy())))
+    async with asyncio.timeout(WAIT_S):
+        await m.a.first_sent.wait()
+    follower = await collect(m.stub.Generate(greedy()))  # joins the flight A holds
+    for chunks in (await leader, follower):
+        assert tokens(chunks) == [10, 11, 12]
+        assert joined(chunks) == "".join(PIECES)
+    assert m.a.calls == 1 and m.b.calls == 1  # one generation, moved once
+
+
+async def test_clients_may_not_set_continue_token_ids(mesh: MeshFactory) -> None:
+    m = await mesh(cache="off")
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await collect(m.stub.Generate(greedy(continue_token_ids=[1, 2])))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "continue_token_ids" in err.value.details()
+    assert m.a.calls == 0
 
 
 async def test_client_cancel_cancels_the_worker_call(mesh: MeshFactory) -> None:
@@ -466,10 +529,17 @@ async def test_complete_aggregates_text_and_usage(mesh: MeshFactory) -> None:
 
 
 async def test_complete_maps_mid_stream_failure_to_unavailable(mesh: MeshFactory) -> None:
-    m = await mesh(a="die_mid", cache="off")
+    m = await mesh(a="die_mid", b="unavailable", cache="off")
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await m.stub.Complete(greedy(), timeout=WAIT_S)
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "worker lost mid-stream" in err.value.details()
+
+
+async def test_complete_of_a_migrated_stream_is_the_whole_answer(mesh: MeshFactory) -> None:
+    m = await mesh(a="die_mid", cache="off")
+    resp = await m.stub.Complete(greedy(), timeout=WAIT_S)
+    assert resp.text == "".join(PIECES) and list(resp.token_ids) == [10, 11, 12]
+    assert resp.usage.completion_tokens == len(PIECES) and resp.worker == "B"
 
 
 # -- coalescing: identical requests in flight share one generation ----------------------------------
@@ -536,7 +606,7 @@ async def test_the_last_reader_leaving_cancels_the_generation(mesh: MeshFactory)
 
 
 async def test_a_failing_generation_fails_every_reader(mesh: MeshFactory) -> None:
-    m = await mesh(a="hold", cache="off")
+    m = await mesh(a="hold", cache="off", migrations=0)
     calls = [m.stub.Generate(greedy(request_id=r)) for r in ("a", "b")]
     for call in calls:
         await _first_chunk(call)

@@ -277,3 +277,23 @@ async def test_an_engine_failure_mid_admission_ends_every_request(make_engine: M
     engine._record_prefix_query = broken  # type: ignore[method-assign]  # noqa: SLF001
     result = await asyncio.wait_for(run(engine, clock, req(words("f", 40))), 5)
     assert result.last.finish_reason == "abort"
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 0.0}, {"temperature": 0.8, "seed": 3}])
+async def test_a_continued_stream_goes_on_as_the_undisturbed_one(make_engine: Make, sampling: dict) -> None:
+    # Another worker (engine) continues a migrated stream from the tokens the client already has.
+    (one, clock1), (two, clock2) = await make_engine(), await make_engine()
+    prompt = words("c", 40)
+    whole = await run(one, clock1, req(prompt, max_tokens=20, **sampling))
+    head = whole.token_ids[:7]
+    rest = await run(two, clock2, req(prompt, max_tokens=20, continue_token_ids=head, **sampling))
+    assert rest.token_ids == whole.token_ids[7:]  # nothing again, nothing missing
+    assert head + rest.token_ids == whole.token_ids
+    assert whole.text.endswith(rest.text) and len(rest.text) == len(whole.text) - len(tokenize_text(whole, 7))
+    assert rest.last.finish_reason == "length"
+    assert (rest.last.prompt_tokens, rest.last.completion_tokens) == (whole.last.prompt_tokens, 20)
+
+
+def tokenize_text(result: Result, n: int) -> str:
+    """The text of a result's first ``n`` tokens (the sim streams one word per token)."""
+    return "".join(d.text for d in result.deltas[:n])
