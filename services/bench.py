@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import math
@@ -94,6 +95,8 @@ class RequestResult:
     error: str = ""
     retry_after: float = 0.0  # seconds, from a refusal's 'retry-after' metadata
     answer: str = GENERATED  # how it was answered: GENERATED, or the chunks' cache_kind
+    digest: str = ""  # of the answer's token ids: equal answers, equal digests (runs compared)
+    splice_gaps: list[float] = field(default_factory=list)  # a migrated stream: its pause at each splice
 
 
 # ---------------------------------------------------------------------------------------------
@@ -293,11 +296,19 @@ async def measure(open_stream: OpenStream, prompt_len: int, text: list[str] | No
     result = RequestResult(prompt_len=prompt_len)
     usage: pb.Usage | None = None
     token_ids = 0
-    start = last = time.perf_counter()
+    answer = hashlib.blake2b(digest_size=8)
+    worker = ""
+    start = last = last_chunk = time.perf_counter()
     result.start_time = start
     try:
         async for chunk in open_stream():
             now = time.perf_counter()
+            if chunk.worker != worker:  # the gateway moved the stream to another worker
+                if worker and chunk.worker:
+                    result.splice_gaps.append(now - last_chunk)
+                worker = chunk.worker
+            last_chunk = now
+            answer.update(np.asarray(chunk.token_ids, dtype=np.int32).tobytes())
             if chunk.text:
                 if text is not None:
                     text.append(chunk.text)
@@ -326,6 +337,7 @@ async def measure(open_stream: OpenStream, prompt_len: int, text: list[str] | No
     result.output_tokens = token_ids
     if usage is not None and usage.completion_tokens:
         result.output_tokens = usage.completion_tokens
+    result.digest = answer.hexdigest()
     result.success = True
     return result
 
@@ -393,6 +405,9 @@ def summarize(
     result["ttft_ms_by_answer"] = {
         kind: _stats_ms([r.ttft for r in ok if r.answer == kind], percentiles) for kind in sorted(result["answers"])
     }
+    # Streams the gateway moved to another worker mid-stream, and the pause each splice cost.
+    result["migrated"] = sum(1 for r in ok if r.splice_gaps)
+    result |= _stats_ms([g for r in ok for g in r.splice_gaps], percentiles, "_splice_gap_ms")
     result["errors"] = dict(Counter(r.error_code for r in failed))
     result["error_ms_by_code"] = {
         code: _stats_ms([r.latency for r in failed if r.error_code == code], percentiles)
@@ -403,11 +418,12 @@ def summarize(
     result["output_lens"] = output_lens
     result["ttfts"] = [r.ttft for r in results]
     result["itls"] = [r.itl for r in results]
+    result["answer_digests"] = [r.digest for r in results]  # "" for a failed request
     return result
 
 
 # What --save-detailed adds to the saved result: one entry per request (MBs for a large run).
-PER_REQUEST_FIELDS = ("input_lens", "output_lens", "ttfts", "itls")
+PER_REQUEST_FIELDS = ("input_lens", "output_lens", "ttfts", "itls", "answer_digests")
 
 
 def _stats_ms(seconds: Sequence[float], percentiles: Sequence[float], suffix: str = "") -> dict[str, float]:
@@ -483,6 +499,12 @@ def format_summary(
             ttft = result["ttft_ms_by_answer"][kind]
             tails = ", ".join(f"p{_pkey(p)} {ttft[f'p{_pkey(p)}']:.2f}" for p in percentiles)
             row(f"{kind}:", f"{count} (median {ttft['median']:.2f}, {tails})", "{}")
+    if result.get("migrated"):
+        lines.append("{s:{c}^{n}}".format(s="Migrated mid-stream", n=50, c="-"))
+        row("Streams moved to another worker:", result["migrated"])
+        row("Median pause at the splice (ms):", result["median_splice_gap_ms"], "{:<10.2f}")
+        for p in percentiles:
+            row(f"P{_pkey(p)} pause at the splice (ms):", result[f"p{_pkey(p)}_splice_gap_ms"], "{:<10.2f}")
     if result["errors"]:
         lines.append("{s:{c}^{n}}".format(s="Time to Error (failed requests)", n=50, c="-"))
         row("Mean time to error (ms):", result["mean_error_ms"], "{:<10.2f}")

@@ -144,6 +144,29 @@ async def test_measure_times_a_failure_from_send_to_error(monkeypatch: pytest.Mo
     assert r.latency == pytest.approx(0.510)
 
 
+async def test_measure_digests_the_answer_and_times_the_pause_at_each_splice(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = FakeClock()
+    monkeypatch.setattr(bench.time, "perf_counter", clock)
+
+    def stream(*chunks: tuple[float, list[int], str]):  # noqa: ANN202 - (seconds before, token ids, worker)
+        async def open_stream() -> AsyncIterator[pb.GenerateResponse]:
+            for i, (wait, ids, worker) in enumerate(chunks):
+                clock.now += wait
+                last = i == len(chunks) - 1
+                yield pb.GenerateResponse(text="x" * len(ids), token_ids=ids, worker=worker,
+                                          finish_reason="length" if last else "")
+        return open_stream
+
+    one = await measure(stream((0.01, [1], "w0"), (0.01, [2, 3], "w0"), (0.01, [4], "w0")), 3)
+    moved = await measure(stream((0.01, [1, 2], "w0"), (0.25, [3], "w1"), (0.01, [4], "w1")), 3)
+    other = await measure(stream((0.01, [1, 2, 3, 5], "w0")), 3)
+    assert one.digest == moved.digest != other.digest  # the same tokens, however chunked
+    assert one.splice_gaps == [] and moved.splice_gaps == [pytest.approx(0.25)]
+    result = summarize([one, moved, other], 1.0)
+    assert result["migrated"] == 1 and result["median_splice_gap_ms"] == pytest.approx(250)
+    assert result["answer_digests"] == [one.digest, moved.digest, other.digest]
+
+
 @pytest.mark.parametrize("honor", [False, True])
 async def test_a_refused_user_waits_the_retry_after_only_when_asked(
     monkeypatch: pytest.MonkeyPatch, honor: bool
