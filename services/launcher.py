@@ -3,7 +3,9 @@
 Start order follows the dependencies (trace receiver -> Valkey -> cache -> workers -> router ->
 gateway -> Envoy); each step waits until the process reports ready (gRPC health SERVING, Redis PING,
 Envoy /ready) before the next. Stopping goes in reverse, SIGTERM first so every service drains,
-then SIGKILL for whatever outlived its grace period. Tests use ``Mesh`` the same way.
+then SIGKILL for whatever outlived its grace period. Tests use ``Mesh`` the same way. With
+``MeshSpec.supervise`` (``meshserve up``), a process that exits is started again the same way
+(services/supervisor.py).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +31,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services import config
 from services.config import CacheConfig, EnvoyConfig, GatewayConfig, RouterConfig, TracesConfig, WorkerConfig
+from services.supervisor import RestartPolicy, Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +75,9 @@ class MeshSpec:
     trace_sampling_ratio: float = 1.0
     ready_timeout_s: float = 600.0
     stop_timeout_s: float = 30.0
+    # Restart a process that exits (`meshserve up` does). None: it stays down, as tests that
+    # kill one expect.
+    supervise: RestartPolicy | None = None
 
 
 @dataclass
@@ -78,6 +85,7 @@ class Proc:
     name: str
     popen: subprocess.Popen[bytes]
     log_path: Path
+    ready: bool = False  # passed its readiness probe
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -98,7 +106,7 @@ def wait_grpc_serving(proc: Proc, address: str, deadline: float) -> None:
         while True:
             _process_alive(proc)
             try:
-                ready.result(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
+                ready.result(timeout=min(0.25, max(0.01, deadline - time.monotonic())))
                 break
             except grpc.FutureTimeoutError:
                 if time.monotonic() > deadline:
@@ -107,6 +115,23 @@ def wait_grpc_serving(proc: Proc, address: str, deadline: float) -> None:
         for reply in stub.Watch(health_pb2.HealthCheckRequest(), timeout=max(1.0, deadline - time.monotonic())):
             if reply.status == health_pb2.HealthCheckResponse.SERVING:
                 return
+
+
+ReadyProbe = Callable[[Proc], None]
+"""Returns once the process is ready; raises (StartupError) if it exits or time runs out."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How a process of the mesh was started, so that it can be started again the same way."""
+
+    argv: list[str]
+    ready: ReadyProbe
+    ready_file: Path | None = None  # removed before each start: the service writes it once serving
+
+
+class MeshStopping(RuntimeError):
+    """The mesh is being stopped: no process starts any more."""
 
 
 def _poll(proc: Proc, deadline: float, probe: str, check) -> None:  # noqa: ANN001
@@ -130,7 +155,12 @@ class Mesh:
 
     def __init__(self, spec: MeshSpec) -> None:
         self.spec = spec
-        self.procs: list[Proc] = []
+        self.procs: list[Proc] = []                  # in start order; a restarted process takes its old place
+        self.launches: dict[str, Launch] = {}        # by process name
+        self.supervisor: Supervisor | None = None
+        self._lock = threading.Lock()                # procs, and whether the mesh is stopping
+        self._stopping = False
+        self._up = False                             # start() has finished
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if spec.run_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="meshserve-")
@@ -152,38 +182,76 @@ class Mesh:
 
     # -- processes ---------------------------------------------------------------------------
 
-    def _spawn(self, name: str, argv: list[str]) -> Proc:
+    def _spawn(self, name: str) -> Proc:
+        """Starts process ``name`` as ``self.launches[name]`` says; call with ``_lock`` held."""
+        if self._stopping:
+            raise MeshStopping(name)
+        launch = self.launches[name]
+        if launch.ready_file is not None:
+            launch.ready_file.unlink(missing_ok=True)
         log_path = self.run_dir / f"{name}.log"
         env = {**os.environ, **CHILD_ENV}
         with open(log_path, "ab") as out:
             popen = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                launch.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 start_new_session=True,  # its own process group: we stop it and all its children
             )
-        proc = Proc(name, popen, log_path)
-        self.procs.append(proc)
         log.info("started %s (pid %d), log %s", name, popen.pid, log_path)
+        return Proc(name, popen, log_path)
+
+    def _start(self, name: str, argv: list[str], ready: ReadyProbe, ready_file: Path | None = None) -> Proc:
+        self.launches[name] = Launch(argv, ready, ready_file)
+        with self._lock:
+            proc = self._spawn(name)
+            self.procs.append(proc)
+        self.wait_ready(proc)
         return proc
+
+    def restart(self, name: str) -> Proc | None:
+        """Starts process ``name`` again as it was first started (what is left of its old process
+        group is killed first) and returns at once; ``wait_ready`` waits for it. None once the
+        mesh is stopping."""
+        with self._lock:
+            if self._stopping:
+                return None
+            i = next(i for i, p in enumerate(self.procs) if p.name == name)
+            self.kill(self.procs[i])
+            proc = self.procs[i] = self._spawn(name)
+        return proc
+
+    def wait_ready(self, proc: Proc) -> None:
+        """Blocks until ``proc`` passes the readiness probe it was started with (StartupError if it
+        exits first or time runs out)."""
+        self.launches[proc.name].ready(proc)
+        proc.ready = True
+        with self._lock:
+            if self._up and not self._stopping:  # a restarted service may have another metrics port
+                self._write_prometheus_targets()
+
+    def kill(self, proc: Proc) -> None:
+        """SIGKILL to ``proc``'s process group: it and every child it left."""
+        _signal_group(proc, signal.SIGKILL)
 
     def _serve(self, name: str, service: str, cfg: config.ServerConfig) -> Proc:
         ready_file = self.run_dir / f"{name}.ready"
-        ready_file.unlink(missing_ok=True)
         cfg = dataclasses.replace(
             cfg, ready_file=str(ready_file), trace_sampling_ratio=self.spec.trace_sampling_ratio,
             otlp_endpoint=self.otlp_endpoint if service != "traces" else "",  # the receiver never traces itself
         )
         argv = [sys.executable, "-m", "services.cli", "serve", service, *config.to_argv(cfg)]
-        proc = self._spawn(name, argv)
-        wait_grpc_serving(proc, f"{cfg.host}:{cfg.port}", time.monotonic() + self.spec.ready_timeout_s)
-        # The service wrote "host:port metrics_port" before it reported SERVING; without it, the
-        # SERVING answer came from some other process on that port.
-        if not ready_file.exists():
-            proc.popen.poll()
-            raise StartupError(f"{name}: port {cfg.port} is answered by another process:\n{proc.log_tail()}")
-        metrics_port = int(ready_file.read_text().split()[1])
-        if metrics_port > 0:
-            self.metrics[name] = f"http://{cfg.host}:{metrics_port}/metrics"
-        return proc
+
+        def ready(proc: Proc) -> None:
+            wait_grpc_serving(proc, f"{cfg.host}:{cfg.port}", time.monotonic() + self.spec.ready_timeout_s)
+            # The service wrote "host:port metrics_port" before it reported SERVING; without it, the
+            # SERVING answer came from some other process on that port.
+            if not ready_file.exists():
+                proc.popen.poll()
+                raise StartupError(f"{name}: port {cfg.port} is answered by another process:\n{proc.log_tail()}")
+            metrics_port = int(ready_file.read_text().split()[1])
+            if metrics_port > 0:
+                self.metrics[name] = f"http://{cfg.host}:{metrics_port}/metrics"
+
+        return self._start(name, argv, ready, ready_file)
 
     def _start_valkey(self) -> None:
         import redis
@@ -193,12 +261,15 @@ class Mesh:
         argv = [str(get_binary_path()), "--bind", "127.0.0.1", "--port", str(port), "--save", "",
                 "--appendonly", "no", "--dir", str(self.run_dir), "--maxmemory", self.spec.redis_maxmemory,
                 "--maxmemory-policy", "allkeys-lru"]
-        proc = self._spawn("valkey", argv)
-        client = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=1)
-        try:
-            _poll(proc, time.monotonic() + 30, "PING", client.ping)
-        finally:
-            client.close()
+
+        def ready(proc: Proc) -> None:
+            client = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=1)
+            try:
+                _poll(proc, time.monotonic() + 30, "PING", client.ping)
+            finally:
+                client.close()
+
+        self._start("valkey", argv, ready)
         self.redis_url = f"redis://127.0.0.1:{port}/0"
 
     def _ensure_model(self) -> str:
@@ -241,6 +312,10 @@ class Mesh:
         except BaseException:
             self.stop()
             raise
+        self._up = True
+        if spec.supervise is not None:
+            self.supervisor = Supervisor(self, spec.supervise)
+            self.supervisor.start()
         return self
 
     def _write_prometheus_targets(self) -> None:
@@ -264,27 +339,40 @@ class Mesh:
                                   trace_sampling_ratio=self.spec.trace_sampling_ratio,
                                   gateway_max_in_flight=self.spec.gateway.max_in_flight * len(gateways))
         path = envoy.write_config(cfg, self.run_dir / "envoy.yaml")
-        proc = self._spawn("envoy", envoy.command(path))
 
-        def ready() -> bool:
+        def admin_ready() -> bool:
             with urllib.request.urlopen(f"{self.admin_url}/ready", timeout=1) as r:
                 return r.status == 200
 
-        _poll(proc, time.monotonic() + 60, "GET /ready", ready)
+        def ready(proc: Proc) -> None:
+            _poll(proc, time.monotonic() + 60, "GET /ready", admin_ready)
+
+        self._start("envoy", envoy.command(path), ready)
 
     def stop(self) -> None:
-        """SIGTERM every process group in reverse start order, then SIGKILL the stragglers."""
-        for proc in reversed(self.procs):
-            if proc.popen.poll() is None:
+        """SIGTERM every process group in reverse start order, then SIGKILL the stragglers. A
+        process still starting (not ready: it serves nothing to drain) is killed at once. From
+        the first call on, no process starts or restarts."""
+        with self._lock:
+            self._stopping = True
+            procs = list(self.procs)
+        if self.supervisor is not None:
+            self.supervisor.stop()
+        for proc in reversed(procs):
+            if proc.popen.poll() is None and proc.ready:
                 _signal_group(proc, signal.SIGTERM)
                 try:
                     proc.popen.wait(self.spec.stop_timeout_s)
                 except subprocess.TimeoutExpired:
                     log.warning("%s did not stop in %.0fs; killing it", proc.name, self.spec.stop_timeout_s)
             # Children the service left behind (e.g. vLLM engine processes) go with the group.
-            _signal_group(proc, signal.SIGKILL)
+            self.kill(proc)
             proc.popen.wait()
-        self.procs.clear()
+        if self.supervisor is not None:
+            self.supervisor.join(10.0)  # restarts in progress end with their process
+            self.supervisor = None
+        with self._lock:
+            self.procs.clear()
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
@@ -340,7 +428,7 @@ def _signal_group(proc: Proc, sig: signal.Signals) -> None:
 ROUTER_FLAGS = ("routing", "load_bound", "kv_load_weight", "kv_home_weight", "kv_pending_s")
 CACHE_FLAGS = ("ttl_seconds", "max_entry_bytes", "semantic", "semantic_threshold", "semantic_max_entries",
                "embed_threads", "semantic_budget_s")
-GATEWAY_FLAGS = ("coalesce", "cache_mode", "cache_timeout_s")
+GATEWAY_FLAGS = ("coalesce", "cache_mode", "cache_timeout_s", "stall_timeout_s", "migrations", "migration_timeout_s")
 
 
 def _sim_flag(name: str) -> bool:
@@ -422,11 +510,12 @@ def spec_from_args(args: argparse.Namespace) -> MeshSpec:
         tracing=args.tracing,
         otlp_endpoint=args.otlp_endpoint,
         trace_sampling_ratio=args.trace_sampling_ratio,
+        supervise=RestartPolicy(),
     )
 
 
 def main(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -439,12 +528,9 @@ def main(args: argparse.Namespace) -> int:
         return 1
     print(mesh.describe(), flush=True)
     try:
+        # The supervisor restarts whatever exits; only a signal stops the mesh.
         while not stop.wait(1.0):
-            dead = [p for p in mesh.procs if p.popen.poll() is not None]
-            if dead:
-                for p in dead:
-                    print(f"{p.name} exited with code {p.popen.returncode}:\n{p.log_tail()}", file=sys.stderr)
-                return 1
+            pass
     finally:
         print("stopping meshserve ...", flush=True)
         mesh.stop()
