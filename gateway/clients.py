@@ -4,10 +4,13 @@ worker share)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import grpc
 
 from gateway.picks import PickStream
 from gateway.relay import WorkerSession
+from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.server import insecure_channel, stall_options
 
@@ -17,6 +20,8 @@ class Clients:
 
     The worker pool is not evicted: its size is the number of workers the router ever named,
     and closing a channel would cancel the streams still on it.
+
+    While the router is unreachable, ``fallback`` picks from the workers it named before.
     """
 
     def __init__(self, router: str, cache: str, stall_timeout_s: float = 0.0) -> None:
@@ -28,12 +33,31 @@ class Clients:
         self._workers: dict[str, tuple[grpc.aio.Channel, pb_grpc.WorkerStub]] = {}
         self._sessions: dict[str, WorkerSession] = {}
         self._worker_options = stall_options(stall_timeout_s) if stall_timeout_s > 0 else []
+        self._named: dict[str, str] = {}  # worker id -> address, of every worker the router picked
 
     def worker(self, address: str) -> pb_grpc.WorkerStub:
         if address not in self._workers:
             channel = insecure_channel(address, self._worker_options)
             self._workers[address] = (channel, pb_grpc.WorkerStub(channel))
         return self._workers[address][1]
+
+    def picked(self, pick: pb.PickResponse) -> None:
+        """The router named this worker: a candidate for ``fallback`` picks."""
+        self._named[pick.worker_id] = pick.address
+
+    def fallback(self, exclude: Sequence[str]) -> pb.PickResponse | None:
+        """A pick without the router: of the workers it named, those this gateway's session to
+        is open (a dead or frozen worker's session is closed), the one running the fewest of this
+        gateway's requests. None when there is none."""
+        candidates = [
+            (session.in_flight, worker_id, address)
+            for worker_id, address in self._named.items()
+            if worker_id not in exclude and (session := self._sessions.get(address)) is not None and not session.closed
+        ]
+        if not candidates:
+            return None
+        _, worker_id, address = min(candidates)
+        return pb.PickResponse(worker_id=worker_id, address=address, reason="fallback")
 
     def session(self, address: str) -> WorkerSession:
         """The open Session stream to the worker at ``address`` (a new one if it has none)."""

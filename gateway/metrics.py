@@ -37,6 +37,11 @@ FAILOVERS = prometheus_client.Counter(
     "meshserve_gateway_failovers_total",
     "Requests retried on another worker after a failure before the first token",
 )
+FALLBACK_PICKS = prometheus_client.Counter(
+    "meshserve_gateway_fallback_picks_total",
+    "Picks the gateway made without the router (unreachable): of the workers it named before, "
+    "the open one with the fewest of this gateway's requests",
+)
 MIGRATIONS = prometheus_client.Counter(
     "meshserve_gateway_migrations_total",
     "Streams moved to another worker after theirs was lost mid-stream, by outcome: ok (the "

@@ -83,6 +83,7 @@ class Orchestrator:
         self._in_flight = 0
         self._flights = Flights()
         self._cache_ok = True  # warn once when the cache starts failing, not on every request
+        self._router_ok = True  # the same for the router
         self._breaker = Breaker(cfg.cache_breaker_failures, cfg.cache_breaker_s, clock)
 
     async def generate(self, request: pb.GenerateRequest, tenant: str) -> AsyncIterator[pb.GenerateResponse]:
@@ -307,11 +308,24 @@ class Orchestrator:
                 span.set_attributes({"meshserve.worker": pick.worker_id,
                                      "meshserve.router.reason": pick.reason,
                                      "meshserve.router.predicted_cached_tokens": pick.predicted_cached_tokens})
+                self._clients.picked(pick)
+                if not self._router_ok:
+                    log.info("router is answering again")
+                    self._router_ok = True
                 return pick
         except PickFailed as e:
-            if e.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            if e.code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise GatewayError(e.code, f"router: {e.detail}") from None  # a refusal stays one
+            # The router is away (restarting, rescheduled): serve on the workers it named before.
+            pick = self._clients.fallback(exclude)
+            if pick is None:
                 raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"router unavailable: {e.detail}") from None
-            raise GatewayError(e.code, f"router: {e.detail}") from None
+            if self._router_ok:
+                log.warning("router unavailable (%s); picking from the workers it named before", e.detail)
+                self._router_ok = False
+            metrics.FALLBACK_PICKS.inc()
+            trace.get_current_span().set_attribute("meshserve.router.fallback", True)
+            return pick
 
     async def _stream_with_failover(
         self, req: pb.GenerateRequest, outcome: _Outcome

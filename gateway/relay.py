@@ -192,6 +192,11 @@ class WorkerSession:
             self._outbox.send(pb.SessionRequest(generate=request, trace_context=trace_context))
         return stream
 
+    @property
+    def in_flight(self) -> int:
+        """This gateway's requests running on the worker now."""
+        return len(self._requests)
+
     def cancel(self, request_id: str) -> None:
         if self._requests.pop(request_id, None) is not None and not self.closed:
             self._outbox.send(pb.SessionRequest(cancel=request_id))

@@ -1,10 +1,13 @@
-"""A worker dies or freezes under load: no stream fails, and every answer is the undisturbed one.
+"""A worker dies or freezes, or the router dies, under load: no stream fails, and every answer
+is the undisturbed one.
 
-A three-worker sim fleet (real processes, through Envoy) serves concurrent greedy streams; one
-worker is frozen (SIGSTOP) or killed (SIGKILL) while it is streaming. The gateway moves each of
-its streams to another worker with the tokens the client already has (mid-stream migration):
-each answer must equal, token for token and character for character, the one the same prompt
-got before the fault, with no error."""
+A three-worker sim fleet (real processes under the supervisor, as `meshserve up` runs them,
+through Envoy) serves concurrent greedy streams; one worker is frozen (SIGSTOP) or killed
+(SIGKILL) while it is streaming. The gateway moves each of its streams to another worker with
+the tokens the client already has (mid-stream migration): each answer must equal, token for
+token and character for character, the one the same prompt got before the fault, with no
+error. With the router killed, the gateway picks from the workers it knows until the
+supervisor has the router back."""
 
 from __future__ import annotations
 
@@ -23,7 +26,8 @@ from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.launcher import Mesh
 from services.server import insecure_channel
-from tests.integration.helpers import mesh_spec, metric_sum, scrape
+from services.supervisor import RestartPolicy
+from tests.integration.helpers import mesh_spec, metric_sum, scrape, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -48,7 +52,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
     # ~7 ms per step plus a little per sequence: a 120-token stream lasts about a second or more.
     spec = mesh_spec(tmp_path_factory.mktemp("faults-workers"), "sim", workers=3,
                      worker=WorkerConfig(sim_itl_base_ms=8.0),
-                     gateway=GatewayConfig(stall_timeout_s=STALL_TIMEOUT_S))
+                     gateway=GatewayConfig(stall_timeout_s=STALL_TIMEOUT_S), supervise=RestartPolicy())
     with Mesh(spec) as mesh:
         yield mesh
 
@@ -123,3 +127,34 @@ async def test_streams_of_a_lost_worker_continue_elsewhere_unchanged(fleet: Mesh
     if fault == signal.SIGSTOP:
         # Found by the unanswered keepalive pings within the stall timeout (plus a ping period).
         assert max(gaps) < STALL_TIMEOUT_S + 2.0
+
+
+def router_picks(mesh: Mesh) -> float:
+    return metric_sum(scrape(mesh.metrics["router"]), "meshserve_router_picks_total")
+
+
+async def test_with_the_router_killed_streams_go_on_and_picks_resume_when_it_is_back(fleet: Mesh) -> None:
+    undisturbed, _ = await run(fleet, "router")
+    gateway = fleet.metrics["gateway"]
+    fallback_before = metric_sum(scrape(gateway), "meshserve_gateway_fallback_picks_total")
+    router = next(p for p in fleet.procs if p.name == "router")
+    os.killpg(router.popen.pid, signal.SIGKILL)
+    faulted, _ = await run(fleet, "router")  # started at once: the router is still down
+    for before, after in zip(undisturbed, faulted, strict=True):
+        assert after.tokens == before.tokens and after.text == before.text
+    assert metric_sum(scrape(gateway), "meshserve_gateway_fallback_picks_total") > fallback_before
+    # The supervisor starts the router again; the gateway's picks go to it once it answers.
+    await wait_until(lambda: next(p for p in fleet.procs if p.name == "router").ready
+                     and next(p for p in fleet.procs if p.name == "router").popen.pid != router.popen.pid,
+                     60, "the router to be back")
+    async with insecure_channel(fleet.envoy_address) as channel:
+        async def one() -> None:
+            request = pb.GenerateRequest(prompt="after the router", max_tokens=4, temperature=0, cache="off")
+            chunks = [c async for c in pb_grpc.InferenceStub(channel).Generate(request, timeout=TIMEOUT_S)]
+            assert chunks[-1].finish_reason == "length"
+
+        await one()
+        deadline = time.monotonic() + 30
+        while router_picks(fleet) == 0:  # the first picks may still fall back while the stream reopens
+            assert time.monotonic() < deadline, "the restarted router made no pick"
+            await one()

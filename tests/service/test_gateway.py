@@ -138,12 +138,15 @@ class ObservedCache(CacheServicer):
         return resp
 
 
-async def _serve(stack: AsyncExitStack, add: Callable[[grpc.aio.Server], None]) -> str:
+async def _serve(stack: AsyncExitStack, add: Callable[[grpc.aio.Server], None],
+                 servers: list[grpc.aio.Server] | None = None) -> str:
     server = grpc.aio.server()
     add(server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     stack.push_async_callback(server.stop, 0)
+    if servers is not None:
+        servers.append(server)
     return f"127.0.0.1:{port}"
 
 
@@ -154,6 +157,7 @@ class Mesh:
     a: FakeWorker
     b: FakeWorker
     cache: ObservedCache | None
+    router_server: grpc.aio.Server | None = None
 
 
 MeshFactory = Callable[..., Awaitable[Mesh]]
@@ -175,8 +179,9 @@ async def mesh(redis_url: str) -> AsyncIterator[MeshFactory]:
                     stack, lambda s, w=worker: pb_grpc.add_WorkerServicer_to_server(w, s)
                 )
             fake_router = FakeRouter([(name, addresses[name]) for name in ("A", "B")])
+            router_servers: list[grpc.aio.Server] = []
             router_address = await _serve(
-                stack, lambda s: pb_grpc.add_RouterServicer_to_server(fake_router, s)
+                stack, lambda s: pb_grpc.add_RouterServicer_to_server(fake_router, s), router_servers
             )
             if router == "down":
                 router_address = f"127.0.0.1:{free_port()}"
@@ -201,7 +206,8 @@ async def mesh(redis_url: str) -> AsyncIterator[MeshFactory]:
             stack.push_async_callback(running.shutdown)
             channel = insecure_channel(f"127.0.0.1:{running.port}")
             stack.push_async_callback(channel.close)
-            return Mesh(pb_grpc.InferenceStub(channel), fake_router, workers["A"], workers["B"], observed)
+            return Mesh(pb_grpc.InferenceStub(channel), fake_router, workers["A"], workers["B"], observed,
+                        router_servers[0])
 
         yield make
 
@@ -399,6 +405,19 @@ async def test_coalesced_readers_of_a_migrated_stream_all_get_the_whole_answer(m
         assert tokens(chunks) == [10, 11, 12]
         assert joined(chunks) == "".join(PIECES)
     assert m.a.calls == 1 and m.b.calls == 1  # one generation, moved once
+
+
+async def test_with_the_router_away_the_gateway_picks_from_the_workers_it_named(mesh: MeshFactory) -> None:
+    m = await mesh(cache="off")
+    assert tokens(await collect(m.stub.Generate(greedy()))) == [10, 11, 12]  # the router named A
+    assert m.router_server is not None
+    await m.router_server.stop(0)  # the router dies
+    before = sample("meshserve_gateway_fallback_picks_total")
+    for _ in range(3):
+        chunks = await collect(m.stub.Generate(greedy()))
+        assert tokens(chunks) == [10, 11, 12] and chunks[-1].worker == "A"
+    assert sample("meshserve_gateway_fallback_picks_total") == before + 3
+    assert m.a.calls == 4 and len(m.router.picks) == 1
 
 
 async def test_clients_may_not_set_continue_token_ids(mesh: MeshFactory) -> None:
