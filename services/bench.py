@@ -419,11 +419,12 @@ def summarize(
     result["ttfts"] = [r.ttft for r in results]
     result["itls"] = [r.itl for r in results]
     result["answer_digests"] = [r.digest for r in results]  # "" for a failed request
+    result["splices"] = [len(r.splice_gaps) for r in results]  # times each stream moved to another worker
     return result
 
 
 # What --save-detailed adds to the saved result: one entry per request (MBs for a large run).
-PER_REQUEST_FIELDS = ("input_lens", "output_lens", "ttfts", "itls", "answer_digests")
+PER_REQUEST_FIELDS = ("input_lens", "output_lens", "ttfts", "itls", "answer_digests", "splices")
 
 
 def _stats_ms(seconds: Sequence[float], percentiles: Sequence[float], suffix: str = "") -> dict[str, float]:
