@@ -316,6 +316,20 @@ def _local_reply_config(cfg: EnvoyConfig) -> dict[str, Any]:
     return {"mappers": mappers}
 
 
+# Retried on another gateway: it could not be reached at all, or refused before answering
+# anything (a draining or dead gateway, with several of them; nothing was streamed, so retrying
+# is safe for streams too).
+GATEWAY_RETRY = {
+    "retry_on": "connect-failure,refused-stream,unavailable",
+    "num_retries": 1,
+    "retry_host_predicate": [{
+        "name": "envoy.retry_host_predicates.previous_hosts",
+        "typed_config": _typed("envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"),
+    }],
+    "host_selection_retry_max_attempts": 3,
+}
+
+
 def _routes(cfg: EnvoyConfig) -> list[dict[str, Any]]:
     # Streams: no route timeout (it would cut long generations); bounded by max_stream_duration,
     # and a client's grpc-timeout is honoured up to that bound.
@@ -326,14 +340,14 @@ def _routes(cfg: EnvoyConfig) -> list[dict[str, Any]]:
             "max_stream_duration": _seconds(cfg.max_stream_duration_s),
             "grpc_timeout_header_max": _seconds(cfg.max_stream_duration_s),
         },
+        "retry_policy": GATEWAY_RETRY,
     }
-    # Unary completions: a plain timeout, and one retry when the gateway could not be reached
-    # at all (nothing was sent, so retrying is safe).
+    # Unary completions: a plain timeout, and the same retry.
     unary_route = {
         "cluster": GATEWAY_CLUSTER,
         "timeout": _seconds(cfg.unary_timeout_s),
         "max_stream_duration": {"grpc_timeout_header_max": _seconds(cfg.unary_timeout_s)},
-        "retry_policy": {"retry_on": "connect-failure,refused-stream,unavailable", "num_retries": 1},
+        "retry_policy": GATEWAY_RETRY,
     }
     unary = ["Inference/Complete", "OpenAI/ChatCompletions", "OpenAI/Completions", "OpenAI/ListModels",
              "OpenAI/RetrieveModel"]

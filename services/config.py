@@ -195,7 +195,8 @@ class GatewayConfig(ServerConfig):
            "stream fails with UNAVAILABLE)"
     )
     migration_timeout_s: float = _f(
-        10.0, "a migrated stream fails unless its continuation's first token comes within this long of the loss"
+        60.0, "a migrated stream fails unless its continuation's first token comes within this long of the loss "
+              "(a fleet that lost a worker queues its streams on the others: on a busy fleet that takes seconds)"
     )
 
 

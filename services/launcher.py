@@ -46,6 +46,9 @@ CHILD_ENV = {
 }
 
 
+GATEWAY_PORT_STEP = 100  # gateway i's port is the first gateway's + 100 * i (workers count up by 1)
+
+
 class StartupError(RuntimeError):
     """A process of the mesh failed to become ready; the message ends with its log tail."""
 
@@ -56,6 +59,7 @@ class MeshSpec:
 
     engine: str = "vllm"
     workers: int = 1
+    gateways: int = 1                        # gateway i listens on gateway.port + GATEWAY_PORT_STEP * i
     redis_url: str = ""                      # empty: start an embedded valkey-server
     redis_port: int = 6379
     redis_maxmemory: str = "256mb"           # of the embedded valkey-server (LRU eviction beyond)
@@ -171,7 +175,9 @@ class Mesh:
         self.redis_url = spec.redis_url
         self.worker_addresses: list[str] = []
         self.metrics: dict[str, str] = {}  # service name -> its Prometheus endpoint
-        self.gateway_address = f"{spec.gateway.host}:{spec.gateway.port}"
+        self.gateway_addresses = [f"{spec.gateway.host}:{spec.gateway.port + GATEWAY_PORT_STEP * i}"
+                                  for i in range(spec.gateways)]
+        self.gateway_address = self.gateway_addresses[0]
         self.router_address = f"{spec.router.host}:{spec.router.port}"
         self.cache_address = f"{spec.cache.host}:{spec.cache.port}"
         self.envoy_address = f"{spec.envoy.listen_host}:{spec.envoy.listen_port}"
@@ -281,8 +287,36 @@ class Mesh:
             raise StartupError(f"building the tiny model failed:\n{out.stdout}{out.stderr}")
         return out.stdout.strip().splitlines()[-1]
 
+    def _check_ports(self) -> None:
+        """Refuses, before anything starts, a spec whose services would share a port."""
+        spec = self.spec
+        ports: dict[int, str] = {}
+        wanted = [(spec.cache.port, "cache"), (spec.router.port, "router"),
+                  (spec.envoy.listen_port, "Envoy"), (spec.envoy.admin_port, "Envoy admin"),
+                  *((spec.worker.port + i, f"worker-{i}") for i in range(spec.workers)),
+                  *((int(a.rpartition(":")[2]), self._gateway_name(i)) for i, a in enumerate(self.gateway_addresses))]
+        if not self.redis_url:
+            wanted.append((spec.redis_port, "valkey"))
+        if spec.tracing and not spec.otlp_endpoint:
+            wanted.append((spec.traces.port, "traces"))
+        for port, name in wanted:
+            if port == 0:
+                continue
+            if port in ports:
+                raise StartupError(f"{ports[port]} and {name} would both listen on port {port}; choose other "
+                                   "ports (--gateway-port, --worker-port, ...: gateway i is on "
+                                   f"--gateway-port + {GATEWAY_PORT_STEP} * i, worker i on --worker-port + i)")
+            ports[port] = name
+
+    @staticmethod
+    def _gateway_name(i: int) -> str:
+        return "gateway" if i == 0 else f"gateway-{i}"
+
     def start(self) -> Mesh:
         spec = self.spec
+        if spec.gateways < 1:
+            raise StartupError(f"gateways must be at least 1, got {spec.gateways}")
+        self._check_ports()
         try:
             # 0. The trace receiver first: every other process exports spans to it.
             if spec.tracing and not spec.otlp_endpoint:
@@ -303,10 +337,10 @@ class Mesh:
                 self._serve(f"worker-{i}", "worker", cfg)
             # 3. Router (watches every worker), gateway, then Envoy in front.
             self._serve("router", "router", dataclasses.replace(spec.router, workers=self.worker_addresses))
-            self._serve(
-                "gateway", "gateway",
-                dataclasses.replace(spec.gateway, router=self.router_address, cache=self.cache_address),
-            )
+            for i, address in enumerate(self.gateway_addresses):
+                port = int(address.rpartition(":")[2])
+                self._serve(self._gateway_name(i), "gateway", dataclasses.replace(
+                    spec.gateway, port=port, router=self.router_address, cache=self.cache_address))
             self._start_envoy()
             self._write_prometheus_targets()
         except BaseException:
@@ -333,7 +367,7 @@ class Mesh:
     def _start_envoy(self) -> None:
         from deploy import envoy
 
-        gateways = [self.gateway_address]
+        gateways = self.gateway_addresses
         # Envoy refuses what the gateways would refuse anyway, before it reaches them.
         cfg = dataclasses.replace(self.spec.envoy, gateways=gateways, otlp_endpoint=self.otlp_endpoint,
                                   trace_sampling_ratio=self.spec.trace_sampling_ratio,
@@ -387,7 +421,7 @@ class Mesh:
         rows = [
             ("Envoy (gRPC + HTTP/JSON)", self.envoy_address),
             ("Envoy admin", self.admin_url),
-            ("gateway", self.gateway_address),
+            *((self._gateway_name(i), a) for i, a in enumerate(self.gateway_addresses)),
             ("router", self.router_address),
             ("cache", self.cache_address),
             ("redis", self.redis_url),
@@ -439,6 +473,9 @@ def _sim_flag(name: str) -> bool:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", default="vllm", choices=["vllm", "sim", "transformers"], help="worker engine")
     parser.add_argument("--workers", type=int, default=1, help="number of workers")
+    parser.add_argument("--gateways", type=config.at_least(int, 1), default=1,
+                        help=f"number of gateways, behind Envoy (gateway i on --gateway-port + {GATEWAY_PORT_STEP} * i): "
+                             "more cores for the relay, and a gateway lost loses only its own streams")
     parser.add_argument("--tensor-parallel-size", type=int, default=1, help="tensor-parallel degree per worker")
     parser.add_argument("--model", default="", help="model path (default: the project's tiny model)")
     parser.add_argument("--redis-url", default="", help="use this Redis instead of an embedded valkey-server")
@@ -490,6 +527,7 @@ def spec_from_args(args: argparse.Namespace) -> MeshSpec:
     return MeshSpec(
         engine=args.engine,
         workers=args.workers,
+        gateways=args.gateways,
         redis_url=args.redis_url,
         redis_port=args.redis_port,
         run_dir=args.run_dir,

@@ -15,7 +15,7 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import grpc
@@ -24,7 +24,7 @@ import pytest
 from services.config import GatewayConfig, WorkerConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.launcher import Mesh
+from services.launcher import Mesh, Proc
 from services.server import insecure_channel
 from services.supervisor import RestartPolicy
 from tests.integration.helpers import mesh_spec, metric_sum, scrape, wait_until
@@ -61,9 +61,9 @@ def prompt(i: int, tag: str) -> str:
     return f"{tag} user {i}: tell me a long story about the number {i * 7919 % 1000}"
 
 
-async def stream(channel: grpc.aio.Channel, text: str, seen: asyncio.Queue[str]) -> Answer:
+async def stream(channel: grpc.aio.Channel, text: str, seen: asyncio.Queue[str], max_tokens: int) -> Answer:
     answer = Answer()
-    request = pb.GenerateRequest(prompt=text, max_tokens=MAX_TOKENS, temperature=0, cache="off")
+    request = pb.GenerateRequest(prompt=text, max_tokens=max_tokens, temperature=0, cache="off")
     async for chunk in pb_grpc.InferenceStub(channel).Generate(request, timeout=TIMEOUT_S):
         answer.tokens += chunk.token_ids
         answer.text += chunk.text
@@ -77,23 +77,26 @@ async def stream(channel: grpc.aio.Channel, text: str, seen: asyncio.Queue[str])
     return answer
 
 
-async def run(mesh: Mesh, tag: str, fault: signal.Signals | None = None) -> tuple[list[Answer], str]:
+async def run(mesh: Mesh, tag: str, fault: signal.Signals | None = None, max_tokens: int = MAX_TOKENS,
+              signalled: Callable[[Proc], None] = lambda _: None) -> tuple[list[Answer], str]:
     """USERS concurrent streams; with ``fault``, the worker serving the most of them gets the
     signal once every stream has its first token. Returns the answers and the victim."""
     seen: asyncio.Queue[str] = asyncio.Queue()
     async with insecure_channel(mesh.envoy_address) as channel:
-        tasks = [asyncio.create_task(stream(channel, prompt(i, tag), seen)) for i in range(USERS)]
+        tasks = [asyncio.create_task(stream(channel, prompt(i, tag), seen, max_tokens)) for i in range(USERS)]
         victim = ""
+        proc = None
         if fault is not None:
             first = [await asyncio.wait_for(seen.get(), TIMEOUT_S) for _ in range(USERS)]
             victim = max(set(first), key=first.count)
             proc = next(p for p in mesh.procs if p.name == victim)
             assert not all(t.done() for t in tasks), "every stream ended before the fault"
             os.killpg(proc.popen.pid, fault)
+            signalled(proc)
         try:
             return list(await asyncio.gather(*tasks)), victim
         finally:
-            if fault == signal.SIGSTOP:
+            if fault == signal.SIGSTOP and proc is not None:
                 os.killpg(proc.popen.pid, signal.SIGCONT)
 
 
@@ -158,3 +161,31 @@ async def test_with_the_router_killed_streams_go_on_and_picks_resume_when_it_is_
         while router_picks(fleet) == 0:  # the first picks may still fall back while the stream reopens
             assert time.monotonic() < deadline, "the restarted router made no pick"
             await one()
+
+
+async def test_a_drained_worker_exits_in_its_grace_and_what_outlives_it_moves_on(fleet: Mesh) -> None:
+    # Streams of ~4 s against a 2 s grace period (mesh_spec): SIGTERM drains the worker (no new
+    # requests; the running ones go on), and what still runs at the deadline migrates.
+    long = 480
+    undisturbed, _ = await run(fleet, "drain", max_tokens=long)
+    exits: list[asyncio.Task[float]] = []
+
+    def watch(proc: Proc) -> None:  # run() calls it right after it signalled the worker
+        sent = time.monotonic()
+
+        async def exited() -> float:
+            while proc.popen.poll() is None:  # polling the process, bounded by the wait_for below
+                await asyncio.sleep(0.05)
+            return time.monotonic() - sent
+
+        exits.append(asyncio.create_task(exited()))
+
+    faulted, victim = await run(fleet, "drain", signal.SIGTERM, long, watch)
+    exited_after = await asyncio.wait_for(exits[0], TIMEOUT_S)
+    for before, after in zip(undisturbed, faulted, strict=True):
+        assert after.tokens == before.tokens and after.text == before.text
+        assert after.completion_tokens == long
+    assert exited_after < 2 + 3.0, f"the drained worker took {exited_after:.1f}s to exit (grace 2 s)"
+    moved = [a for a in faulted if a.workers[0] == victim and a.workers[-1] != victim]
+    print(f"drain: exited {exited_after:.2f}s after SIGTERM; {len(moved)} streams moved at the deadline")
+    assert moved, "no stream outlived the grace period (make them longer)"

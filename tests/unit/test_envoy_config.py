@@ -35,8 +35,14 @@ def test_streams_have_no_route_timeout_but_are_bounded() -> None:
     assert stream["timeout"] == "0s"
     assert stream["max_stream_duration"]["max_stream_duration"] == "42s"
     assert stream["max_stream_duration"]["grpc_timeout_header_max"] == "42s"
-    assert "retry_policy" not in stream  # a stream is never retried
-    assert routes["/meshserve.v1.Inference/Complete"]["retry_policy"]["num_retries"] == 1
+    # A stream is retried only where nothing of it was answered (Envoy retries only before it
+    # forwarded a response): a gateway it could not reach, or that refused at once (UNAVAILABLE:
+    # draining), once, on another gateway.
+    for route in (stream, routes["/meshserve.v1.Inference/Complete"]):
+        policy = route["retry_policy"]
+        assert set(policy["retry_on"].split(",")) == {"connect-failure", "refused-stream", "unavailable"}
+        assert policy["num_retries"] == 1
+        assert policy["retry_host_predicate"][0]["name"] == "envoy.retry_host_predicates.previous_hosts"
 
 
 def test_gateway_cluster_is_protected() -> None:
