@@ -2,7 +2,8 @@
 (vLLM's multiprocess executor, one rank per CPU) behind Envoy gives the same greedy tokens as one
 rank. The model is the tiny model's "decisive" variant: with flat random logits the two sides
 part at an argmax flip after ~10-50 tokens (the all-reduce sums in another order), which says
-nothing about tensor parallelism being right."""
+nothing about tensor parallelism being right. Both sides run in float32: `dtype auto` takes
+bfloat16 on CPUs with AVX512-BF16/AMX, whose rounding parts the two sides the same way."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def decisive_model() -> Path:
 @pytest.fixture(scope="module")
 def tp2_mesh(tmp_path_factory: pytest.TempPathFactory, decisive_model: Path) -> Iterator[Mesh]:
     worker = WorkerConfig(model=str(decisive_model), tensor_parallel_size=2, enforce_eager=True,
-                          kv_cache_memory_bytes=KV_BYTES)
+                          kv_cache_memory_bytes=KV_BYTES, dtype="float32")
     spec = mesh_spec(tmp_path_factory.mktemp("tp2-mesh"), "vllm", worker=worker, ready_timeout_s=300)
     with Mesh(spec) as mesh:
         yield mesh
@@ -53,7 +54,8 @@ async def test_tensor_parallel_2_through_envoy_equals_one_rank(tp2_mesh: Mesh, d
 
     one_rank, _ = await start_worker(WorkerConfig(
         host="127.0.0.1", port=0, metrics_port=-1, engine="vllm", model=str(decisive_model),
-        tensor_parallel_size=1, enforce_eager=True, kv_cache_memory_bytes=KV_BYTES, grace_seconds=2))
+        tensor_parallel_size=1, enforce_eager=True, kv_cache_memory_bytes=KV_BYTES, grace_seconds=2,
+        dtype="float32"))
     try:
         direct = []
         for prompt in PROMPTS:
