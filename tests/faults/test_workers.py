@@ -189,3 +189,31 @@ async def test_a_drained_worker_exits_in_its_grace_and_what_outlives_it_moves_on
     moved = [a for a in faulted if a.workers[0] == victim and a.workers[-1] != victim]
     print(f"drain: exited {exited_after:.2f}s after SIGTERM; {len(moved)} streams moved at the deadline")
     assert moved, "no stream outlived the grace period (make them longer)"
+
+
+async def test_a_client_that_reads_slowly_gets_everything_and_holds_up_no_one(fleet: Mesh) -> None:
+    # One client takes a chunk every 20 ms from a long stream (its HTTP/2 window fills, and the
+    # gateway's writes to it wait) while others stream at full speed on the same connection.
+    long = 1500
+    request = pb.GenerateRequest(prompt="a slow reader", max_tokens=long, temperature=0, cache="off")
+    async with insecure_channel(fleet.envoy_address) as channel:
+        stub = pb_grpc.InferenceStub(channel)
+        fast_alone, _ = await run(fleet, "fast")
+
+        async def slow() -> list[int]:
+            tokens: list[int] = []
+            async for chunk in stub.Generate(request, timeout=TIMEOUT_S):
+                tokens += chunk.token_ids
+                await asyncio.sleep(0.02)  # the slow client itself, not a synchronisation
+            return tokens
+
+        slow_task = asyncio.create_task(slow())
+        fast_beside, _ = await run(fleet, "fast")
+        assert not slow_task.done(), "the slow stream should outlast the fast ones"
+        tokens = await asyncio.wait_for(slow_task, TIMEOUT_S)
+    assert len(tokens) == long
+    for alone, beside in zip(fast_alone, fast_beside, strict=True):
+        assert beside.tokens == alone.tokens
+    took = [a.times[-1] - a.times[0] for a in fast_beside]
+    took_alone = [a.times[-1] - a.times[0] for a in fast_alone]
+    print(f"fast streams: {max(took_alone):.2f}s alone, {max(took):.2f}s beside a slow reader")
