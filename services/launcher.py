@@ -270,8 +270,12 @@ class Mesh:
 
         def ready(proc: Proc) -> None:
             client = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=1)
+
+            def ours() -> bool:  # not another valkey left on the port (this one cannot bind, and exits)
+                return client.info("server")["process_id"] == proc.popen.pid
+
             try:
-                _poll(proc, time.monotonic() + 30, "PING", client.ping)
+                _poll(proc, time.monotonic() + 30, "INFO: this valkey-server answers", ours)
             finally:
                 client.close()
 
@@ -375,11 +379,14 @@ class Mesh:
         path = envoy.write_config(cfg, self.run_dir / "envoy.yaml")
 
         def admin_ready() -> bool:
-            with urllib.request.urlopen(f"{self.admin_url}/ready", timeout=1) as r:
-                return r.status == 200
+            # This Envoy, live: another one left on the admin port (an earlier mesh killed
+            # without its Envoy) answers too, while ours fails to bind and exits.
+            with urllib.request.urlopen(f"{self.admin_url}/server_info", timeout=1) as r:
+                info = json.load(r)
+            return info.get("state") == "LIVE" and info["command_line_options"]["config_path"] == str(path)
 
         def ready(proc: Proc) -> None:
-            _poll(proc, time.monotonic() + 60, "GET /ready", admin_ready)
+            _poll(proc, time.monotonic() + 60, "GET /server_info: LIVE, on this mesh's config", admin_ready)
 
         self._start("envoy", envoy.command(path), ready)
 

@@ -230,6 +230,16 @@ def tokens(chunks: list[pb.GenerateResponse]) -> list[int]:
     return [t for c in chunks for t in c.token_ids]
 
 
+async def failing(call: Any) -> tuple[grpc.aio.AioRpcError, list[pb.GenerateResponse]]:
+    """A stream that must end with an error: the error and what was received before it."""
+    received: list[pb.GenerateResponse] = []
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        async with asyncio.timeout(WAIT_S):
+            async for chunk in call:
+                received.append(chunk)
+    return err.value, received
+
+
 def sample(name: str, labels: dict[str, str] | None = None) -> float:
     return REGISTRY.get_sample_value(name, labels or {}) or 0.0
 
@@ -345,14 +355,10 @@ async def test_both_workers_failing_is_unavailable(mesh: MeshFactory) -> None:
 async def test_failure_mid_stream_without_migrations_ends_with_unavailable(mesh: MeshFactory, mode: str) -> None:
     # "hold": the worker goes silent after the first chunk and the idle timeout fires.
     m = await mesh(a=mode, cache="off", first_token_timeout_s=0.5, migrations=0)
-    received: list[pb.GenerateResponse] = []
-    with pytest.raises(grpc.aio.AioRpcError) as err:
-        async with asyncio.timeout(WAIT_S):
-            async for chunk in m.stub.Generate(greedy()):
-                received.append(chunk)
-    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-    assert "worker lost mid-stream" in err.value.details()
-    assert "no worker could continue the stream" in err.value.details()
+    err, received = await failing(m.stub.Generate(greedy()))
+    assert err.code() == grpc.StatusCode.UNAVAILABLE
+    assert "worker lost mid-stream" in err.details()
+    assert "no worker could continue the stream" in err.details()
     # Everything the worker sent before failing, nothing more (deltas may arrive merged).
     assert joined(received) == "".join(PIECES[: 2 if mode == "die_mid" else 1])
     assert m.b.calls == 0
@@ -383,13 +389,9 @@ async def test_a_stream_whose_worker_is_lost_mid_stream_continues_on_another(mes
 async def test_a_lost_stream_with_no_worker_to_continue_on_ends_with_unavailable(mesh: MeshFactory) -> None:
     m = await mesh(a="die_mid", b="unavailable", cache="off")
     failed_before = sample("meshserve_gateway_migrations_total", {"outcome": "failed"})
-    received: list[pb.GenerateResponse] = []
-    with pytest.raises(grpc.aio.AioRpcError) as err:
-        async with asyncio.timeout(WAIT_S):
-            async for chunk in m.stub.Generate(greedy()):
-                received.append(chunk)
-    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-    assert "after 2 tokens, and no worker could continue the stream" in err.value.details()
+    err, received = await failing(m.stub.Generate(greedy()))
+    assert err.code() == grpc.StatusCode.UNAVAILABLE
+    assert "after 2 tokens, and no worker could continue the stream" in err.details()
     assert tokens(received) == [10, 11]  # nothing after the loss, nothing twice
     assert m.b.calls == 1  # B refused the continuation; then no worker was left to pick
     assert sample("meshserve_gateway_migrations_total", {"outcome": "failed"}) == failed_before + 1

