@@ -21,7 +21,7 @@ from gateway import metrics
 from gateway.breaker import Breaker
 from gateway.clients import Clients
 from gateway.flights import Flight, Flights
-from gateway.picks import PickFailed
+from gateway.picks import PickFailed, PickRefused
 from gateway.relay import WorkerFailed, merge
 from services import cache_keys, telemetry, validation
 from services.config import GatewayConfig
@@ -313,9 +313,11 @@ class Orchestrator:
                     log.info("router is answering again")
                     self._router_ok = True
                 return pick
+        except PickRefused as e:  # the router answered: a refusal stays one
+            raise GatewayError(e.code, f"router: {e.detail}") from None
         except PickFailed as e:
             if e.code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                raise GatewayError(e.code, f"router: {e.detail}") from None  # a refusal stays one
+                raise GatewayError(e.code, f"router: {e.detail}") from None
             # The router is away (restarting, rescheduled): serve on the workers it named before.
             pick = self._clients.fallback(exclude)
             if pick is None:

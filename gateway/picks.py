@@ -21,6 +21,10 @@ class PickFailed(StreamFailed):
     """No answer: the router refused (no worker), is unreachable, or did not answer in time."""
 
 
+class PickRefused(PickFailed):
+    """The router answered, with a refusal (no healthy worker, ...): not a router that is away."""
+
+
 class PickStream:
     """Opens the stream on the first pick and again after it broke; a break fails every pick
     waiting on it with the stream's status."""
@@ -50,7 +54,7 @@ class PickStream:
         finally:
             self._waiting.pop(pick_id, None)
         if resp.error_code:
-            raise PickFailed(STATUS_BY_VALUE.get(resp.error_code, grpc.StatusCode.UNKNOWN), resp.error_message)
+            raise PickRefused(STATUS_BY_VALUE.get(resp.error_code, grpc.StatusCode.UNKNOWN), resp.error_message)
         return resp
 
     def _open(self) -> None:

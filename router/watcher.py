@@ -56,7 +56,7 @@ class Watcher:
         stale_after_s: float,
         lost_after_s: float,
         initial_backoff_s: float = 0.1,
-        max_backoff_s: float = 5.0,
+        max_backoff_s: float = 1.0,  # a worker restarted by the supervisor is seen within ~1 s of serving
         kv: KvIndex | None = None,
         prefix: PromptBlocks | None = None,
     ) -> None:

@@ -422,6 +422,16 @@ async def test_with_the_router_away_the_gateway_picks_from_the_workers_it_named(
     assert m.a.calls == 4 and len(m.router.picks) == 1
 
 
+async def test_a_refusal_from_the_router_is_not_overridden_by_fallback_picks(mesh: MeshFactory) -> None:
+    m = await mesh(cache="off")
+    assert tokens(await collect(m.stub.Generate(greedy()))) == [10, 11, 12]  # A's session is open
+    m.router.workers = []  # the router answers, and has no worker to give
+    before = sample("meshserve_gateway_fallback_picks_total")
+    err, _ = await failing(m.stub.Generate(greedy()))
+    assert err.code() == grpc.StatusCode.UNAVAILABLE and err.details() == "router: no worker available"
+    assert sample("meshserve_gateway_fallback_picks_total") == before and m.a.calls == 1
+
+
 async def test_clients_may_not_set_continue_token_ids(mesh: MeshFactory) -> None:
     m = await mesh(cache="off")
     with pytest.raises(grpc.aio.AioRpcError) as err:
