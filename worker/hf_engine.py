@@ -163,6 +163,9 @@ def _generate(model: Any, tokenizer: Any, request: Request, prompt_ids: list[int
         top_p=None if greedy else request.top_p,
         top_k=None,
         eos_token_id=None if request.ignore_eos else tokenizer.eos_token_id,
+        # generate() fills unset fields from the model's own generation config, its EOS
+        # included: without this an ignore_eos request stopped at a sampled EOS.
+        min_new_tokens=request.max_tokens - len(request.continue_token_ids) if request.ignore_eos else None,
         pad_token_id=tokenizer.pad_token_id,
     )
     try:
