@@ -316,17 +316,20 @@ def _local_reply_config(cfg: EnvoyConfig) -> dict[str, Any]:
     return {"mappers": mappers}
 
 
-# Retried on another gateway: it could not be reached at all, or refused before answering
-# anything (a draining or dead gateway, with several of them; nothing was streamed, so retrying
-# is safe for streams too).
+# Retried on another gateway: it could not be reached at all, refused the stream, or reset it
+# (or closed its connection) before answering anything: a draining or dead gateway, with several
+# of them. Envoy never retries once response headers went to the client, and a gateway sends its
+# headers with the first token, so nothing streamed is ever repeated; retrying is safe for
+# streams too. "reset" matters when a drained gateway closes a connection that a new stream had
+# just been sent on (a CI flake: a new stream failed right after a gateway drained).
 GATEWAY_RETRY = {
-    "retry_on": "connect-failure,refused-stream,unavailable",
-    "num_retries": 1,
+    "retry_on": "connect-failure,refused-stream,reset,unavailable",
+    "num_retries": 2,
     "retry_host_predicate": [{
         "name": "envoy.retry_host_predicates.previous_hosts",
         "typed_config": _typed("envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"),
     }],
-    "host_selection_retry_max_attempts": 3,
+    "host_selection_retry_max_attempts": 5,
 }
 
 
@@ -419,11 +422,21 @@ def _gateway_cluster(cfg: EnvoyConfig) -> dict[str, Any]:
                     "max_connections": cfg.max_connections,
                     "max_pending_requests": cfg.max_pending_requests,
                     "max_requests": max_requests(cfg),
-                    "max_retries": 16,
+                    # Retries in flight: a quarter of the requests in flight, at least 16 (a
+                    # fixed 16 would let most streams of a gateway lost at 300 users fail).
+                    "retry_budget": {"budget_percent": {"value": 25.0}, "min_retry_concurrency": 16},
                 }
             ]
         },
         "outlier_detection": {
+            # A gateway that refuses a connection or resets one (dead, or drained and gone) is
+            # ejected at once, so retries and new requests stop choosing it before the health
+            # check (every 2 s) notices. Least-request favours the idle one, which a gone
+            # gateway is: without this 3 of 16 new requests still failed after a drain, each
+            # retried onto the same gateway (retries pick by least request too, and
+            # previous_hosts only re-draws a few times).
+            "split_external_local_origin_errors": True,
+            "consecutive_local_origin_failure": 1,
             "consecutive_5xx": 5,
             "consecutive_gateway_failure": 3,
             "interval": "5s",

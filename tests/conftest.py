@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import os
+import random
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,29 +19,46 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
 
-def free_port() -> int:
-    """A port the OS just handed out; the caller binds it right away."""
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+# Ports are handed out from below the kernel's ephemeral range, each once per test session. A
+# port the kernel chose for bind(0) can be given again to any socket's bind(0) or connect() until
+# the caller binds it (CI saw a service fail to bind a port handed out a moment before); the
+# kernel never hands these out on its own.
+_HIGH = _ephemeral_low()
+_LOW = max(1024, _HIGH - 12_000)
+_handed = itertools.count(random.randrange(_HIGH - _LOW))
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def free_port_block(n: int) -> int:
-    """The first of ``n`` consecutive free ports (the launcher gives worker i port + i)."""
-    while True:
-        first = free_port()
-        try:
-            socks = []
-            for port in range(first, first + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
+    """The first of ``n`` consecutive free ports (the launcher gives worker i port + i), none of
+    them handed out before in this session, and none the kernel hands out by itself."""
+    for _ in range((_HIGH - _LOW) // n):
+        first = _LOW + next(_handed) % (_HIGH - _LOW - n)
+        for _ in range(n - 1):
+            next(_handed)
+        if all(_bindable(port) for port in range(first, first + n)):
             return first
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
+    raise RuntimeError(f"no {n} free consecutive ports in {_LOW}-{_HIGH}")
+
+
+def free_port() -> int:
+    """A free port, not handed out before in this session; the caller binds it."""
+    return free_port_block(1)
 
 
 @pytest.fixture(scope="session")

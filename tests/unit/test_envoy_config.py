@@ -36,12 +36,13 @@ def test_streams_have_no_route_timeout_but_are_bounded() -> None:
     assert stream["max_stream_duration"]["max_stream_duration"] == "42s"
     assert stream["max_stream_duration"]["grpc_timeout_header_max"] == "42s"
     # A stream is retried only where nothing of it was answered (Envoy retries only before it
-    # forwarded a response): a gateway it could not reach, or that refused at once (UNAVAILABLE:
-    # draining), once, on another gateway.
+    # forwarded a response): a gateway it could not reach, that refused at once (UNAVAILABLE:
+    # draining), or reset the stream or closed its connection before answering; on another
+    # gateway, twice at most.
     for route in (stream, routes["/meshserve.v1.Inference/Complete"]):
         policy = route["retry_policy"]
-        assert set(policy["retry_on"].split(",")) == {"connect-failure", "refused-stream", "unavailable"}
-        assert policy["num_retries"] == 1
+        assert set(policy["retry_on"].split(",")) == {"connect-failure", "refused-stream", "reset", "unavailable"}
+        assert policy["num_retries"] == 2
         assert policy["retry_host_predicate"][0]["name"] == "envoy.retry_host_predicates.previous_hosts"
 
 
