@@ -12,6 +12,7 @@ import grpc
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.server import insecure_channel
+from services.telemetry import TRACE_ID_METADATA
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,12 +63,16 @@ async def run(args: argparse.Namespace) -> int:
         try:
             if args.no_stream:
                 last: pb.GenerateResponse | pb.CompleteResponse
-                last = await stub.Complete(req, timeout=args.timeout)  # no TTFT without a stream
+                unary = stub.Complete(req, timeout=args.timeout)  # no TTFT without a stream
+                last = await unary
+                trace_id = await _trace_id(unary)
                 sys.stdout.write(last.text)
                 printed = True
             else:
                 last = pb.GenerateResponse()
-                async for chunk in stub.Generate(req, timeout=args.timeout):
+                call = stub.Generate(req, timeout=args.timeout)
+                trace_id = await _trace_id(call)
+                async for chunk in call:
                     if chunk.text:
                         if ttft is None:
                             ttft = time.perf_counter() - start
@@ -79,7 +84,8 @@ async def run(args: argparse.Namespace) -> int:
         except grpc.aio.AioRpcError as e:
             if printed:
                 print()
-            print(f"error: {e.code().name}: {e.details()}", file=sys.stderr)
+            trace = dict(e.trailing_metadata() or ()).get(TRACE_ID_METADATA)
+            print(f"error: {e.code().name}: {e.details()}" + (f" [trace {trace}]" if trace else ""), file=sys.stderr)
             return 1
         total = time.perf_counter() - start
     print()
@@ -87,7 +93,13 @@ async def run(args: argparse.Namespace) -> int:
     print(
         f"[{last.usage.completion_tokens} tokens ({last.usage.prompt_tokens} prompt), ttft {ttft_text}, "
         f"total {total * 1000:.1f} ms, finish {last.finish_reason or '-'}, "
-        f"cached {'yes' if last.cached else 'no'}, worker {last.worker or '-'}, id {last.request_id or '-'}]",
+        f"cached {'yes' if last.cached else 'no'}, worker {last.worker or '-'}, id {last.request_id or '-'}, "
+        f"trace {trace_id or '-'}]",
         file=sys.stderr,
     )
     return 0
+
+
+async def _trace_id(call: grpc.aio.Call) -> str:
+    """The trace id the mesh answered with (``meshserve trace ID`` shows it), or ''."""
+    return str(dict(await call.initial_metadata() or ()).get(TRACE_ID_METADATA, ""))

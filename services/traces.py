@@ -302,17 +302,30 @@ def render_waterfall(spans: list[Span]):  # noqa: ANN201 - rich.table.Table (imp
     return table
 
 
-def render_slowest(traces: dict[str, list[Span]]):  # noqa: ANN201 - rich.table.Table
+def render_slowest(traces: dict[str, list[Span]], width: int = 200):  # noqa: ANN201 - rich.table.Table
+    """The table for a terminal ``width`` columns wide. Trace ids are never cut (a person copies
+    them into ``meshserve trace``): below 120 columns the services column is left out and the
+    root span is named by its method alone."""
+    from rich import box
     from rich.table import Table
 
-    table = Table(title=f"{len(traces)} slowest traces", title_justify="left")
-    for column in ("trace id", "started", "ms", "root", "spans", "services", "status"):
+    wide = width >= 120
+    table = Table(title=f"{len(traces)} slowest traces", title_justify="left", box=box.SIMPLE_HEAD,
+                  pad_edge=False, collapse_padding=True)
+    table.add_column("trace id", no_wrap=True, min_width=32)
+    for column in ("started", "ms"):
         table.add_column(column, no_wrap=True)
+    table.add_column("root", overflow="fold")
+    table.add_column("spans", no_wrap=True)
+    if wide:
+        table.add_column("services")
+    table.add_column("status", no_wrap=True)
     for trace_id, spans in traces.items():
         root = tree_order(spans)[0][1]
         started = time.strftime("%H:%M:%S", time.localtime(min(s.start_ns for s in spans) / 1e9))
-        services = ",".join(sorted({s.service for s in spans}))
+        services = [",".join(sorted({s.service for s in spans}))] if wide else []
         status = "error" if any(s.error for s in spans) else "ok"
-        table.add_row(trace_id, started, f"{_extent_ms(spans):.1f}", f"{root.service}: {root.name}",
-                      str(len(spans)), services, status, style="red" if status == "error" else None)
+        name = root.name if wide else root.name.rsplit("/", 1)[-1]
+        table.add_row(trace_id, started, f"{_extent_ms(spans):.1f}", f"{root.service}: {name}",
+                      str(len(spans)), *services, status, style="red" if status == "error" else None)
     return table

@@ -26,5 +26,6 @@ def main(args: argparse.Namespace) -> int:
     if not found:
         print(f"no traces yet at {args.receiver}")
         return 0
-    Console().print(traces.render_slowest(found))
+    console = Console()
+    console.print(traces.render_slowest(found, console.width))
     return 0

@@ -12,6 +12,9 @@ import pytest
 from services import client
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
+from services.telemetry import TRACE_ID_METADATA
+
+TRACE_ID = "6612d53fa1a457c5f176ea79b1c0ffee"
 
 
 class FakeInference(pb_grpc.InferenceServicer):
@@ -24,6 +27,7 @@ class FakeInference(pb_grpc.InferenceServicer):
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
         self.requests.append(request)
+        await context.send_initial_metadata(((TRACE_ID_METADATA, TRACE_ID),))  # as the gateway does
         if request.prompt == "bad":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "'max_tokens' must be at least 1, got 0")
         for i, text in enumerate(["Hello", ", world", "!"]):
@@ -41,6 +45,7 @@ class FakeInference(pb_grpc.InferenceServicer):
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> pb.CompleteResponse:
         self.requests.append(request)
+        await context.send_initial_metadata(((TRACE_ID_METADATA, TRACE_ID),))
         return pb.CompleteResponse(
             request_id="r-2", text="Hello, world!", token_ids=[0, 1, 2], finish_reason="length",
             usage=pb.Usage(prompt_tokens=4, completion_tokens=3), worker="worker-b",
@@ -77,7 +82,7 @@ async def test_streams_text_and_prints_summary(fake, capsys: pytest.CaptureFixtu
     out, err = capsys.readouterr()
     assert out == "Hello, world!\n"
     assert "3 tokens" in err and "ttft" in err and "cached yes" in err and "worker worker-a" in err
-    assert "finish stop" in err
+    assert "finish stop" in err and f"trace {TRACE_ID}" in err  # whole, to copy into `meshserve trace`
     (req,) = servicer.requests
     assert (req.prompt, req.max_tokens, req.temperature, req.top_p, req.seed) == ("hi there", 3, 0.0, 0.5, 7)
     assert list(req.stop) == ["\n"] and req.skip_cache and not req.ignore_eos
@@ -97,6 +102,7 @@ async def test_no_stream_uses_complete(fake, capsys: pytest.CaptureFixture) -> N
     out, err = capsys.readouterr()
     assert out == "Hello, world!\n"
     assert "worker worker-b" in err and "cached no" in err and "finish length" in err and "ttft -" in err
+    assert f"trace {TRACE_ID}" in err
 
 
 @pytest.mark.parametrize("prompt, expected_out, expected_err", [
