@@ -124,6 +124,7 @@ class VllmEngine(Engine):
         self._load = Load()
         self._active: set[str] = set()  # request ids submitted to vLLM and not yet over
         self._llm: Any = None
+        self.processes: list[psutil.Process] = []  # vLLM's engine cores, once started
         self._tokenizer: Any = None
         self._model_path = ""
         self._kv_events: Any = None  # VllmKvEvents while the engine publishes KV events
@@ -191,6 +192,7 @@ class VllmEngine(Engine):
         self._llm = AsyncLLM.from_engine_args(args, stat_loggers=[self._make_stat_logger])
         # The engine-core processes AsyncLLM just started (an embedding process may have others).
         cores = [p for p in psutil.Process().children() if p.pid not in before]
+        self.processes = cores
         if on_cpu and _on_small_machine(cfg.engine_core_cpus, on="shared"):
             colocate_engine_core(cores)
         if on_cpu and _on_small_machine(cfg.engine_priority, on="low"):
@@ -272,12 +274,32 @@ class VllmEngine(Engine):
             self.load_signal.notify()
 
     async def close(self) -> None:
+        """Shuts vLLM down and returns once its engine processes are gone (vLLM's shutdown may
+        return while an engine core is still exiting: a second engine started in the same
+        process then saw two)."""
         if self._llm is not None:
+            family = list(self.processes)
+            for proc in self.processes:
+                with contextlib.suppress(psutil.Error):
+                    family += proc.children(recursive=True)  # model workers (tensor parallel)
             self._llm.shutdown()
             self._llm = None
+            await asyncio.to_thread(_reap, family)
+            self.processes = []
         if self._kv_events is not None:
             await self._kv_events.close()
             self._kv_events = None
+
+
+def _reap(processes: list[psutil.Process], timeout_s: float = 10.0) -> None:
+    """Waits for ``processes`` to exit (reaping those that are ours), killing what outlives
+    ``timeout_s``."""
+    _, alive = psutil.wait_procs(processes, timeout=timeout_s)
+    for proc in alive:
+        log.warning("vLLM process %d outlived its shutdown by %.0f s; killing it", proc.pid, timeout_s)
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=timeout_s)
 
 
 def _make_load_logger(engine: VllmEngine, vllm_config: Any, engine_index: int) -> Any:

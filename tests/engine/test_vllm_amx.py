@@ -28,11 +28,14 @@ async def test_bfloat16_serves_on_this_cpu(tiny_model: Path) -> None:
     engine = VllmEngine(WorkerConfig(model=str(tiny_model), dtype="bfloat16", max_model_len=256,
                                      kv_cache_memory_bytes=32 * 2**20, max_num_seqs=8, enforce_eager=True))
     await engine.start()
+    cores = list(engine.processes)
     try:
         async with asyncio.timeout(60):
             deltas = [d async for d in engine.generate(
                 Request(request_id="bf16", prompt="Hello world", max_tokens=8, temperature=0.0, ignore_eos=True))]
     finally:
         await engine.close()
+    # Closed means gone: the next engine in this process must not find this one's core.
+    assert cores and not any(p.is_running() for p in cores)
     assert sum(len(d.token_ids) for d in deltas) == 8
     assert deltas[-1].finish_reason == "length"

@@ -232,6 +232,7 @@ def test_engine_core_shares_its_workers_cpus_on_a_small_machine(engine: VllmEngi
 
     from worker.vllm_engine import SMALL_MACHINE_CPUS
 
+    # This engine's own core (the module's engines run one at a time; an earlier one is gone).
     (core,) = [c for c in psutil.Process().children() if c.name().startswith("VLLM::EngineCor")]
     workers_cpus = set().union(*(w.cpu_affinity() for w in core.children(recursive=True)))
     core_cpus = {frozenset(os.sched_getaffinity(t.id)) for t in core.threads()}
