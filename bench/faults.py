@@ -41,7 +41,7 @@ PORT = 8080
 # fault -> (the signal, the process of the mesh that gets it)
 FAULTS = {"kill": (signal.SIGKILL, "worker-1"), "stop": (signal.SIGSTOP, "worker-1"),
           "term": (signal.SIGTERM, "worker-1"), "router": (signal.SIGKILL, "router")}
-PER_REQUEST = ("input_lens", "output_lens", "ttfts", "itls")  # dropped once compared (MBs per run)
+PER_REQUEST = ("input_lens", "output_lens", "ttfts", "itls", "timings")  # dropped once compared (MBs per run)
 
 
 def process_group(name: str) -> int:

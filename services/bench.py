@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import random
+import re
 import sys
 import time
 import uuid
@@ -420,11 +421,57 @@ def summarize(
     result["itls"] = [r.itl for r in results]
     result["answer_digests"] = [r.digest for r in results]  # "" for a failed request
     result["splices"] = [len(r.splice_gaps) for r in results]  # times each stream moved to another worker
+    result[TIMINGS] = _timings(results)
     return result
 
 
 # What --save-detailed adds to the saved result: one entry per request (MBs for a large run).
-PER_REQUEST_FIELDS = ("input_lens", "output_lens", "ttfts", "itls", "answer_digests", "splices")
+TIMINGS = "timings"  # the compact per-request timings `meshserve plot` reads; --plot alone keeps them
+PER_REQUEST_FIELDS = ("input_lens", "output_lens", "ttfts", "itls", "answer_digests", "splices", TIMINGS)
+
+# An ITL CDF needs no more points than this (a plot is ~500 pixels wide), where a long run has
+# hundreds of thousands of gaps: the saved ones are this many evenly spaced order statistics.
+MAX_SAVED_ITLS = 2_000
+
+
+def _ms(seconds: Any) -> list[float]:
+    """Milliseconds rounded to 0.1 ms: about 5 characters each in the saved JSON."""
+    return np.round(np.asarray(seconds, dtype=float) * 1000, 1).tolist()
+
+
+def _timings(results: Sequence[RequestResult]) -> dict[str, Any]:
+    """Each request's send time (from the first send), TTFT, latency, output tokens and success as
+    parallel lists, and the successful requests' inter-token gaps, sorted and thinned to at most
+    ``MAX_SAVED_ITLS`` (``itl_count`` says how many there were): enough to plot a run again."""
+    origin = min((r.start_time for r in results), default=0.0)
+    gaps = np.sort([gap for r in results if r.success for gap in r.itl])
+    count = len(gaps)
+    if count > MAX_SAVED_ITLS:
+        gaps = gaps[np.linspace(0, count - 1, MAX_SAVED_ITLS).round().astype(int)]
+    return {
+        "start_ms": _ms([r.start_time - origin for r in results]),
+        "ttft_ms": _ms([r.ttft for r in results]),
+        "latency_ms": _ms([r.latency for r in results]),
+        "output_tokens": [r.output_tokens if r.success else 0 for r in results],
+        "success": [r.success for r in results],
+        "itl_ms": _ms(gaps),
+        "itl_count": count,
+    }
+
+
+# A list of numbers or booleans as json.dumps(indent=2) writes it: one item per line.
+_SCALAR_LIST = re.compile(r"\[\n\s+([^\[\]{}\"]*?)\n\s*\]")
+
+
+def save_result(result: dict[str, Any], path: Path, detailed: bool = False, timings: bool = False) -> None:
+    """Writes the result as indented JSON: the summary, and all ``PER_REQUEST_FIELDS`` when
+    ``detailed`` (as vllm bench serve: only when asked) or just the compact ``timings``. Lists of
+    numbers go on one line each: timings are thousands of numbers, and results get committed."""
+    kept = set(PER_REQUEST_FIELDS) if detailed else {TIMINGS} if timings else set()
+    saved = {k: v for k, v in result.items() if k not in PER_REQUEST_FIELDS or k in kept}
+    text = _SCALAR_LIST.sub(lambda m: "[" + " ".join(m.group(1).split()) + "]", json.dumps(saved, indent=2))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text + "\n")
 
 
 def _stats_ms(seconds: Sequence[float], percentiles: Sequence[float], suffix: str = "") -> dict[str, float]:
@@ -616,7 +663,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     output.add_argument("--save-result", nargs="?", const=True, default=None, metavar="FILE",
                         help="save the JSON result (to FILE, or --result-filename, or a generated name)")
     output.add_argument("--save-detailed", action="store_true",
-                        help="also save the per-request lists (input_lens, output_lens, ttfts, itls)")
+                        help="also save the per-request lists (input_lens, output_lens, ttfts, itls, ...)")
+    output.add_argument("--plot", type=Path, default=None, metavar="FILE.png",
+                        help="plot this run to FILE.png (TTFT and ITL CDFs, throughput and requests in "
+                             "flight over time); a saved result keeps its timings, for `meshserve plot`")
     output.add_argument("--result-filename", default=None, help="file name of the saved result")
     output.add_argument("--result-dir", default=None, help="folder of the saved result")
     output.add_argument("--metadata", nargs="*", default=[], metavar="KEY=VALUE",
@@ -879,9 +929,12 @@ async def run(args: argparse.Namespace) -> int:
         print("error: every request failed", file=sys.stderr)
     if args.save_result or args.result_filename:
         path = _result_path(args, date)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not args.save_detailed:  # as vllm bench serve: per-request lists only when asked
-            result = {k: v for k, v in result.items() if k not in PER_REQUEST_FIELDS}
-        path.write_text(json.dumps(result, indent=2) + "\n")
+        # With --plot the timings are kept, so that `meshserve plot` can draw this run again.
+        save_result(result, path, detailed=args.save_detailed, timings=args.plot is not None)
         print(f"Result saved to {path}", file=sys.stderr)
+    if args.plot:
+        from services import plot  # imports matplotlib: only when asked
+
+        plot.plot_runs([(args.label or args.plot.stem, result)], args.plot)
+        print(f"Plot saved to {args.plot}", file=sys.stderr)
     return 0 if result["completed"] else 1

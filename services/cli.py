@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "up": ("services.launcher", "start the whole mesh locally (Valkey, cache, router, workers, gateway, Envoy)"),
     "generate": ("services.client", "stream a completion through Envoy"),
     "bench": ("services.bench", "load-test the mesh or one worker (like `vllm bench serve`)"),
+    "plot": ("services.plot", "plot saved bench results side by side (TTFT/ITL CDFs, throughput, in flight)"),
+    "compare": ("services.compare", "tabulate saved bench results' headline figures and ratios to the first"),
     "make-model": ("worker.tiny_model", "build the project's tiny LLaMA model and tokenizer"),
     "envoy-config": ("deploy.envoy", "print the generated Envoy config"),
     "trace": ("services.trace_cmd", "print one trace from the local trace receiver as a waterfall"),
