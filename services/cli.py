@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "envoy-config": ("deploy.envoy", "print the generated Envoy config"),
     "trace": ("services.trace_cmd", "print one trace from the local trace receiver as a waterfall"),
     "traces": ("services.traces_cmd", "list the slowest recent traces in the local trace receiver"),
+    "top": ("services.top", "a live terminal view of a running mesh (workers, gateway, router, cache, Envoy)"),
 }
 
 
