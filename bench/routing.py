@@ -3,7 +3,8 @@
 For each scenario and each policy (in an order that rotates round to round) it starts
 `meshserve up --engine sim --workers 4 --routing POLICY` with the scenario's sim parameters,
 runs `meshserve bench` through Envoy, reads each worker's own prefix-cache counters, stops the
-mesh and writes one JSON per run plus summary.md (medians over rounds, ratios to round-robin).
+mesh and writes one JSON per run (with its per-request timings, for `meshserve plot`) plus
+summary.md (medians over rounds, ratios to round-robin).
 
     .venv/bin/python bench/routing.py OUT_DIR [--rounds 1] [--scenarios prefix,slow,hot]
         [--policies round-robin,prefix-affinity,kv-aware,...] [--tree DIR]
@@ -43,6 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench._mesh import CLI, meshserve_up, tree_env  # noqa: E402
+from services.bench import TIMINGS, save_result  # noqa: E402
 from services.config import ROUTING_POLICIES  # noqa: E402
 
 PORT, ADMIN_PORT = 8380, 9981
@@ -145,7 +147,8 @@ def run_one(out: Path, scenario: Scenario, label: str, up_args: list[str], seed:
         sampler.start()
         subprocess.run([*CLI, "bench", "--target", f"127.0.0.1:{PORT}",
                         *scenario.bench, "--seed", str(seed), "--disable-tqdm", "--label", label,
-                        "--save-result", str(result_file.resolve())], check=True, stdout=subprocess.DEVNULL,
+                        "--save-result", str(result_file.resolve()), "--plot", f"{logs}/bench.png"],
+                       check=True, stdout=subprocess.DEVNULL,
                        cwd=tree, env=tree_env(tree))
         sampler.stop.set()
         sampler.join()
@@ -156,7 +159,7 @@ def run_one(out: Path, scenario: Scenario, label: str, up_args: list[str], seed:
         hits = after["prefix_cache_hits"] - before["prefix_cache_hits"]
         queries = after["prefix_cache_queries"] - before["prefix_cache_queries"]
         result["engine_prefix_hit_rate"] = hits / queries if queries else 0.0
-        result_file.write_text(json.dumps(result, indent=2) + "\n")
+        save_result(result, result_file, timings=True)  # `meshserve plot` draws runs side by side
         return result
 
 
@@ -193,7 +196,9 @@ def main() -> int:
                       + f" pick p99 {result['router_pick_p99_ms']:.2f} ms"
                       + f" ({time.monotonic() - started:.0f}s)",
                       flush=True)
-    (args.out / "rows.json").write_text(json.dumps({f"{s}/{p}": v for (s, p), v in rows.items()}, indent=1))
+    # The runs' summaries; their per-request timings stay in each run's own file.
+    brief = {f"{s}/{p}": [{k: v for k, v in r.items() if k != TIMINGS} for r in v] for (s, p), v in rows.items()}
+    (args.out / "rows.json").write_text(json.dumps(brief, indent=1))
     (args.out / "summary.md").write_text(summary(rows, scenarios, policies))
     print(summary(rows, scenarios, policies))
     return 0
