@@ -33,15 +33,17 @@ from pathlib import Path
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO))
 from _mesh import CLI, meshserve_up, tree_env  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
+from services.bench import save_result  # noqa: E402
 PORT = 8080
 # fault -> (the signal, the process of the mesh that gets it)
 FAULTS = {"kill": (signal.SIGKILL, "worker-1"), "stop": (signal.SIGSTOP, "worker-1"),
           "term": (signal.SIGTERM, "worker-1"), "router": (signal.SIGKILL, "router")}
-PER_REQUEST = ("input_lens", "output_lens", "ttfts", "itls", "timings")  # dropped once compared (MBs per run)
+PER_REQUEST = ("input_lens", "output_lens", "ttfts", "itls")  # dropped once compared (MBs per run)
 
 
 def process_group(name: str) -> int:
@@ -118,8 +120,8 @@ def run_fault(fault: str, args: argparse.Namespace, out: Path, tree: Path) -> di
     # in a migrated stream is the migration's only if the control shows none.
     differing_migrated = sum(1 for x, y, n in pairs if x and y and x != y and n)
     for name, result in ((f"{fault}-undisturbed", a), (f"{fault}-faulted", b)):
-        (out / f"{name}.json").write_text(json.dumps({k: v for k, v in result.items() if k not in PER_REQUEST},
-                                                     indent=1) + "\n")
+        # The digests, splices and compact timings stay (`meshserve plot` draws the pair).
+        save_result({k: v for k, v in result.items() if k not in PER_REQUEST}, out / f"{name}.json", detailed=True)
     row = {"fault": fault, "at_s": round(sent_at[0] - started, 2) if sent_at else None,
            "failed": b["failed"], "errors": b["errors"], "differing": differing,
            "differing_migrated": differing_migrated, "migrated": b.get("migrated", 0),
