@@ -275,15 +275,10 @@ def _state(worker: pb.WorkerState) -> tuple[str, str]:
     return ("ok", "green") if worker.healthy else ("stale", "red")
 
 
-def _tokens_per_s(span: Span) -> tuple[float, bool]:
-    """(generated tokens per second, exact). vLLM counts them (vllm:generation_tokens); the sim
-    worker does not, so its streamed deltas (one per TTFT or ITL observation: a token each
-    unless a slow reader made the engine merge some) stand in, and the figure is a lower bound."""
-    if "vllm:generation_tokens_total" in span.new:
-        return span.rate("vllm:generation_tokens_total"), True
-    deltas = (span.increase("vllm:time_to_first_token_seconds_count")
-              + span.increase("vllm:inter_token_latency_seconds_count"))
-    return deltas / span.seconds, False
+def _tokens_per_s(span: Span) -> float:
+    """Generated tokens per second: vllm:generation_tokens, counted by vLLM itself or, under the
+    other engines, by the worker."""
+    return span.rate("vllm:generation_tokens_total")
 
 
 def _natural(name: str) -> list[int | str]:
@@ -316,8 +311,7 @@ def _workers(snap: Snapshot, wide: bool) -> RenderableType:
             prefix = _pct(minute[name].increase("vllm:prefix_cache_hits_total"),
                           minute[name].increase("vllm:prefix_cache_queries_total"))
         if name in recent:
-            rate, exact = _tokens_per_s(recent[name])
-            tok = _num(rate) if exact else f"~{_num(rate)}"
+            tok = _num(_tokens_per_s(recent[name]))
         picks = _num(router.rate("meshserve_router_picks_total", worker=w.worker_id)) if router else "-"
         load = w.load
         extra = (str(load.max_num_seqs), str(load.num_in_flight)) if wide else ()

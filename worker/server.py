@@ -83,6 +83,7 @@ class WorkerMetrics:
         self.tpot: Any = None
         self.prefix_queries: Any = None
         self.prefix_hits: Any = None
+        self.generation_tokens: Any = None
         if not export_load_metrics:
             return
         # vLLM's prefix-cache counters (prompt tokens asked for, and found cached), per request.
@@ -98,6 +99,8 @@ class WorkerMetrics:
         ]
         for name, doc, read in load_gauges:
             _metric(Gauge, name, doc, ["worker"]).labels(worker_id).set_function(read)
+        self.generation_tokens = _metric(Counter, "vllm:generation_tokens", "Generated tokens",
+                                         ["worker"]).labels(worker_id)
         self.ttft = _metric(Histogram, "vllm:time_to_first_token_seconds", "Time to first token",
                             ["worker"], buckets=TTFT_BUCKETS).labels(worker_id)
         self.itl = _metric(Histogram, "vllm:inter_token_latency_seconds", "Inter-token latency",
@@ -113,6 +116,10 @@ class WorkerMetrics:
         if self.prefix_queries is not None and last is not None:
             self.prefix_queries.inc(last.prompt_tokens)
             self.prefix_hits.inc(last.cached_prompt_tokens)
+
+    def generated(self, tokens: int) -> None:
+        if self.generation_tokens is not None:
+            self.generation_tokens.inc(tokens)
 
     def observe(self, histogram: Any, value: float) -> None:
         if histogram is not None:
@@ -226,6 +233,7 @@ class WorkerServicer(pb_grpc.WorkerServicer):
                 async for delta in stream:
                     now = time.monotonic()
                     if delta.token_ids:
+                        metrics.generated(len(delta.token_ids))
                         if not ttft:
                             ttft = now - start
                             metrics.observe(metrics.ttft, ttft)

@@ -90,8 +90,9 @@ async def test_top_once_shows_every_worker_running_and_the_gateway_rates(
     assert code == 0, err
     assert max(len(line) for line in frame.splitlines()) <= 80
     for worker in ("worker-0", "worker-1"):
-        _, state, running, *_ = _row(frame, worker)
+        _, state, running, _, _, _, tokens_per_s, _ = _row(frame, worker)
         assert state == "ok" and int(running) > 0, frame
+        assert float(tokens_per_s.removesuffix("k")) > 0, frame  # the worker's vllm:generation_tokens
     _, in_flight, requests_per_s, errors_per_s, *_ = _row(frame, "gateway")
     assert int(in_flight) >= LONG_STREAMS and float(requests_per_s) > 0 and float(errors_per_s) == 0, frame
     assert re.search(r"^router\s+picks: kv-aware [\d.]+/s", frame, re.MULTILINE), frame

@@ -120,9 +120,9 @@ LONG_ID = "127.0.0.1:50061"  # a worker started without --worker-id is named by 
 
 
 def _worker_metrics(worker_id: str, t: float) -> top.Metrics:
-    """A sim worker after ``t`` seconds at 100 streamed deltas and 10 prefix-cache queries a second."""
+    """A worker after ``t`` seconds at 100 tokens and 10 prefix-cache queries a second."""
     labels = frozenset({("worker", worker_id)})
-    return {"vllm:inter_token_latency_seconds_count": {labels: 100.0 * t},
+    return {"vllm:generation_tokens_total": {labels: 100.0 * t},
             "vllm:prefix_cache_queries_total": {labels: 10.0 * t},
             "vllm:prefix_cache_hits_total": {labels: 2.5 * t}}
 
@@ -176,12 +176,12 @@ def test_a_frame_fits_the_terminal_and_shows_every_worker_whole(tmp_path: Path, 
     console.print(top.render(_snapshot(tmp_path, ids), width))
     lines = console.export_text().splitlines()
     assert max(len(line) for line in lines) <= width
-    # worker, state, run, wait, [cap, in-fl,] kv, prefix hit, tok/s (~: the sim's deltas), picks/s[, address]
+    # worker, state, run, wait, [cap, in-fl,] kv, prefix hit, tok/s, picks/s[, address]
     if width >= top.WIDE:
-        assert _row(lines, "worker-0") == ["worker-0", "ok", "7", "0", "0", "0", "50%", "25%", "~100", "3.0",
+        assert _row(lines, "worker-0") == ["worker-0", "ok", "7", "0", "0", "0", "50%", "25%", "100", "3.0",
                                            "127.0.0.1:50061"]
     else:
-        assert _row(lines, "worker-0") == ["worker-0", "ok", "7", "0", "50%", "25%", "~100", "3.0"]
+        assert _row(lines, "worker-0") == ["worker-0", "ok", "7", "0", "50%", "25%", "100", "3.0"]
     assert _row(lines, LONG_ID)[1:4] == ["draining", "8", "1"]
     assert _row(lines, "worker-10")[:3] == ["worker-10", "ok", "9"]
     # gateway, in flight, req/s, err/s, TTFT p50 (every observation in (0.01, 0.1]: its middle), ...
