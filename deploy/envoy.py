@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from services import config
+from services import config, openai_errors
 from services.config import EnvoyConfig
 
 DESCRIPTOR = Path(__file__).resolve().parent / "envoy" / "meshserve.pb"
@@ -138,6 +138,7 @@ def _lua_schemas(schemas: dict[str, dict[str, list[str]]]) -> str:
     return (
         f"SCHEMAS = {{{paths}}}\nSTREAM_PATHS = {{{streams}}}\n"
         f'NATIVE_PREFIX = "{NATIVE_JSON_PREFIX}"\nAPI_HEADER = "{API_HEADER}"\n'
+        + openai_errors.lua_table()
     )
 
 

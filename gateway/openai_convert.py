@@ -12,6 +12,7 @@ from collections.abc import Iterable
 import grpc
 from google.protobuf import struct_pb2
 
+from services import openai_errors
 from services.gen import meshserve_pb2 as pb
 from services.validation import InvalidRequest
 
@@ -189,19 +190,7 @@ def completion_chunks(
         yield pb.Completion(**head, usage=usage(chunk.usage))
 
 
-# gRPC status -> the OpenAI error `type` (HTTP clients see the status Envoy maps it to).
-ERROR_TYPES = {
-    grpc.StatusCode.INVALID_ARGUMENT: "invalid_request_error",
-    grpc.StatusCode.OUT_OF_RANGE: "invalid_request_error",
-    grpc.StatusCode.NOT_FOUND: "not_found_error",
-    grpc.StatusCode.UNAUTHENTICATED: "authentication_error",
-    grpc.StatusCode.PERMISSION_DENIED: "permission_error",
-    grpc.StatusCode.RESOURCE_EXHAUSTED: "rate_limit_error",
-    grpc.StatusCode.UNAVAILABLE: "service_unavailable",
-    grpc.StatusCode.DEADLINE_EXCEEDED: "timeout",
-}
-
-
 def error(code: grpc.StatusCode, message: str) -> pb.OpenAIError:
     """The error object that ends a stream which failed after its first chunk."""
-    return pb.OpenAIError(message=message, type=ERROR_TYPES.get(code, "server_error"), code=code.name.lower())
+    kind, name = openai_errors.error_type(code)
+    return pb.OpenAIError(message=message, type=kind, code=name)

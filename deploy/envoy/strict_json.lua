@@ -122,18 +122,8 @@ function envoy_on_request(handle)
   end
 end
 
--- gRPC status code -> OpenAI error type and code.
-local ERROR_TYPES = {
-  [1] = { "cancelled", "cancelled" },
-  [3] = { "invalid_request_error", "invalid_argument" },
-  [4] = { "timeout", "deadline_exceeded" },
-  [5] = { "not_found_error", "not_found" },
-  [7] = { "permission_error", "permission_denied" },
-  [8] = { "rate_limit_error", "resource_exhausted" },
-  [11] = { "invalid_request_error", "out_of_range" },
-  [14] = { "service_unavailable", "unavailable" },
-  [16] = { "authentication_error", "unauthenticated" },
-}
+-- ERROR_TYPES (gRPC status code -> OpenAI error type and code) is rendered from
+-- services/openai_errors.py by deploy/envoy.py, as SCHEMAS is.
 
 -- The raw (still JSON-escaped) string value of `key` in a flat JSON object, or nil.
 local function raw_string(s, key)

@@ -3,6 +3,7 @@ error shapes, stream steering, and an access log that carries the tenant but nev
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -117,3 +118,25 @@ def test_overflow_is_429_with_retry_after_for_every_api_and_resource_exhausted_f
     assert native["json_format"]["code"] == 8
     assert {"key": "grpc-status", "value": "8"} in [h["header"] for h in overflow[2]["headers_to_add"]]
     assert "capacity" in grpc_["text_format"]
+
+
+def test_the_lua_filters_error_table_is_the_gateways() -> None:
+    """An OpenAI client sees the same error type and code for a status whether Envoy's Lua
+    filter shaped it (an error before any answer) or the gateway did (one inside a stream)."""
+    import grpc
+
+    from gateway import openai_convert
+    from services import openai_errors
+
+    lua = _filters(envoy.build_config(EnvoyConfig(), api_keys={}))["envoy.filters.http.lua"]
+    source = lua["default_source_code"]["inline_string"]
+    table = source.split("ERROR_TYPES = ", 1)[1].split("\n", 1)[0]
+    rows = {int(n): (t, c) for n, t, c in re.findall(r'\[(\d+)\] = \{"(\w+)", "(\w+)"\}', table)}
+    for code in grpc.StatusCode:
+        if code is grpc.StatusCode.OK:
+            continue
+        streamed = openai_convert.error(code, "m")
+        assert rows[code.value[0]] == (streamed.type, streamed.code), code
+    assert source.count("ERROR_TYPES = ") == 1  # the .lua file declares no table of its own
+    assert "ERROR_TYPES = " not in envoy.STRICT_JSON_LUA.read_text()
+    assert openai_errors.error_type(grpc.StatusCode.RESOURCE_EXHAUSTED) == ("rate_limit_error", "resource_exhausted")
