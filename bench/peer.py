@@ -42,7 +42,8 @@ import psutil
 
 VENV_BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parent.parent
-MODEL_NAME = "meshserve-tiny"
+sys.path.insert(0, str(REPO))
+from services.config import DEFAULT_MODEL as MODEL_NAME  # noqa: E402
 VLLM_PORT, ROUTER_PORT, MESH_PORT = 8100, 8200, 8080
 # The engine every stack runs: meshserve's worker defaults, spelled as `vllm serve` flags.
 ENGINE_FLAGS = ["--max-num-seqs", "256", "--max-model-len", "2048", "--block-size", "32",

@@ -28,7 +28,6 @@ log = logging.getLogger(__name__)
 # gateway's breaker stops asking while Redis is down.
 SOCKET_TIMEOUT_S = 0.25
 CONNECT_TIMEOUT_S = 0.25
-FINISHED = frozenset({"stop", "length"})
 
 CORRUPT = prometheus_client.Counter(
     "meshserve_cache_corrupt_entries_total", "Entries that did not parse: deleted and treated as a miss"
@@ -60,7 +59,7 @@ def refusal(req: pb.GenerateRequest, chunks: Sequence[pb.GenerateResponse]) -> s
         return "not deterministic (needs temperature 0 or a fixed seed)"
     if not chunks:
         return "no chunks"
-    if chunks[-1].finish_reason not in FINISHED:
+    if chunks[-1].finish_reason not in validation.FINISHED:
         return f"not finished (finish_reason {chunks[-1].finish_reason!r})"
     return ""
 
@@ -94,7 +93,7 @@ class ExactStore:
             return None
         try:
             entry = pb.CacheEntry.FromString(raw)
-            if not entry.chunks or entry.chunks[-1].finish_reason not in FINISHED:
+            if not entry.chunks or entry.chunks[-1].finish_reason not in validation.FINISHED:
                 raise ValueError("no finished stream in it")
         except (google.protobuf.message.DecodeError, ValueError) as e:
             CORRUPT.inc()

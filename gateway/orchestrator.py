@@ -32,7 +32,6 @@ log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 2                 # the first worker, then one other after a failure before any token
 PICK_TIMEOUT_S = 5.0
 RETRY_AFTER_S = 1
-FINISHED = frozenset({"stop", "length"})
 COALESCED = "coalesced"          # cache_kind of a request that streamed an identical one's answer
 # Worker errors that are the request's fault: another worker would say the same.
 CLIENT_ERRORS = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE})
@@ -261,7 +260,7 @@ class Orchestrator:
         flight.finish()
         # 6. Store: the readers have their answer already; until the store is done, the finished
         # flight answers identical requests from memory.
-        if flight.chunks[-1].finish_reason in FINISHED:
+        if flight.chunks[-1].finish_reason in validation.FINISHED:
             await self._store(view, tenant, flight.chunks)
 
     async def _lookup(self, req: pb.GenerateRequest, tenant: str, mode: str) -> pb.LookupResponse | None:

@@ -12,11 +12,6 @@ from typing import Any
 from services import validation
 from services.gen import meshserve_pb2 as pb
 
-# Serving defaults of the optional sampling fields, applied before hashing so that a request
-# that leaves a field unset and one that spells out the default share one entry.
-DEFAULT_TEMPERATURE = 1.0
-DEFAULT_TOP_P = 1.0
-
 KIND_EXACT = "exact"
 
 
@@ -31,8 +26,9 @@ def canonical(req: pb.GenerateRequest, tenant: str) -> bytes:
         "prompt": req.prompt,
         "messages": [[m.role, m.content] for m in req.messages],
         "max_tokens": validation.max_tokens(req),
-        "temperature": req.temperature if req.HasField("temperature") else DEFAULT_TEMPERATURE,
-        "top_p": req.top_p if req.HasField("top_p") else DEFAULT_TOP_P,
+        # Unset fields take their serving defaults: unset and spelled-out defaults share an entry.
+        "temperature": validation.temperature(req),
+        "top_p": validation.top_p(req),
         "seed": req.seed if req.HasField("seed") else None,
         # Stop strings act as a set: their order does not change where generation stops.
         "stop": sorted(set(req.stop)),

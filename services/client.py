@@ -9,6 +9,7 @@ import time
 
 import grpc
 
+from services import validation
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.server import insecure_channel
@@ -17,9 +18,12 @@ from services.telemetry import TRACE_ID_METADATA
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompt", help="the prompt text")
-    parser.add_argument("--max-tokens", type=int, default=None, help="tokens to generate (default 128)")
-    parser.add_argument("--temperature", type=float, default=None, help="0 is greedy (server default: 1.0)")
-    parser.add_argument("--top-p", type=float, default=None, help="nucleus sampling (server default: 1.0)")
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help=f"tokens to generate (server default: {validation.DEFAULT_MAX_TOKENS})")
+    parser.add_argument("--temperature", type=float, default=None,
+                        help=f"0 is greedy (server default: {validation.DEFAULT_TEMPERATURE})")
+    parser.add_argument("--top-p", type=float, default=None,
+                        help=f"nucleus sampling (server default: {validation.DEFAULT_TOP_P})")
     parser.add_argument("--seed", type=int, default=None, help="sampling seed (reproducible output)")
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     parser.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence")

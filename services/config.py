@@ -25,6 +25,8 @@ def _f(default: Any, help: str, **kw: Any) -> Any:
     return field(default=default, metadata={"help": help, **kw})
 
 
+# The name the project's own tiny model is served under (`meshserve make-model` builds it).
+DEFAULT_MODEL = "meshserve-tiny"
 # Where vLLM's engine-core process may run on CPU (WorkerConfig.engine_core_cpus).
 ENGINE_CORE_PLACEMENTS = ("auto", "shared", "vllm")
 # Routing policies (RouterConfig.routing); router/policies.py defines them, under these names.
@@ -173,7 +175,7 @@ class GatewayConfig(ServerConfig):
     port: int = _f(50051, "gRPC port (0 picks a free port)")
     router: str = _f("127.0.0.1:50052", "router address host:port")
     cache: str = _f("127.0.0.1:50053", "cache address host:port ('' disables the cache)")
-    model: str = _f("meshserve-tiny", "model name clients may send (requests naming another model are refused)")
+    model: str = _f(DEFAULT_MODEL, "model name clients may send (requests naming another model are refused)")
     max_in_flight: int = _f(2048, "most streams the gateway serves at once; beyond: RESOURCE_EXHAUSTED")
     cache_timeout_s: float = _f(0.3, "give up on a cache call after this long (serve uncached)")
     first_token_timeout_s: float = _f(60.0, "a worker that sends nothing for this long counts as failed")

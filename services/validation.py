@@ -6,7 +6,14 @@ import math
 
 from services.gen import meshserve_pb2 as pb
 
+# The serving defaults of a request's optional fields: applied by the worker, and by the cache
+# before hashing (a request that leaves a field unset and one that spells out the default share
+# one entry). Defined here alone.
 DEFAULT_MAX_TOKENS = 128
+DEFAULT_TEMPERATURE = 1.0
+DEFAULT_TOP_P = 1.0
+# The finish reasons of a completed generation (an aborted one ends "abort", and is not kept).
+FINISHED = frozenset({"stop", "length"})
 VALID_ROLES = {"system", "user", "assistant", "tool", "developer"}
 # GenerateRequest.cache: "" leaves it to the gateway's --cache-mode.
 CACHE_OFF, CACHE_EXACT, CACHE_SEMANTIC = "off", "exact", "semantic"
@@ -51,6 +58,14 @@ def validate(req: pb.GenerateRequest, max_model_len: int | None = None) -> None:
 
 def max_tokens(req: pb.GenerateRequest) -> int:
     return req.max_tokens if req.HasField("max_tokens") else DEFAULT_MAX_TOKENS
+
+
+def temperature(req: pb.GenerateRequest) -> float:
+    return req.temperature if req.HasField("temperature") else DEFAULT_TEMPERATURE
+
+
+def top_p(req: pb.GenerateRequest) -> float:
+    return req.top_p if req.HasField("top_p") else DEFAULT_TOP_P
 
 
 def cache_mode(req: pb.GenerateRequest, default: str) -> str:

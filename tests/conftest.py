@@ -11,12 +11,11 @@ from pathlib import Path
 
 import pytest
 
-# Offline and quiet, for every process the tests start.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+from services.launcher import CHILD_ENV
+
+# Offline and quiet, for every process the tests start: what the launcher gives its children.
+for _name, _value in CHILD_ENV.items():
+    os.environ.setdefault(_name, _value)
 
 
 def _ephemeral_low() -> int:

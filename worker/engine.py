@@ -8,6 +8,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 
+from services.validation import DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE, DEFAULT_TOP_P
 from worker.kv_events import KvCacheView
 
 
@@ -18,9 +19,9 @@ class Request:
     request_id: str
     prompt: str | None = None                       # a plain prompt, or
     messages: list[dict[str, str]] | None = None    # chat turns rendered with the chat template
-    max_tokens: int = 128
-    temperature: float = 1.0
-    top_p: float = 1.0
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    temperature: float = DEFAULT_TEMPERATURE
+    top_p: float = DEFAULT_TOP_P
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False

@@ -12,7 +12,7 @@ import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
-from services.config import WorkerConfig
+from services.config import DEFAULT_MODEL, WorkerConfig
 from worker.engine import Delta, Engine, EngineInfo, Load, LoadSignal, Request
 from worker.vllm_engine import check_fits, render_prompt, resolve_model
 
@@ -32,7 +32,7 @@ class TransformersEngine(Engine):
         self._tokenizer: Any = None
         self.info = EngineInfo(
             engine="transformers",
-            model=cfg.model or "meshserve-tiny",
+            model=cfg.model or DEFAULT_MODEL,
             tensor_parallel_size=1,
             max_model_len=cfg.max_model_len,
             block_size=cfg.block_size,

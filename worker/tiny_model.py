@@ -14,12 +14,12 @@ import os
 import shutil
 from pathlib import Path
 
-from services.config import default_cache_dir
+from services.config import DEFAULT_MODEL, default_cache_dir
 
 log = logging.getLogger(__name__)
 
 VERSION = "v1"
-NAME = "meshserve-tiny"
+NAME = DEFAULT_MODEL
 SEED = 1234
 CORPUS = Path(__file__).parent / "data" / "corpus.txt"
 

@@ -12,14 +12,13 @@ from typing import Any
 
 import psutil
 
-from services.config import WorkerConfig
+from services.config import DEFAULT_MODEL, WorkerConfig
 from services.prompts import hf_prompt_ids
 from worker.kv_events import KvCacheView
 from worker.engine import Delta, Engine, EngineInfo, Load, LoadSignal, PromptTooLong, Request
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MODEL_NAME = "meshserve-tiny"
 CPU_BLOCK_MULTIPLE = 32
 
 
@@ -29,7 +28,7 @@ def resolve_model(cfg: WorkerConfig) -> tuple[str, str]:
         return cfg.model, cfg.model
     from worker.tiny_model import ensure_model
 
-    return str(ensure_model()), DEFAULT_MODEL_NAME
+    return str(ensure_model()), DEFAULT_MODEL
 
 
 def render_prompt(tokenizer: Any, request: Request) -> list[int]:
@@ -130,7 +129,7 @@ class VllmEngine(Engine):
         self._kv_events: Any = None  # VllmKvEvents while the engine publishes KV events
         self.info = EngineInfo(
             engine="vllm",
-            model=cfg.model or DEFAULT_MODEL_NAME,
+            model=cfg.model or DEFAULT_MODEL,
             tensor_parallel_size=cfg.tensor_parallel_size,
             max_model_len=cfg.max_model_len,
             block_size=cfg.block_size,
@@ -163,7 +162,7 @@ class VllmEngine(Engine):
         if cfg.tensor_parallel_size > 1:
             extra["distributed_executor_backend"] = "mp"
             if on_cpu:
-                # The default binding refuses several ranks on one NUMA node (notes/platform.md).
+                # vLLM's default binding refuses several ranks on one NUMA node.
                 binding = _cpu_thread_binding(cfg.tensor_parallel_size)
                 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", binding)
                 os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")

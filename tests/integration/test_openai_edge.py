@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deploy import envoy
-from services.config import EnvoyConfig, GatewayConfig
+from services.config import DEFAULT_MODEL, EnvoyConfig, GatewayConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.launcher import Mesh
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.integration
 
 KEYS = {"sk-alice-0123456789": "alice", "sk-bob-0123456789": "bob", "sk-carol-0123456789": "carol"}
 ALICE, BOB, CAROL = KEYS
-MODEL = "meshserve-tiny"
+MODEL = DEFAULT_MODEL
 MAX_BODY = 64 * 1024
 GATEWAY_MAX_IN_FLIGHT = 4
 LONG = 1500  # max_tokens of a stream that stays open for seconds (sim: ~7 ms per token)

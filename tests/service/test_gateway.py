@@ -18,7 +18,7 @@ from prometheus_client import REGISTRY
 from cache_service.server import CacheServicer
 from cache_service.store import ExactStore, connect
 from gateway.server import TENANT_METADATA, start_gateway
-from services.config import GatewayConfig
+from services.config import DEFAULT_MODEL, GatewayConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.server import insecure_channel
@@ -298,7 +298,7 @@ async def test_complete_can_be_a_cache_hit_and_explicit_model_shares_the_entry(m
     await m.stub.Complete(greedy(), timeout=WAIT_S)
     async with asyncio.timeout(WAIT_S):
         assert (await m.cache.stores.get()).stored
-    resp = await m.stub.Complete(greedy(model="meshserve-tiny"), timeout=WAIT_S)
+    resp = await m.stub.Complete(greedy(model=DEFAULT_MODEL), timeout=WAIT_S)
     assert resp.cached and resp.text == "".join(PIECES) and m.a.calls == 1
 
 
