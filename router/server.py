@@ -61,8 +61,9 @@ class Pick:
 
 class Router:
     """Picks workers: a policy over snapshots of the worker table, counting each pick against
-    the worker until its next load report. Prefix policies also read a KV index: ``kv`` (the
-    workers' KV events) or ``approx`` (the router's own record of the prompts it sent)."""
+    the worker until its load reports show the request arrived (or the pick expires). Prefix
+    policies also read a KV index: ``kv`` (the workers' KV events) or ``approx`` (the router's
+    own record of the prompts it sent)."""
 
     def __init__(
         self,

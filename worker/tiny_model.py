@@ -48,7 +48,7 @@ CHAT_TEMPLATE = (
 # scaled by this, so every step's logits are dominated by the residual stream and their top two
 # are never near a tie. Comparisons whose two sides sum in another order (tensor parallel vs one
 # rank: the all-reduce) then agree token for token; with flat random logits they part at an
-# argmax flip after ~10-50 tokens (shared/notes/platform.md).
+# argmax flip after ~10-50 tokens (tests/integration/test_mesh_tp.py says more).
 DECISIVE_SCALE = 0.01
 
 

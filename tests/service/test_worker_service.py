@@ -185,12 +185,25 @@ async def test_client_cancel_aborts_the_request_and_frees_the_engine(
 ) -> None:
     worker_id = worker[1].worker_id
     aborts = requests_total(worker_id, "abort")
-    call = stub.Generate(pb.GenerateRequest(prompt="Tell me a story", max_tokens=LONG, ignore_eos=True))
-    first = await asyncio.wait_for(call.read(), TIMEOUT)
-    assert first.token_ids and not first.finish_reason
-    call.cancel()
+    # The model's own forward passes: num_running reads 0 once generate's thread is done, and
+    # that is also true of a request the cancel failed to stop (LONG takes seconds, not 30).
+    steps = 0
 
-    await wait_for_report(stub, lambda r: r.num_in_flight == 0 and r.num_running == 0)
+    def count_step(*_: object) -> None:
+        nonlocal steps
+        steps += 1
+
+    hook = worker[1].engine._model.register_forward_hook(count_step)
+    try:
+        call = stub.Generate(pb.GenerateRequest(prompt="Tell me a story", max_tokens=LONG, ignore_eos=True))
+        first = await asyncio.wait_for(call.read(), TIMEOUT)
+        assert first.token_ids and not first.finish_reason
+        call.cancel()
+
+        await wait_for_report(stub, lambda r: r.num_in_flight == 0 and r.num_running == 0)
+    finally:
+        hook.remove()
+    assert steps < LONG // 2  # the model stopped mid-stream
     assert requests_total(worker_id, "abort") == aborts + 1
     # The engine is free at once: a new request is served without waiting for LONG tokens.
     chunks = [c async for c in stub.Generate(pb.GenerateRequest(prompt="Hi", max_tokens=2, ignore_eos=True),
