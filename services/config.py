@@ -27,6 +27,8 @@ def _f(default: Any, help: str, **kw: Any) -> Any:
 
 # The name the project's own tiny model is served under (`meshserve make-model` builds it).
 DEFAULT_MODEL = "meshserve-tiny"
+# Inference engines (WorkerConfig.engine); worker/server.py defines them, under these names.
+WORKER_ENGINES = ("vllm", "sim", "transformers")
 # Where vLLM's engine-core process may run on CPU (WorkerConfig.engine_core_cpus).
 ENGINE_CORE_PLACEMENTS = ("auto", "shared", "vllm")
 # Routing policies (RouterConfig.routing); router/policies.py defines them, under these names.
@@ -66,7 +68,9 @@ class WorkerConfig(ServerConfig):
 
     port: int = _f(50061, "gRPC port (0 picks a free port)")
     worker_id: str = _f("", "name reported to the router (default: host:port)")
-    engine: str = _f("vllm", "engine: vllm (real), sim (latency simulator) or transformers (baseline)")
+    engine: str = _f(
+        "vllm", "engine: vllm (real), sim (latency simulator) or transformers (baseline)", choices=WORKER_ENGINES,
+    )
     model: str = _f("", "model path (default: the project's tiny model, built on first use)")
     tensor_parallel_size: int = _f(1, "tensor-parallel degree of the vLLM engine")
     max_model_len: int = _f(2048, "context length (prompt + completion) in tokens")
@@ -253,7 +257,9 @@ def add_arguments(
         flag = "--" + f.name.replace("_", "-")
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         typ = hints[f.name]
-        kw: dict[str, Any] = {"default": default, "help": f"{f.metadata['help']} (default: {default!r})"}
+        # argparse expands %-formats in help texts: a literal '%' ("~25% slower") must be doubled.
+        help_text = f"{f.metadata['help']} (default: {default!r})".replace("%", "%%")
+        kw: dict[str, Any] = {"default": default, "help": help_text}
         if typ is bool:
             kw["action"] = argparse.BooleanOptionalAction
         elif typing.get_origin(typ) is list:
@@ -268,6 +274,12 @@ def add_arguments(
         if "choices" in f.metadata:
             kw["choices"] = f.metadata["choices"]
         parser.add_argument(flag, dest=f.name, **kw)
+
+
+def field_of(cls: type, name: str) -> dataclasses.Field[Any]:
+    """The field ``name`` of dataclass ``cls``: for a flag declared by hand that takes its help
+    text, default or bounds from it."""
+    return next(f for f in dataclasses.fields(cls) if f.name == name)
 
 
 def at_least(typ: Callable[[str], Any], minimum: Any) -> Callable[[str], Any]:

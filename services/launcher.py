@@ -465,65 +465,71 @@ def _signal_group(proc: Proc, sig: signal.Signals) -> None:
         pass
 
 
-# Service settings `meshserve up` takes as they are (flags and help generated from the configs).
+# Service settings `meshserve up` takes as they are: one flag per field, its name, help and default
+# generated from the field, as `meshserve serve NAME`'s are (tests/unit/test_up_flags.py checks it).
+WORKER_FLAGS = ("engine", "model", "tensor_parallel_size", "max_num_seqs", "enforce_eager",
+                "engine_core_cpus", "engine_priority", "stream_interval", "sim_prefill_ms_per_token",
+                "sim_itl_base_ms", "sim_itl_per_seq_ms", "sim_num_kv_blocks",
+                "sim_seed")  # not sim_speed: one per worker (--sim-speed)
 ROUTER_FLAGS = ("routing", "load_bound", "kv_load_weight", "kv_home_weight", "kv_pending_s")
 CACHE_FLAGS = ("ttl_seconds", "max_entry_bytes", "semantic", "semantic_threshold", "semantic_max_entries",
                "embed_threads", "semantic_budget_s")
-GATEWAY_FLAGS = ("coalesce", "cache_mode", "cache_timeout_s", "stall_timeout_s", "migrations", "migration_timeout_s")
+GATEWAY_FLAGS = ("coalesce", "cache_mode", "cache_timeout_s", "stall_timeout_s", "migrations",
+                 "migration_timeout_s")
+ENVOY_FLAGS = ("admin_port", "api_keys_file")
+SHARED_FLAGS = ("trace_sampling_ratio",)  # every service's and Envoy's: MeshSpec's
+UP_FIELDS: dict[type, tuple[str, ...]] = {
+    WorkerConfig: WORKER_FLAGS, RouterConfig: ROUTER_FLAGS, CacheConfig: CACHE_FLAGS,
+    GatewayConfig: GATEWAY_FLAGS, EnvoyConfig: ENVOY_FLAGS,
+}
 
 
-def _sim_flag(name: str) -> bool:
-    """The sim's parameters, less its speed (one per worker on `up`)."""
-    return name.startswith("sim_") and name != "sim_speed"
+def _help(cls: type, name: str) -> str:
+    return config.field_of(cls, name).metadata["help"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--engine", default="vllm", choices=["vllm", "sim", "transformers"], help="worker engine")
-    parser.add_argument("--workers", type=int, default=1, help="number of workers")
-    parser.add_argument("--gateways", type=config.at_least(int, 1), default=1,
-                        help=f"number of gateways, behind Envoy (gateway i on --gateway-port + {GATEWAY_PORT_STEP} * i): "
-                             "more cores for the relay, and a gateway lost loses only its own streams")
-    parser.add_argument("--tensor-parallel-size", type=int, default=1, help="tensor-parallel degree per worker")
-    parser.add_argument("--model", default="", help="model path (default: the project's tiny model)")
-    parser.add_argument("--redis-url", default="", help="use this Redis instead of an embedded valkey-server")
-    parser.add_argument("--redis-port", type=int, default=6379, help="port of the embedded valkey-server")
-    parser.add_argument("--port", type=int, default=8080, help="Envoy port (gRPC and HTTP/JSON)")
-    parser.add_argument("--admin-port", type=int, default=9901, help="Envoy admin port")
-    parser.add_argument("--gateway-port", type=int, default=50051)
-    parser.add_argument("--router-port", type=int, default=50052)
-    parser.add_argument("--cache-port", type=int, default=50053)
-    parser.add_argument("--worker-port", type=int, default=50061, help="first worker port; worker i gets +i")
-    config.add_arguments(parser, RouterConfig, only=lambda name: name in ROUTER_FLAGS)
-    config.add_arguments(parser, CacheConfig, only=lambda name: name in CACHE_FLAGS)
-    config.add_arguments(parser, GatewayConfig, only=lambda name: name in GATEWAY_FLAGS)
-    parser.add_argument("--redis-maxmemory", default=MeshSpec.redis_maxmemory,
-                        help="memory bound of the embedded valkey-server (least recently used keys are evicted; "
-                             "counted in meshserve_cache_redis_evicted_keys)")
-    config.add_arguments(parser, WorkerConfig, only=_sim_flag)
-    parser.add_argument("--sim-speed", type=config.at_least(float, 0.01), nargs="+", default=[WorkerConfig.sim_speed],
-                        help="sim: speed of each worker's simulated accelerator, one value per worker "
-                             "(the last repeats): 1 1 1 0.5 makes the fourth of four workers 2x slower")
-    parser.add_argument("--max-num-seqs", type=int, default=WorkerConfig.max_num_seqs, help="batch cap per worker")
-    parser.add_argument("--stream-interval", type=config.at_least(int, 1), default=WorkerConfig.stream_interval,
-                        help="tokens per streamed chunk after the first, unless a request asks for more")
+    for cls, names in UP_FIELDS.items():
+        config.add_arguments(parser, cls, only=names.__contains__)
+    # The rest are `up`'s own: a setting of several processes, or a field's value per process
+    # (ports, sim speeds). Where a field says what the flag sets, its help text is the field's.
+    sim_speed = config.field_of(WorkerConfig, "sim_speed")
+    parser.add_argument("--sim-speed", type=config.at_least(float, sim_speed.metadata["minimum"]), nargs="+",
+                        default=[sim_speed.default],
+                        help=f"{sim_speed.metadata['help']}, one value per worker (the last repeats): "
+                             "1 1 1 0.5 makes the fourth of four workers 2x slower")
+    parser.add_argument("--workers", type=int, default=MeshSpec.workers, help="number of workers")
+    parser.add_argument("--gateways", type=config.at_least(int, 1), default=MeshSpec.gateways,
+                        help="number of gateways, behind Envoy (gateway i on --gateway-port + "
+                             f"{GATEWAY_PORT_STEP} * i): more cores for the relay, and a gateway lost loses "
+                             "only its own streams")
     parser.add_argument("--gateway-max-in-flight", type=int, default=GatewayConfig.max_in_flight,
-                        help="most streams the gateway serves at once; beyond: RESOURCE_EXHAUSTED (HTTP 429)")
-    parser.add_argument("--enforce-eager", action="store_true",
-                        help="vLLM without torch.compile: starts ~2x faster, decodes ~25%% slower")
-    parser.add_argument("--engine-core-cpus", default=WorkerConfig.engine_core_cpus,
-                        choices=config.ENGINE_CORE_PLACEMENTS,
-                        help="vLLM on CPU: where the engine core runs (see `meshserve serve worker --help`)")
-    parser.add_argument("--engine-priority", default=WorkerConfig.engine_priority,
-                        choices=config.ENGINE_PRIORITIES,
-                        help="vLLM on CPU: the engine processes' priority (see `meshserve serve worker --help`)")
-    parser.add_argument("--api-keys-file", default="",
-                        help="bearer API keys for Envoy, one 'KEY TENANT' per line (default: no auth, "
-                             "unless MESHSERVE_API_KEYS is set)")
+                        help=f"{_help(GatewayConfig, 'max_in_flight')} (HTTP 429) (default: %(default)s)")
+    parser.add_argument("--redis-url", default=MeshSpec.redis_url,
+                        help=f"the cache's {_help(CacheConfig, 'redis_url')} "
+                             "(default: an embedded valkey-server)")
+    parser.add_argument("--redis-port", type=int, default=MeshSpec.redis_port,
+                        help="port of the embedded valkey-server")
+    parser.add_argument("--redis-maxmemory", default=MeshSpec.redis_maxmemory,
+                        help="memory bound of the embedded valkey-server (least recently used keys are "
+                             "evicted; counted in meshserve_cache_redis_evicted_keys)")
+    parser.add_argument("--port", type=int, default=EnvoyConfig.listen_port,
+                        help=f"{_help(EnvoyConfig, 'listen_port')} (default: %(default)s)")
+    parser.add_argument("--gateway-port", type=int, default=GatewayConfig.port,
+                        help=f"the first gateway's gRPC port; gateway i gets + {GATEWAY_PORT_STEP} * i "
+                             "(default: %(default)s)")
+    parser.add_argument("--router-port", type=int, default=RouterConfig.port,
+                        help="the router's gRPC port (default: %(default)s)")
+    parser.add_argument("--cache-port", type=int, default=CacheConfig.port,
+                        help="the cache's gRPC port (default: %(default)s)")
+    parser.add_argument("--worker-port", type=int, default=WorkerConfig.port,
+                        help="the first worker's gRPC port; worker i gets + i (default: %(default)s)")
     parser.add_argument("--trace-port", type=int, default=TracesConfig.port,
-                        help="port of the local trace receiver (OTLP/gRPC; `meshserve trace ID` reads it)")
-    parser.add_argument("--otlp-endpoint", default="",
+                        help="port of the local trace receiver (OTLP/gRPC; `meshserve trace ID` reads it) "
+                             "(default: %(default)s)")
+    parser.add_argument("--otlp-endpoint", default=MeshSpec.otlp_endpoint,
                         help="send spans to this OTLP/gRPC collector host:port instead of a local receiver")
-    parser.add_argument("--trace-sampling-ratio", type=float, default=1.0, help="fraction of requests traced")
+    config.add_arguments(parser, config.ServerConfig, only=SHARED_FLAGS.__contains__)
     parser.add_argument("--tracing", action=argparse.BooleanOptionalAction, default=True,
                         help="export spans (--no-tracing: trace ids are still propagated and logged)")
     parser.add_argument("--run-dir", type=Path, default=config.default_cache_dir() / "run",
@@ -531,6 +537,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def spec_from_args(args: argparse.Namespace) -> MeshSpec:
+    def taken(cls: type) -> dict[str, object]:  # the fields `up` takes as they are, from their flags
+        return {name: getattr(args, name) for name in UP_FIELDS[cls]}
+
     return MeshSpec(
         engine=args.engine,
         workers=args.workers,
@@ -538,19 +547,14 @@ def spec_from_args(args: argparse.Namespace) -> MeshSpec:
         redis_url=args.redis_url,
         redis_port=args.redis_port,
         run_dir=args.run_dir,
-        worker=WorkerConfig(port=args.worker_port, tensor_parallel_size=args.tensor_parallel_size,
-                            model=args.model, max_num_seqs=args.max_num_seqs,
-                            stream_interval=args.stream_interval,
-                            enforce_eager=args.enforce_eager, engine_core_cpus=args.engine_core_cpus,
-                            engine_priority=args.engine_priority,
-                            **{k: getattr(args, k) for k in vars(args) if _sim_flag(k)}),
+        worker=WorkerConfig(port=args.worker_port, **taken(WorkerConfig)),
         sim_speeds=list(args.sim_speed),
-        router=RouterConfig(port=args.router_port, **{k: getattr(args, k) for k in ROUTER_FLAGS}),
-        cache=CacheConfig(port=args.cache_port, **{k: getattr(args, k) for k in CACHE_FLAGS}),
+        router=RouterConfig(port=args.router_port, **taken(RouterConfig)),
+        cache=CacheConfig(port=args.cache_port, **taken(CacheConfig)),
         gateway=GatewayConfig(port=args.gateway_port, max_in_flight=args.gateway_max_in_flight,
-                              **{k: getattr(args, k) for k in GATEWAY_FLAGS}),
+                              **taken(GatewayConfig)),
         redis_maxmemory=args.redis_maxmemory,
-        envoy=EnvoyConfig(listen_port=args.port, admin_port=args.admin_port, api_keys_file=args.api_keys_file),
+        envoy=EnvoyConfig(listen_port=args.port, **taken(EnvoyConfig)),
         traces=TracesConfig(port=args.trace_port),
         tracing=args.tracing,
         otlp_endpoint=args.otlp_endpoint,

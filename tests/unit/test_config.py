@@ -40,6 +40,20 @@ def test_every_field_documents_itself() -> None:
             assert f.metadata.get("help"), f"{cls.__name__}.{f.name} has no help text"
 
 
+def test_the_engine_choices_are_the_workers_engines() -> None:
+    from worker.server import ENGINES
+
+    assert sorted(config.WORKER_ENGINES) == sorted(ENGINES)
+
+
+def test_a_percent_sign_in_a_help_text_is_printed_as_it_is() -> None:
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser, config.WorkerConfig)
+    text = " ".join(parser.format_help().split())
+    # Unescaped, argparse read '% s' as a format and printed the flag's whole definition there.
+    assert "decodes ~25% slower" in text and "option_strings" not in text
+
+
 def test_bad_flag_value_is_refused() -> None:
     parser = argparse.ArgumentParser()
     config.add_arguments(parser, config.WorkerConfig)
