@@ -23,5 +23,6 @@ def main(args: argparse.Namespace) -> int:
     except grpc.RpcError as e:
         print(f"trace receiver at {args.receiver}: {e.code().name} {e.details()}")
         return 1
-    Console().print(traces.render_waterfall(spans))
+    console = Console()
+    console.print(traces.render_waterfall(spans, console.width))
     return 0

@@ -260,15 +260,15 @@ def tree_order(spans: list[Span]) -> list[tuple[int, Span]]:
     return out
 
 
-def _bar(span: Span, t0: int, total: int) -> str:
-    scale = BAR_WIDTH / max(total, 1)
-    start = min(BAR_WIDTH - 1, int((span.start_ns - t0) * scale))
+def _bar(span: Span, t0: int, total: int, width: int = BAR_WIDTH) -> str:
+    scale = width / max(total, 1)
+    start = min(width - 1, int((span.start_ns - t0) * scale))
     length = max(1, round((span.end_ns - span.start_ns) * scale))
-    cells = [" "] * BAR_WIDTH
-    for i in range(start, min(BAR_WIDTH, start + length)):
+    cells = [" "] * width
+    for i in range(start, min(width, start + length)):
         cells[i] = "█"
     if "first_token" in span.events:  # TTFT: where the first token left this span
-        cells[min(BAR_WIDTH - 1, int((span.events["first_token"] - t0) * scale))] = "▌"
+        cells[min(width - 1, int((span.events["first_token"] - t0) * scale))] = "▌"
     return "".join(cells)
 
 
@@ -284,21 +284,35 @@ def _short(value: object) -> str:
     return f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
-def render_waterfall(spans: list[Span]):  # noqa: ANN201 - rich.table.Table (imported lazily)
+def render_waterfall(spans: list[Span], width: int = 200):  # noqa: ANN201 - rich.table.Table
+    """The table for a terminal ``width`` columns wide: below 120 columns the details column is
+    left out and the timeline takes what the other columns leave (names and times are never cut)."""
+    from rich import box
     from rich.table import Table
 
     t0 = min(s.start_ns for s in spans)
     total = max(s.end_ns for s in spans) - t0
     services = sorted({s.service for s in spans})
+    rows = [(s, "  " * depth + s.name) for depth, s in tree_order(spans)]
+    wide = width >= 120
+    if wide:
+        bar_width = BAR_WIDTH
+    else:  # service, span, start, ms: their widths and a space either side of each column
+        fixed = max(map(len, services)) + max(len(name) for _, name in rows) + 8 + 7 + 5 * 2
+        bar_width = max(10, width - fixed)
     table = Table(title=f"trace {spans[0].trace_id}: {len(spans)} spans, {len(services)} services "
-                        f"({', '.join(services)}), {total / 1e6:.1f} ms", title_justify="left")
-    for column, justify in (("service", "left"), ("span", "left"), ("start ms", "right"),
-                            ("ms", "right"), ("timeline (▌ first token)", "left"), ("details", "left")):
-        table.add_column(column, justify=justify, no_wrap=column != "details")
-    for depth, s in tree_order(spans):
-        style = "red" if s.error else None
-        table.add_row(s.service, "  " * depth + s.name, f"{(s.start_ns - t0) / 1e6:.1f}",
-                      f"{s.duration_ms:.1f}", _bar(s, t0, total), _details(s), style=style)
+                        f"({', '.join(services)}), {total / 1e6:.1f} ms", title_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    for column, justify in (("service", "left"), ("span", "left"), ("start ms", "right"), ("ms", "right")):
+        table.add_column(column, justify=justify, no_wrap=True)
+    table.add_column("timeline (▌ first token)" if bar_width >= 24 else "timeline", no_wrap=True,
+                     min_width=bar_width)
+    if wide:
+        table.add_column("details", no_wrap=False)
+    for s, name in rows:
+        details = [_details(s)] if wide else []
+        table.add_row(s.service, name, f"{(s.start_ns - t0) / 1e6:.1f}", f"{s.duration_ms:.1f}",
+                      _bar(s, t0, total, bar_width), *details, style="red" if s.error else None)
     return table
 
 

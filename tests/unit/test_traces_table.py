@@ -24,3 +24,22 @@ def test_trace_ids_are_never_cut(width: int) -> None:
     assert all(t in text for t in ids), text
     assert max(len(line) for line in text.splitlines()) <= width
     assert ("services" in text) == (width >= 120)
+
+
+@pytest.mark.parametrize("width", [80, 100, 200])
+def test_a_waterfall_fits_the_terminal_with_names_and_times_whole(width: int) -> None:
+    from services.traces import render_waterfall
+
+    trace_id = "6612d53fa1a457c5f176ea79b1c0ffee"
+    spans = [Span("envoy", "ingress", trace_id, "e" * 16, "", 2, 0, 90 * 10**6, {}, {}, False),
+             Span("gateway", "OpenAI/StreamChatCompletions", trace_id, "a" * 16, "e" * 16, 2, 10**6, 88 * 10**6,
+                  {"meshserve.tokens": 32}, {"first_token": 8 * 10**6}, False),
+             Span("worker-0", "Worker/Generate", trace_id, "b" * 16, "a" * 16, 2, 3 * 10**6, 87 * 10**6, {},
+                  {"first_token": 7 * 10**6}, False)]
+    console = Console(width=width, record=True)
+    console.print(render_waterfall(spans, width))
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= width
+    for whole in (trace_id, "  OpenAI/StreamChatCompletions", "    Worker/Generate", "worker-0", "87.0", "84.0"):
+        assert whole in text, (whole, text)
+    assert ("tokens=32" in text) == (width >= 120)
