@@ -33,6 +33,7 @@ GATEWAY_CLUSTER = "gateway"
 OTLP_CLUSTER = "otlp_collector"       # where Envoy's tracer sends its spans (OTLP/gRPC)
 ENVOY_TRACE_BATCH = 512               # spans Envoy buffers before exporting early (else every 1 s)
 TENANT_HEADER = "x-meshserve-tenant"  # read by the gateway to isolate cache entries
+HEALTH_PATH = "/health"                 # GET: 200 when a worker can serve, 503 when none can
 API_HEADER = "x-meshserve-api"        # set by the Lua filter: "openai" or "json" (shapes error bodies)
 API_KEYS_ENV = "MESHSERVE_API_KEYS"   # "KEY=TENANT,KEY=TENANT": keys from the environment
 NATIVE_JSON_PREFIX = "/v1/generate"   # our own JSON API; every other /v1/ path speaks OpenAI
@@ -354,8 +355,19 @@ def _routes(cfg: EnvoyConfig) -> list[dict[str, Any]]:
         "retry_policy": GATEWAY_RETRY,
     }
     unary = ["Inference/Complete", "OpenAI/ChatCompletions", "OpenAI/Completions", "OpenAI/ListModels",
-             "OpenAI/RetrieveModel"]
+             "OpenAI/RetrieveModel", "OpenAI/Health"]
+    # A probe's GET /health (matched before the transcoder turns it into OpenAI/Health): no
+    # API key, no rate limit; then routed as the unary call it becomes.
+    probe = {
+        "match": {"path": HEALTH_PATH, "headers": [{"name": ":method", "string_match": {"exact": "GET"}}]},
+        "route": unary_route,
+        "typed_per_filter_config": {
+            name: _typed("envoy.config.route.v3.FilterConfig", disabled=True)
+            for name in ("envoy.filters.http.api_key_auth", "envoy.filters.http.local_ratelimit")
+        },
+    }
     return [
+        probe,
         *({"match": {"path": f"/meshserve.v1.{m}"}, "route": unary_route} for m in unary),
         {"match": {"prefix": "/meshserve.v1.Inference/"}, "route": stream_route},
         {"match": {"prefix": "/meshserve.v1.OpenAI/"}, "route": stream_route},

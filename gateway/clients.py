@@ -59,6 +59,12 @@ class Clients:
         _, worker_id, address = min(candidates)
         return pb.PickResponse(worker_id=worker_id, address=address, reason="fallback")
 
+    def reachable(self) -> int:
+        """Workers the router named whose session from this gateway is open: what ``fallback``
+        picks from."""
+        return sum(1 for address in set(self._named.values())
+                   if (session := self._sessions.get(address)) is not None and not session.closed)
+
     def session(self, address: str) -> WorkerSession:
         """The open Session stream to the worker at ``address`` (a new one if it has none)."""
         session = self._sessions.get(address)

@@ -100,6 +100,12 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"model {request.model!r} not found; this mesh serves {self._model!r}")
         return self._model_card()
 
+    async def Health(self, request: pb.HealthRequest, context: grpc.aio.ServicerContext) -> pb.HealthStatus:
+        workers, why = await self._orch.serving_workers()
+        if not workers:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"no worker can serve: {why}")
+        return pb.HealthStatus(status="ok", workers=workers)
+
     # -- helpers ------------------------------------------------------------------------------
 
     def _model_card(self) -> pb.Model:

@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 2                 # the first worker, then one other after a failure before any token
 PICK_TIMEOUT_S = 5.0
+HEALTH_TIMEOUT_S = 1.0  # a probe's answer: the router's list, or the gateway's own view
 RETRY_AFTER_S = 1
 COALESCED = "coalesced"          # cache_kind of a request that streamed an identical one's answer
 # Worker errors that are the request's fault: another worker would say the same.
@@ -293,6 +294,18 @@ class Orchestrator:
         view.CopyFrom(req)
         view.model = self._cfg.model
         return view
+
+    async def serving_workers(self) -> tuple[int, str]:
+        """How many workers could take a request now, and why none can when it is 0: the
+        router's healthy, undrained workers or, while the router is away, those this gateway
+        would pick without it."""
+        try:
+            listed = await self._clients.router.ListWorkers(pb.ListWorkersRequest(), timeout=HEALTH_TIMEOUT_S)
+        except grpc.aio.AioRpcError as e:
+            reachable = self._clients.reachable()
+            return reachable, f"router unavailable ({e.code().name}) and no worker reachable without it"
+        serving = sum(1 for w in listed.workers if w.healthy and not w.load.draining)
+        return serving, f"the router has {len(listed.workers)} workers, none healthy and undrained"
 
     async def _pick(self, req: pb.GenerateRequest, exclude: Sequence[str]) -> pb.PickResponse:
         try:

@@ -364,6 +364,18 @@ class RetrieveModelRequest(_message.Message):
     model: str
     def __init__(self, model: _Optional[str] = ...) -> None: ...
 
+class HealthRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class HealthStatus(_message.Message):
+    __slots__ = ("status", "workers")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    status: str
+    workers: int
+    def __init__(self, status: _Optional[str] = ..., workers: _Optional[int] = ...) -> None: ...
+
 class Model(_message.Message):
     __slots__ = ("id", "object", "created", "owned_by")
     ID_FIELD_NUMBER: _ClassVar[int]

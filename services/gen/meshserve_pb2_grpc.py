@@ -193,6 +193,11 @@ class OpenAIStub:
                 request_serializer=meshserve__pb2.RetrieveModelRequest.SerializeToString,
                 response_deserializer=meshserve__pb2.Model.FromString,
                 _registered_method=True)
+        self.Health = channel.unary_unary(
+                '/meshserve.v1.OpenAI/Health',
+                request_serializer=meshserve__pb2.HealthRequest.SerializeToString,
+                response_deserializer=meshserve__pb2.HealthStatus.FromString,
+                _registered_method=True)
 
 
 class OpenAIServicer:
@@ -235,6 +240,13 @@ class OpenAIServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Health(self, request, context):
+        """For load balancers and probes: no API key needed, no rate limit.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OpenAIServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -267,6 +279,11 @@ def add_OpenAIServicer_to_server(servicer, server):
                     servicer.RetrieveModel,
                     request_deserializer=meshserve__pb2.RetrieveModelRequest.FromString,
                     response_serializer=meshserve__pb2.Model.SerializeToString,
+            ),
+            'Health': grpc.unary_unary_rpc_method_handler(
+                    servicer.Health,
+                    request_deserializer=meshserve__pb2.HealthRequest.FromString,
+                    response_serializer=meshserve__pb2.HealthStatus.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -431,6 +448,33 @@ class OpenAI:
             '/meshserve.v1.OpenAI/RetrieveModel',
             meshserve__pb2.RetrieveModelRequest.SerializeToString,
             meshserve__pb2.Model.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Health(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshserve.v1.OpenAI/Health',
+            meshserve__pb2.HealthRequest.SerializeToString,
+            meshserve__pb2.HealthStatus.FromString,
             options,
             channel_credentials,
             insecure,

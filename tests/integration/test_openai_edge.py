@@ -429,3 +429,11 @@ async def test_stream_true_sent_as_curl_sends_it_streams(mesh: Mesh) -> None:
     events = [json.loads(line.removeprefix("data: ")) for line in r.text.splitlines() if line.startswith("data: ")]
     assert events and all(e["object"] == "chat.completion.chunk" for e in events)
     assert events[-1]["choices"][0]["finish_reason"] == "length"
+
+
+async def test_health_needs_no_api_key(mesh: Mesh) -> None:
+    async with httpx.AsyncClient(base_url=f"http://{mesh.envoy_address}") as http:
+        probe = await http.get("/health")  # a load balancer has no key
+        models = await http.get("/v1/models")  # every other path still needs one
+    assert probe.status_code == 200 and probe.json() == {"status": "ok", "workers": 1}, probe.text
+    assert models.status_code == 401

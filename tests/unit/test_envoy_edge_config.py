@@ -140,3 +140,13 @@ def test_the_lua_filters_error_table_is_the_gateways() -> None:
     assert source.count("ERROR_TYPES = ") == 1  # the .lua file declares no table of its own
     assert "ERROR_TYPES = " not in envoy.STRICT_JSON_LUA.read_text()
     assert openai_errors.error_type(grpc.StatusCode.RESOURCE_EXHAUSTED) == ("rate_limit_error", "resource_exhausted")
+
+
+def test_health_is_routed_without_api_key_or_rate_limit() -> None:
+    cfg = envoy.build_config(EnvoyConfig(rate_limit_requests=10), api_keys=KEYS)
+    routes = _hcm(cfg)["route_config"]["virtual_hosts"][0]["routes"]
+    probe = routes[0]  # before the transcoder rewrites the path, so matched first
+    assert probe["match"]["path"] == "/health"
+    assert {name: c["disabled"] for name, c in probe["typed_per_filter_config"].items()} == {
+        "envoy.filters.http.api_key_auth": True, "envoy.filters.http.local_ratelimit": True}
+    assert any(r["match"].get("path") == "/meshserve.v1.OpenAI/Health" for r in routes)
