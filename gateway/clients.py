@@ -49,21 +49,24 @@ class Clients:
         """A pick without the router: of the workers it named, those this gateway's session to
         is open (a dead or frozen worker's session is closed), the one running the fewest of this
         gateway's requests. None when there is none."""
-        candidates = [
-            (session.in_flight, worker_id, address)
-            for worker_id, address in self._named.items()
-            if worker_id not in exclude and (session := self._sessions.get(address)) is not None and not session.closed
-        ]
+        candidates = self._reachable(exclude)
         if not candidates:
             return None
         _, worker_id, address = min(candidates)
         return pb.PickResponse(worker_id=worker_id, address=address, reason="fallback")
 
     def reachable(self) -> int:
-        """Workers the router named whose session from this gateway is open: what ``fallback``
-        picks from."""
-        return sum(1 for address in set(self._named.values())
-                   if (session := self._sessions.get(address)) is not None and not session.closed)
+        """How many workers ``fallback`` picks from now."""
+        return len(self._reachable(()))
+
+    def _reachable(self, exclude: Sequence[str]) -> list[tuple[int, str, str]]:
+        """(this gateway's requests on it, id, address) of each worker the router named, not
+        excluded, whose session from this gateway is open."""
+        return [
+            (session.in_flight, worker_id, address)
+            for worker_id, address in self._named.items()
+            if worker_id not in exclude and (session := self._sessions.get(address)) is not None and not session.closed
+        ]
 
     def session(self, address: str) -> WorkerSession:
         """The open Session stream to the worker at ``address`` (a new one if it has none)."""
