@@ -7,9 +7,9 @@ turns them into UNAVAILABLE so the gateway serves uncached.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import google.protobuf.message
@@ -18,8 +18,8 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from services.cache_keys import KIND_EXACT, exact_key
 from services import validation
+from services.cache_keys import KIND_EXACT, exact_key
 from services.gen import meshserve_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -116,6 +116,7 @@ class ExactStore:
                 pb.GenerateResponse(
                     text=chunk.text,
                     token_ids=chunk.token_ids,
+                    logprobs=chunk.logprobs,  # asked for: part of the key, and of the answer
                     finish_reason=chunk.finish_reason,
                     usage=chunk.usage if chunk.HasField("usage") else None,
                     cached=True,

@@ -74,7 +74,9 @@ def json_schemas(descriptor: Path = DESCRIPTOR) -> dict[str, dict[str, list[str]
     def walk(msg: Any, path: str, out: dict[str, list[str]]) -> None:
         out[path] = sorted({name for f in msg.fields for name in (f.name, f.json_name)})
         for f in msg.fields:
-            if f.message_type is not None and f.message_type.full_name.startswith("meshserve."):
+            # A map's keys are the client's (logit_bias: token ids): nothing to check there.
+            if (f.message_type is not None and f.message_type.full_name.startswith("meshserve.")
+                    and not f.message_type.GetOptions().map_entry):
                 child = f.name + ("[]" if f.is_repeated else "")
                 walk(f.message_type, child if not path else f"{path}.{child}", out)
 

@@ -1,22 +1,25 @@
 """OpenAI request/response messages <-> the mesh's GenerateRequest/GenerateResponse.
 
 Pure functions: the OpenAI servicer calls them around the Orchestrator. A request field that
-would change the output and that the mesh cannot honour (``n`` > 1, penalties, logprobs, ...)
-is refused with InvalidRequest naming it, rather than silently ignored.
+would change the output and that the mesh cannot honour is refused with InvalidRequest naming
+it, rather than silently ignored. ``n`` choices are ``n`` GenerateRequests (choice_requests),
+merged back by index here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import importlib.metadata
+from collections.abc import Iterable, Sequence
 
 import grpc
 from google.protobuf import struct_pb2
 
-from services import openai_errors
+from services import openai_errors, validation
 from services.gen import meshserve_pb2 as pb
 from services.validation import InvalidRequest
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+FINGERPRINT = f"meshserve-{importlib.metadata.version('meshserve')}"  # every answer's system_fingerprint
 
 
 def _text_parts(value: struct_pb2.Value, name: str) -> str:
@@ -49,19 +52,34 @@ def _stop(value: struct_pb2.Value) -> list[str]:
     raise InvalidRequest("'stop' must be a string or a list of strings")
 
 
-def _unsupported(req: pb.ChatCompletionRequest | pb.CompletionRequest) -> None:
-    if req.HasField("n") and req.n != 1:
-        raise InvalidRequest(f"'n' must be 1 (one choice per request is supported), got {req.n}")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if req.HasField(name) and getattr(req, name) != 0:
-            raise InvalidRequest(f"'{name}' is not supported (only 0), got {getattr(req, name):g}")
+MAX_N = 128  # choices per request: each is a generation of its own
+
+
+def choices(req: pb.ChatCompletionRequest | pb.CompletionRequest) -> int:
+    """How many choices ``req`` asks for (``n``), checked."""
+    n = req.n if req.HasField("n") else 1
+    if not 1 <= n <= MAX_N:
+        raise InvalidRequest(f"'n' must be in [1, {MAX_N}], got {n}")
+    return n
+
+
+# The sampling fields an OpenAI request shares with GenerateRequest, by the same names.
+_OPTIONAL = ("temperature", "top_p", "seed", "stream_interval", "presence_penalty", "frequency_penalty",
+             "repetition_penalty", "top_k", "min_p", "min_tokens", "skip_special_tokens")
 
 
 def _sampling(req: pb.ChatCompletionRequest | pb.CompletionRequest, out: pb.GenerateRequest) -> None:
-    for name in ("temperature", "top_p", "seed", "stream_interval"):
+    n = choices(req)
+    if n > 1 and req.HasField("temperature") and req.temperature == 0:
+        raise InvalidRequest(f"'n' must be 1 when sampling is greedy ('temperature' 0): the {n} choices would "
+                             "be the same answer (as vLLM)")
+    for name in _OPTIONAL:
         if req.HasField(name):
             setattr(out, name, getattr(req, name))
     out.stop.extend(_stop(req.stop))
+    out.stop_token_ids.extend(req.stop_token_ids)
+    out.logit_bias.update(req.logit_bias)
+    out.include_stop_str_in_output = req.include_stop_str_in_output
     out.ignore_eos = req.ignore_eos
     out.skip_cache = req.skip_cache
     out.cache = req.cache
@@ -71,9 +89,6 @@ def _sampling(req: pb.ChatCompletionRequest | pb.CompletionRequest, out: pb.Gene
 
 def chat_request(req: pb.ChatCompletionRequest) -> pb.GenerateRequest:
     """The GenerateRequest a chat completion asks for; raises InvalidRequest naming the field."""
-    _unsupported(req)
-    if req.HasField("logprobs") and req.logprobs:
-        raise InvalidRequest("'logprobs' is not supported")
     if not req.messages:
         raise InvalidRequest("'messages' is empty: give at least one message")
     out = pb.GenerateRequest()
@@ -83,19 +98,23 @@ def chat_request(req: pb.ChatCompletionRequest) -> pb.GenerateRequest:
         out.max_tokens = req.max_completion_tokens
     elif req.HasField("max_tokens"):
         out.max_tokens = req.max_tokens
+    if req.HasField("top_logprobs"):
+        if not req.logprobs:
+            raise InvalidRequest("'top_logprobs' needs 'logprobs': true")
+        if not 0 <= req.top_logprobs <= validation.MAX_LOGPROBS:
+            raise InvalidRequest(f"'top_logprobs' must be in [0, {validation.MAX_LOGPROBS}], got {req.top_logprobs}")
+    if req.logprobs:
+        out.logprobs = req.top_logprobs
     _sampling(req, out)
     return out
 
 
 def completion_request(req: pb.CompletionRequest) -> pb.GenerateRequest:
     """The GenerateRequest a text completion asks for; raises InvalidRequest naming the field."""
-    _unsupported(req)
-    if req.HasField("logprobs") and req.logprobs:
-        raise InvalidRequest("'logprobs' is not supported")
-    if req.HasField("echo") and req.echo:
-        raise InvalidRequest("'echo' is not supported")
-    if req.HasField("best_of") and req.best_of != 1:
-        raise InvalidRequest(f"'best_of' must be 1, got {req.best_of}")
+    if req.HasField("best_of") and req.best_of != choices(req):
+        raise InvalidRequest(f"'best_of' must equal 'n' ({choices(req)}): vLLM's engine has no best_of, got {req.best_of}")
+    if req.echo and req.HasField("logprobs"):
+        raise InvalidRequest("'echo' with 'logprobs' is not supported (it would need the prompt's logprobs)")
     kind = req.prompt.WhichOneof("kind")
     if kind == "string_value":
         prompt = req.prompt.string_value
@@ -111,7 +130,32 @@ def completion_request(req: pb.CompletionRequest) -> pb.GenerateRequest:
         raise InvalidRequest("'prompt' must be a string (batches and token-id prompts are not supported)")
     out = pb.GenerateRequest(prompt=prompt)
     out.max_tokens = req.max_tokens if req.HasField("max_tokens") else COMPLETIONS_DEFAULT_MAX_TOKENS
+    if req.HasField("logprobs"):
+        out.logprobs = req.logprobs
     _sampling(req, out)
+    return out
+
+
+INT32 = 2**31
+
+
+def choice_requests(req: pb.GenerateRequest, request_id: str, n: int) -> list[pb.GenerateRequest]:
+    """One GenerateRequest per choice, ids ``request_id`` (n = 1) or ``request_id-i``. A seeded
+    request's choice i has seed + i, as vLLM's parallel sampling, so the choices differ and each
+    is reproducible (and cacheable); greedy choices are all the same answer."""
+    if n == 1:
+        one = pb.GenerateRequest()
+        one.CopyFrom(req)
+        one.request_id = request_id
+        return [one]
+    out = []
+    for i in range(n):
+        r = pb.GenerateRequest()
+        r.CopyFrom(req)
+        r.request_id = f"{request_id}-{i}"
+        if req.HasField("seed"):
+            r.seed = (req.seed + i + INT32) % (2 * INT32) - INT32  # wraps within int32
+        out.append(r)
     return out
 
 
@@ -124,6 +168,15 @@ def usage(u: pb.Usage) -> pb.CompletionUsage:
     )
 
 
+def total_usage(usages: Sequence[pb.Usage]) -> pb.Usage:
+    """The usage of a request's choices as vLLM counts it: the prompt once, every choice's output."""
+    if len(usages) == 1:
+        return usages[0]
+    first = usages[0] if usages else pb.Usage()
+    return pb.Usage(prompt_tokens=first.prompt_tokens, cached_prompt_tokens=first.cached_prompt_tokens,
+                    completion_tokens=sum(u.completion_tokens for u in usages))
+
+
 def cache_info(resp: pb.GenerateResponse | pb.CompleteResponse) -> pb.CacheInfo | None:
     """How an answer was served when not generated for this request alone (None when it was)."""
     if not resp.cache_kind:
@@ -131,63 +184,104 @@ def cache_info(resp: pb.GenerateResponse | pb.CompleteResponse) -> pb.CacheInfo 
     return pb.CacheInfo(kind=resp.cache_kind, age_s=resp.cache_age_s, similarity=resp.cache_similarity)
 
 
-def chat_completion(resp: pb.CompleteResponse, model: str, created: int) -> pb.ChatCompletion:
+def _utf8(token: str) -> list[int]:
+    return list(token.encode("utf-8", errors="replace"))
+
+
+def chat_logprobs(logprobs: Iterable[pb.TokenLogprob]) -> pb.ChatCompletionLogprobs:
+    """OpenAI's chat logprobs: per token its text, bytes, logprob and the likeliest alternatives."""
+    return pb.ChatCompletionLogprobs(content=[
+        pb.ChatCompletionTokenLogprob(
+            token=lp.token, logprob=lp.logprob, bytes=_utf8(lp.token),
+            top_logprobs=[pb.ChatCompletionTopLogprob(token=t.token, logprob=t.logprob, bytes=_utf8(t.token))
+                          for t in lp.top],
+        )
+        for lp in logprobs
+    ])
+
+
+def completion_logprobs(logprobs: Iterable[pb.TokenLogprob], offset: int = 0) -> pb.CompletionLogprobs:
+    """OpenAI's legacy completions logprobs: parallel lists; ``offset`` is where the first token's
+    text starts in the choice's text (a stream's earlier chunks)."""
+    out = pb.CompletionLogprobs()
+    for lp in logprobs:
+        out.text_offset.append(offset)
+        offset += len(lp.token)
+        out.tokens.append(lp.token)
+        out.token_logprobs.append(lp.logprob)
+        alternatives = {t.token: t.logprob for t in lp.top}
+        alternatives.setdefault(lp.token, lp.logprob)
+        out.top_logprobs.add().update(alternatives)
+    return out
+
+
+def chat_completion(resps: Sequence[pb.CompleteResponse], response_id: str, logprobs: bool,
+                    model: str, created: int) -> pb.ChatCompletion:
+    """The chat completion of a request's choices (``resps``, by index)."""
     return pb.ChatCompletion(
-        id=f"chatcmpl-{resp.request_id}",
+        id=f"chatcmpl-{response_id}",
         object="chat.completion",
+        system_fingerprint=FINGERPRINT,
         created=created,
         model=model,
         choices=[
             pb.ChatCompletionChoice(
-                index=0,
-                message=pb.ChatCompletionMessage(role="assistant", content=resp.text),
-                finish_reason=resp.finish_reason,
+                index=i,
+                message=pb.ChatCompletionMessage(role="assistant", content=r.text),
+                finish_reason=r.finish_reason,
+                logprobs=chat_logprobs(r.logprobs) if logprobs else None,
             )
+            for i, r in enumerate(resps)
         ],
-        usage=usage(resp.usage),
-        cache=cache_info(resp),
+        usage=usage(total_usage([r.usage for r in resps])),
+        cache=cache_info(resps[0]),
     )
 
 
-def completion(resp: pb.CompleteResponse, model: str, created: int) -> pb.Completion:
+def completion(resps: Sequence[pb.CompleteResponse], response_id: str, logprobs: bool, echo: str,
+               model: str, created: int) -> pb.Completion:
+    """The text completion of a request's choices; ``echo``: the prompt, put before each text."""
     return pb.Completion(
-        id=f"cmpl-{resp.request_id}",
+        id=f"cmpl-{response_id}",
         object="text_completion",
+        system_fingerprint=FINGERPRINT,
         created=created,
         model=model,
-        choices=[pb.CompletionChoice(index=0, text=resp.text, finish_reason=resp.finish_reason)],
-        usage=usage(resp.usage),
-        cache=cache_info(resp),
+        choices=[
+            pb.CompletionChoice(index=i, text=echo + r.text, finish_reason=r.finish_reason,
+                                logprobs=completion_logprobs(r.logprobs) if logprobs else None)
+            for i, r in enumerate(resps)
+        ],
+        usage=usage(total_usage([r.usage for r in resps])),
+        cache=cache_info(resps[0]),
     )
 
 
-def chat_chunks(
-    chunk: pb.GenerateResponse, first: bool, model: str, created: int, include_usage: bool
-) -> Iterable[pb.ChatCompletionChunk]:
-    """The OpenAI chunks for one mesh chunk: the delta (the first carries the role), then, after
-    the last one, the usage chunk when the client asked for it."""
-    head = {"id": f"chatcmpl-{chunk.request_id}", "object": "chat.completion.chunk", "created": created, "model": model}
+def chat_chunk(chunk: pb.GenerateResponse, index: int, first: bool, response_id: str, logprobs: bool,
+               model: str, created: int) -> pb.ChatCompletionChunk:
+    """The OpenAI chunk of choice ``index`` for one mesh chunk (its first carries the role)."""
     delta = pb.ChatCompletionDelta(content=chunk.text)
     if first:
         delta.role = "assistant"
-    choice = pb.ChatCompletionChunkChoice(index=0, delta=delta)
+    choice = pb.ChatCompletionChunkChoice(index=index, delta=delta,
+                                          logprobs=chat_logprobs(chunk.logprobs) if logprobs else None)
     if chunk.finish_reason:
         choice.finish_reason = chunk.finish_reason
-    yield pb.ChatCompletionChunk(**head, choices=[choice], cache=cache_info(chunk) if chunk.finish_reason else None)
-    if chunk.finish_reason and include_usage:
-        yield pb.ChatCompletionChunk(**head, usage=usage(chunk.usage))
+    return pb.ChatCompletionChunk(id=f"chatcmpl-{response_id}", object="chat.completion.chunk", created=created,
+                                  model=model, choices=[choice], system_fingerprint=FINGERPRINT,
+                                  cache=cache_info(chunk) if chunk.finish_reason else None)
 
 
-def completion_chunks(
-    chunk: pb.GenerateResponse, model: str, created: int, include_usage: bool
-) -> Iterable[pb.Completion]:
-    head = {"id": f"cmpl-{chunk.request_id}", "object": "text_completion", "created": created, "model": model}
-    choice = pb.CompletionChoice(index=0, text=chunk.text)
+def completion_chunk(chunk: pb.GenerateResponse, index: int, text_before: str, offset: int, response_id: str,
+                     logprobs: bool, model: str, created: int) -> pb.Completion:
+    """The OpenAI chunk of choice ``index``; ``text_before``: the echoed prompt (first chunk);
+    ``offset``: the length of the choice's text sent before this chunk."""
+    choice = pb.CompletionChoice(index=index, text=text_before + chunk.text,
+                                 logprobs=completion_logprobs(chunk.logprobs, offset + len(text_before)) if logprobs else None)
     if chunk.finish_reason:
         choice.finish_reason = chunk.finish_reason
-    yield pb.Completion(**head, choices=[choice], cache=cache_info(chunk) if chunk.finish_reason else None)
-    if chunk.finish_reason and include_usage:
-        yield pb.Completion(**head, usage=usage(chunk.usage))
+    return pb.Completion(id=f"cmpl-{response_id}", object="text_completion", created=created, model=model,
+                         choices=[choice], system_fingerprint=FINGERPRINT, cache=cache_info(chunk) if chunk.finish_reason else None)
 
 
 def error(code: grpc.StatusCode, message: str) -> pb.OpenAIError:

@@ -8,10 +8,12 @@ with one chunk carrying only an ``error`` object, since the HTTP status is alrea
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+import uuid
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import grpc
 
@@ -24,6 +26,7 @@ from services.validation import InvalidRequest
 OWNED_BY = "meshserve"
 
 Chunk = TypeVar("Chunk", pb.ChatCompletionChunk, pb.Completion)
+T = TypeVar("T")
 
 
 class OpenAIServicer(pb_grpc.OpenAIServicer):
@@ -48,57 +51,77 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
         self, request: pb.ChatCompletionRequest, context: grpc.aio.ServicerContext
     ) -> pb.ChatCompletion:
         req = await self._convert(convert.chat_request, request, context)
-        resp = await self._complete(req, context)
-        return convert.chat_completion(resp, self._model, int(self._clock()))
+        response_id, reqs = self._choices(req, request)
+        resps = await self._complete(reqs, context)
+        return convert.chat_completion(resps, response_id, req.HasField("logprobs"), self._model, int(self._clock()))
 
     async def Completions(self, request: pb.CompletionRequest, context: grpc.aio.ServicerContext) -> pb.Completion:
         req = await self._convert(convert.completion_request, request, context)
-        resp = await self._complete(req, context)
-        return convert.completion(resp, self._model, int(self._clock()))
+        response_id, reqs = self._choices(req, request)
+        resps = await self._complete(reqs, context)
+        echo = req.prompt if request.echo else ""
+        return convert.completion(resps, response_id, req.HasField("logprobs"), echo, self._model,
+                                  int(self._clock()))
 
     async def StreamChatCompletions(
         self, request: pb.ChatCompletionRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ChatCompletionChunk]:
         req = await self._convert(convert.chat_request, request, context)
-        created, usage = int(self._clock()), request.stream_options.include_usage
-        first = True
+        response_id, reqs = self._choices(req, request)
+        created, logprobs = int(self._clock()), req.HasField("logprobs")
+        head = {"id": f"chatcmpl-{response_id}", "object": "chat.completion.chunk", "created": created,
+                "model": self._model, "system_fingerprint": convert.FINGERPRINT}
+        started: set[int] = set()
 
-        def chunks(c: pb.GenerateResponse) -> Iterable[pb.ChatCompletionChunk]:
-            nonlocal first
-            out = convert.chat_chunks(c, first, self._model, created, usage)
-            first = False
-            return out
+        def chunk(index: int, c: pb.GenerateResponse) -> pb.ChatCompletionChunk:
+            first = index not in started
+            started.add(index)
+            return convert.chat_chunk(c, index, first, response_id, logprobs, self._model, created)
+
+        def usage(u: pb.Usage) -> pb.ChatCompletionChunk:
+            return pb.ChatCompletionChunk(**head, usage=convert.usage(u))
 
         def failed(e: GatewayError) -> pb.ChatCompletionChunk:
-            return pb.ChatCompletionChunk(object="chat.completion.chunk", created=created, model=self._model,
-                                          error=convert.error(e.code, e.message))
+            return pb.ChatCompletionChunk(**head, error=convert.error(e.code, e.message))
 
-        async for chunk in self._stream(req, context, chunks, failed):
-            yield chunk
+        async for out in self._stream(reqs, context, chunk, usage if request.stream_options.include_usage else None,
+                                      failed):
+            yield out
 
     async def StreamCompletions(
         self, request: pb.CompletionRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.Completion]:
         req = await self._convert(convert.completion_request, request, context)
-        created, usage = int(self._clock()), request.stream_options.include_usage
+        response_id, reqs = self._choices(req, request)
+        created, logprobs = int(self._clock()), req.HasField("logprobs")
+        head = {"id": f"cmpl-{response_id}", "object": "text_completion", "created": created, "model": self._model,
+                "system_fingerprint": convert.FINGERPRINT}
+        sent: dict[int, int] = {}  # choice -> characters of its text sent so far
 
-        def chunks(c: pb.GenerateResponse) -> Iterable[pb.Completion]:
-            return convert.completion_chunks(c, self._model, created, usage)
+        def chunk(index: int, c: pb.GenerateResponse) -> pb.Completion:
+            echo = req.prompt if request.echo and index not in sent else ""
+            out = convert.completion_chunk(c, index, echo, sent.get(index, 0), response_id, logprobs,
+                                           self._model, created)
+            sent[index] = sent.get(index, 0) + len(echo) + len(c.text)
+            return out
+
+        def usage(u: pb.Usage) -> pb.Completion:
+            return pb.Completion(**head, usage=convert.usage(u))
 
         def failed(e: GatewayError) -> pb.Completion:
-            return pb.Completion(object="text_completion", created=created, model=self._model,
-                                 error=convert.error(e.code, e.message))
+            return pb.Completion(**head, error=convert.error(e.code, e.message))
 
-        async for chunk in self._stream(req, context, chunks, failed):
-            yield chunk
+        async for out in self._stream(reqs, context, chunk, usage if request.stream_options.include_usage else None,
+                                      failed):
+            yield out
 
     async def ListModels(self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext) -> pb.ModelList:
-        return pb.ModelList(object="list", data=[self._model_card()])
+        return pb.ModelList(object="list", data=[await self._model_card()])
 
     async def RetrieveModel(self, request: pb.RetrieveModelRequest, context: grpc.aio.ServicerContext) -> pb.Model:
         if request.model != self._model:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"model {request.model!r} not found; this mesh serves {self._model!r}")
-        return self._model_card()
+        return await self._model_card()
 
     async def Health(self, request: pb.HealthRequest, context: grpc.aio.ServicerContext) -> pb.HealthStatus:
         workers, why = await self._orch.serving_workers()
@@ -108,8 +131,14 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
 
     # -- helpers ------------------------------------------------------------------------------
 
-    def _model_card(self) -> pb.Model:
-        return pb.Model(id=self._model, object="model", created=self._started, owned_by=OWNED_BY)
+    async def _model_card(self) -> pb.Model:
+        card = pb.Model(id=self._model, object="model", created=self._started, owned_by=OWNED_BY, root=self._model,
+                        permission=[pb.ModelPermission(
+                            id=f"modelperm-{self._started}", object="model_permission", created=self._started,
+                            allow_sampling=True, allow_logprobs=True, allow_view=True, organization="*")])
+        if (context_len := await self._orch.max_model_len()) is not None:
+            card.max_model_len = context_len
+        return card
 
     @staticmethod
     async def _convert(fn, request, context: grpc.aio.ServicerContext) -> pb.GenerateRequest:  # noqa: ANN001
@@ -119,29 +148,96 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
             raise  # unreachable: abort raises
 
-    async def _complete(self, req: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.CompleteResponse:
-        try:
-            return await self._orch.complete(req, self._tenant(context))
-        except GatewayError as e:
-            await context.abort(e.code, e.message, trailing_metadata=e.trailers)
-            raise  # unreachable: abort raises
+    @staticmethod
+    def _choices(
+        req: pb.GenerateRequest, request: pb.ChatCompletionRequest | pb.CompletionRequest
+    ) -> tuple[str, list[pb.GenerateRequest]]:
+        """The response's id and one GenerateRequest per choice (``n``)."""
+        response_id = uuid.uuid4().hex
+        return response_id, convert.choice_requests(req, response_id, convert.choices(request))
+
+    async def _complete(
+        self, reqs: list[pb.GenerateRequest], context: grpc.aio.ServicerContext
+    ) -> list[pb.CompleteResponse]:
+        """Every choice's completion, generated at once; the first failure ends the call (and
+        cancels the other choices)."""
+        tenant = self._tenant(context)
+        failure: GatewayError
+        if len(reqs) == 1:
+            try:
+                return [await self._orch.complete(reqs[0], tenant)]
+            except GatewayError as e:
+                failure = e
+        else:
+            try:
+                async with asyncio.TaskGroup() as group:
+                    tasks = [group.create_task(self._orch.complete(r, tenant)) for r in reqs]
+                return [t.result() for t in tasks]
+            except* GatewayError as errors:
+                failure = cast(GatewayError, errors.exceptions[0])
+        await context.abort(failure.code, failure.message, trailing_metadata=failure.trailers)
+        raise AssertionError("unreachable: abort raises")
 
     async def _stream(
         self,
-        req: pb.GenerateRequest,
+        reqs: list[pb.GenerateRequest],
         context: grpc.aio.ServicerContext,
-        chunks: Callable[[pb.GenerateResponse], Iterable[Chunk]],
+        chunk: Callable[[int, pb.GenerateResponse], Chunk],
+        usage: Callable[[pb.Usage], Chunk] | None,
         failed: Callable[[GatewayError], Chunk],
     ) -> AsyncIterator[Chunk]:
+        """Every choice's stream, chunks by choice index as they come; then the usage chunk, if
+        asked for. A failure before the first chunk is the call's status, after it a last chunk."""
         sent = False
-        # aclosing: a cancelled client cancels the worker call now, not when the generator is collected.
-        async with aclosing(self._orch.generate(req, self._tenant(context))) as stream:
+        usages: dict[int, pb.Usage] = {}
+        tenant = self._tenant(context)
+        # aclosing: a cancelled client cancels the worker calls now, not when the generator is collected.
+        async with aclosing(interleave([self._orch.generate(r, tenant) for r in reqs])) as stream:
             try:
-                async for chunk in stream:
-                    for out in chunks(chunk):
-                        sent = True
-                        yield out
+                async for index, c in stream:
+                    if c.HasField("usage"):
+                        usages[index] = c.usage
+                    sent = True
+                    yield chunk(index, c)
             except GatewayError as e:
                 if not sent:
                     await context.abort(e.code, e.message, trailing_metadata=e.trailers)
                 yield failed(e)
+                return
+        if usage is not None:
+            yield usage(convert.total_usage([usages[i] for i in sorted(usages)]))
+
+
+async def interleave(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
+    """(index, item) from every stream as they come; the first error ends it and closes the rest."""
+    if len(streams) == 1:  # the common case: no task, no queue
+        async with aclosing(streams[0]) as only:  # type: ignore[type-var]
+            async for item in only:
+                yield 0, item
+        return
+    queue: asyncio.Queue[tuple[int, T | BaseException | None]] = asyncio.Queue()  # bounded by max_tokens
+
+    async def pump(index: int, stream: AsyncIterator[T]) -> None:
+        try:
+            async with aclosing(stream):  # type: ignore[type-var]
+                async for item in stream:
+                    queue.put_nowait((index, item))
+        except Exception as e:
+            queue.put_nowait((index, e))
+        else:
+            queue.put_nowait((index, None))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        for _ in range(len(tasks)):
+            while True:
+                index, item = await queue.get()
+                if item is None:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -7,6 +7,7 @@ Plain async Python over protobuf messages; the servicer in ``gateway.server`` on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -84,6 +85,7 @@ class Orchestrator:
         self._flights = Flights()
         self._cache_ok = True  # warn once when the cache starts failing, not on every request
         self._router_ok = True  # the same for the router
+        self._max_model_len: int | None = None  # the workers' context length, once one said it
         self._breaker = Breaker(cfg.cache_breaker_failures, cfg.cache_breaker_s, clock)
 
     async def generate(self, request: pb.GenerateRequest, tenant: str) -> AsyncIterator[pb.GenerateResponse]:
@@ -139,6 +141,7 @@ class Orchestrator:
             async for chunk in stream:
                 texts.append(chunk.text)
                 out.token_ids.extend(chunk.token_ids)
+                out.logprobs.extend(chunk.logprobs)
                 out.request_id, out.cached, out.worker = chunk.request_id, chunk.cached, chunk.worker
                 out.cache_kind, out.cache_age_s = chunk.cache_kind, chunk.cache_age_s
                 out.cache_similarity = chunk.cache_similarity
@@ -306,6 +309,18 @@ class Orchestrator:
             return reachable, f"router unavailable ({e.code().name}) and no worker reachable without it"
         serving = sum(1 for w in listed.workers if w.healthy and not w.load.draining)
         return serving, f"the router has {len(listed.workers)} workers, none healthy and undrained"
+
+    async def max_model_len(self) -> int | None:
+        """The workers' context length, as the first worker to answer says (every worker serves
+        the one model); None while none has. Asked once, then remembered."""
+        if self._max_model_len is None:
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                listed = await self._clients.router.ListWorkers(pb.ListWorkersRequest(), timeout=HEALTH_TIMEOUT_S)
+                for worker in (w for w in listed.workers if w.healthy):
+                    info = await self._clients.worker(worker.address).Info(pb.InfoRequest(), timeout=HEALTH_TIMEOUT_S)
+                    self._max_model_len = info.max_model_len
+                    break
+        return self._max_model_len
 
     async def _pick(self, req: pb.GenerateRequest, exclude: Sequence[str]) -> pb.PickResponse:
         try:

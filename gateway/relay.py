@@ -40,7 +40,7 @@ class WorkerFailed(StreamFailed):
 
 
 def merge(chunks: list[pb.GenerateResponse]) -> pb.GenerateResponse:
-    """Consecutive deltas of one request as one: texts and token ids joined; request id, worker,
+    """Consecutive deltas of one request as one: texts, token ids and logprobs joined; request id, worker,
     finish reason and usage from the last."""
     if len(chunks) == 1:
         return chunks[0]
@@ -49,6 +49,7 @@ def merge(chunks: list[pb.GenerateResponse]) -> pb.GenerateResponse:
                               finish_reason=last.finish_reason, cached=last.cached, worker=last.worker)
     for c in chunks:
         out.token_ids.extend(c.token_ids)
+        out.logprobs.extend(c.logprobs)
     if last.HasField("usage"):
         out.usage.CopyFrom(last.usage)
     return out

@@ -33,6 +33,17 @@ def canonical(req: pb.GenerateRequest, tenant: str) -> bytes:
         # Stop strings act as a set: their order does not change where generation stops.
         "stop": sorted(set(req.stop)),
         "ignore_eos": req.ignore_eos,
+        "presence_penalty": req.presence_penalty,      # unset reads 0.0, the default
+        "frequency_penalty": req.frequency_penalty,
+        "repetition_penalty": validation.repetition_penalty(req),
+        "top_k": max(req.top_k, 0),                    # -1 and 0 both mean off
+        "min_p": req.min_p,
+        "min_tokens": req.min_tokens,
+        "stop_token_ids": sorted(set(req.stop_token_ids)),
+        "logit_bias": sorted(req.logit_bias.items()),
+        "include_stop_str_in_output": req.include_stop_str_in_output,
+        "skip_special_tokens": validation.skip_special_tokens(req),
+        "logprobs": req.logprobs if req.HasField("logprobs") else None,
     }
     return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 

@@ -12,6 +12,13 @@ from services.gen import meshserve_pb2 as pb
 DEFAULT_MAX_TOKENS = 128
 DEFAULT_TEMPERATURE = 1.0
 DEFAULT_TOP_P = 1.0
+# vLLM's SamplingParams defaults and limits (vllm/sampling_params.py), so that a request vLLM
+# would refuse is refused here, naming the field, before it reaches a worker.
+DEFAULT_REPETITION_PENALTY = 1.0
+MAX_TEMPERATURE = 2.0
+MAX_PENALTY = 2.0          # |presence_penalty|, |frequency_penalty|
+MAX_LOGIT_BIAS = 100.0     # OpenAI's range for logit_bias values
+MAX_LOGPROBS = 20          # vLLM's default --max-logprobs
 # The finish reasons of a completed generation (an aborted one ends "abort", and is not kept).
 FINISHED = frozenset({"stop", "length"})
 VALID_ROLES = {"system", "user", "assistant", "tool", "developer"}
@@ -40,8 +47,8 @@ def validate(req: pb.GenerateRequest, max_model_len: int | None = None) -> None:
             raise InvalidRequest(
                 f"'max_tokens' is {req.max_tokens} but the model's context is {max_model_len} tokens"
             )
-    if req.HasField("temperature") and (math.isnan(req.temperature) or req.temperature < 0):
-        raise InvalidRequest(f"'temperature' must be >= 0, got {req.temperature}")
+    if req.HasField("temperature") and not (0 <= req.temperature <= MAX_TEMPERATURE):
+        raise InvalidRequest(f"'temperature' must be in [0, {MAX_TEMPERATURE:g}], got {req.temperature:g}")
     if req.HasField("top_p") and not (0 < req.top_p <= 1):
         raise InvalidRequest(f"'top_p' must be in (0, 1], got {req.top_p}")
     for i, s in enumerate(req.stop):
@@ -52,8 +59,40 @@ def validate(req: pb.GenerateRequest, max_model_len: int | None = None) -> None:
     if len(req.continue_token_ids) >= max_tokens(req):
         raise InvalidRequest(f"'continue_token_ids' has {len(req.continue_token_ids)} tokens: no room left "
                              f"under max_tokens ({max_tokens(req)})")
+    _validate_sampling(req)
     if req.cache and req.cache not in CACHE_MODES:
         raise InvalidRequest(f"'cache' must be one of {list(CACHE_MODES)} (or empty: the gateway's default), got {req.cache!r}")
+
+
+def _validate_sampling(req: pb.GenerateRequest) -> None:
+    """vLLM's sampling fields, with vLLM's limits (out-of-vocabulary token ids are the worker's
+    to refuse: only it knows the vocabulary)."""
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(req, name)
+        if req.HasField(name) and not (-MAX_PENALTY <= value <= MAX_PENALTY):
+            raise InvalidRequest(f"'{name}' must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {value:g}")
+    if req.HasField("repetition_penalty") and not (0 < req.repetition_penalty < math.inf):
+        raise InvalidRequest(f"'repetition_penalty' must be > 0 (1 is off), got {req.repetition_penalty:g}")
+    if req.HasField("top_k") and req.top_k < -1:
+        raise InvalidRequest(f"'top_k' must be 0 or -1 (off) or at least 1, got {req.top_k}")
+    if req.HasField("min_p") and not (0 <= req.min_p <= 1):
+        raise InvalidRequest(f"'min_p' must be in [0, 1], got {req.min_p:g}")
+    if req.HasField("min_tokens"):
+        if req.min_tokens < 0:
+            raise InvalidRequest(f"'min_tokens' must be >= 0, got {req.min_tokens}")
+        if req.min_tokens > max_tokens(req):
+            raise InvalidRequest(f"'min_tokens' ({req.min_tokens}) must be at most 'max_tokens' ({max_tokens(req)})")
+    for i, token in enumerate(req.stop_token_ids):
+        if token < 0:
+            raise InvalidRequest(f"'stop_token_ids[{i}]' must be a token id (>= 0), got {token}")
+    for token, bias in req.logit_bias.items():
+        if token < 0:
+            raise InvalidRequest(f"'logit_bias' keys must be token ids (>= 0), got {token}")
+        if not (-MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS):
+            raise InvalidRequest(f"'logit_bias' of token {token} must be in [-{MAX_LOGIT_BIAS:g}, "
+                                 f"{MAX_LOGIT_BIAS:g}], got {bias:g}")
+    if req.HasField("logprobs") and not (0 <= req.logprobs <= MAX_LOGPROBS):
+        raise InvalidRequest(f"'logprobs' must be in [0, {MAX_LOGPROBS}] (alternatives per token), got {req.logprobs}")
 
 
 def max_tokens(req: pb.GenerateRequest) -> int:
@@ -68,12 +107,25 @@ def top_p(req: pb.GenerateRequest) -> float:
     return req.top_p if req.HasField("top_p") else DEFAULT_TOP_P
 
 
+def repetition_penalty(req: pb.GenerateRequest) -> float:
+    return req.repetition_penalty if req.HasField("repetition_penalty") else DEFAULT_REPETITION_PENALTY
+
+
+def skip_special_tokens(req: pb.GenerateRequest) -> bool:
+    return req.skip_special_tokens if req.HasField("skip_special_tokens") else True
+
+
 def cache_mode(req: pb.GenerateRequest, default: str) -> str:
     """How the response cache serves ``req``: "off" (skip_cache, cache "off", or sampled
-    output: nothing to share), else its own ``cache`` or ``default``."""
+    output: nothing to share), else its own ``cache`` or ``default``. A request asking for
+    logprobs is answered by exact matches only: a similar prompt's answer would carry the log
+    probabilities of another prompt."""
     if req.skip_cache or req.cache == CACHE_OFF or not is_deterministic(req):
         return CACHE_OFF
-    return req.cache or default
+    mode = req.cache or default
+    if mode == CACHE_SEMANTIC and req.HasField("logprobs"):
+        return CACHE_EXACT
+    return mode
 
 
 def is_deterministic(req: pb.GenerateRequest) -> bool:

@@ -8,7 +8,13 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 
-from services.validation import DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE, DEFAULT_TOP_P
+from services.validation import (
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_REPETITION_PENALTY,
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOP_P,
+    InvalidRequest,
+)
 from worker.kv_events import KvCacheView
 
 
@@ -29,6 +35,33 @@ class Request:
     # A stream migrated from a lost worker: the output it had sent, put after the prompt. Counts
     # in max_tokens and in completion_tokens; not streamed again.
     continue_token_ids: list[int] = field(default_factory=list)
+    # vLLM's SamplingParams of the same names (validated: services.validation).
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = DEFAULT_REPETITION_PENALTY
+    top_k: int = 0                                  # 0: off
+    min_p: float = 0.0
+    min_tokens: int = 0
+    stop_token_ids: list[int] = field(default_factory=list)
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    logprobs: int | None = None                     # alternatives per token; None: no logprobs
+
+    def non_default(self, *names: str) -> list[str]:
+        """Those of the fields ``names`` this request sets to other than their default."""
+        return [n for n in names if getattr(self, n) != getattr(_DEFAULT_REQUEST, n)]
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log probability and the ``top`` most likely (id, text, logprob) at its
+    position, most likely first."""
+
+    token_id: int
+    token: str
+    logprob: float
+    top: list[tuple[int, str, float]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -41,10 +74,14 @@ class Delta:
     prompt_tokens: int = 0
     completion_tokens: int = 0         # total so far
     cached_prompt_tokens: int = 0
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when the request asked
 
     def then(self, later: Delta) -> Delta:
         """This Delta and the ``later`` one as one (the later one's status and counts)."""
-        return replace(later, text=self.text + later.text, token_ids=[*self.token_ids, *later.token_ids])
+        logprobs = None if self.logprobs is None and later.logprobs is None else \
+            [*(self.logprobs or []), *(later.logprobs or [])]
+        return replace(later, text=self.text + later.text, token_ids=[*self.token_ids, *later.token_ids],
+                       logprobs=logprobs)
 
 
 @dataclass(frozen=True)
@@ -68,8 +105,18 @@ class EngineInfo:
     tokenizer: str = ""   # what the router tokenizes prompts with ("sim", a path or a name)
 
 
-class PromptTooLong(ValueError):
+_DEFAULT_REQUEST = Request(request_id="")
+
+
+class PromptTooLong(InvalidRequest):
     """The prompt plus max_tokens does not fit the model's context (INVALID_ARGUMENT)."""
+
+
+def refuse_unsupported(request: Request, engine: str, *names: str) -> None:
+    """Raises InvalidRequest naming the first of the fields ``names`` that ``request`` sets and
+    the engine ``engine`` cannot honour."""
+    if unsupported := request.non_default(*names):
+        raise InvalidRequest(f"'{unsupported[0]}' is not supported by the {engine!r} engine of this worker")
 
 
 class LoadSignal:

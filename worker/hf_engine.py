@@ -13,10 +13,16 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from services.config import DEFAULT_MODEL, WorkerConfig
-from worker.engine import Delta, Engine, EngineInfo, Load, LoadSignal, Request
+from worker.engine import Delta, Engine, EngineInfo, Load, LoadSignal, Request, refuse_unsupported
 from worker.vllm_engine import check_fits, render_prompt, resolve_model
 
 log = logging.getLogger(__name__)
+
+
+# The sampling fields this baseline leaves to vLLM (it has top_k, min_p, repetition_penalty
+# and min_tokens, which Hugging Face's generate does too).
+UNSUPPORTED = ("presence_penalty", "frequency_penalty", "stop_token_ids", "logit_bias",
+               "include_stop_str_in_output", "skip_special_tokens", "logprobs")
 
 
 class TransformersEngine(Engine):
@@ -54,6 +60,7 @@ class TransformersEngine(Engine):
     async def generate(self, request: Request) -> AsyncIterator[Delta]:
         if self._model is None:
             raise RuntimeError("the engine is not started")
+        refuse_unsupported(request, "transformers", *UNSUPPORTED)
         prompt_ids = render_prompt(self._tokenizer, request)
         check_fits(len(prompt_ids), request.max_tokens, self.info.max_model_len)
         self._waiting += 1
@@ -156,16 +163,20 @@ def _generate(model: Any, tokenizer: Any, request: Request, prompt_ids: list[int
             return torch.full((input_ids.shape[0],), stop_flag.is_set(), dtype=torch.bool)
 
     greedy = request.temperature == 0
+    new_tokens = request.max_tokens - len(request.continue_token_ids)
     config = GenerationConfig(
-        max_new_tokens=request.max_tokens - len(request.continue_token_ids),
+        max_new_tokens=new_tokens,
         do_sample=not greedy,
         temperature=None if greedy else request.temperature,
         top_p=None if greedy else request.top_p,
-        top_k=None,
+        top_k=None if greedy or not request.top_k else request.top_k,
+        min_p=None if greedy or not request.min_p else request.min_p,
+        repetition_penalty=request.repetition_penalty if request.repetition_penalty != 1 else None,
         eos_token_id=None if request.ignore_eos else tokenizer.eos_token_id,
         # generate() fills unset fields from the model's own generation config, its EOS
         # included: without this an ignore_eos request stopped at a sampled EOS.
-        min_new_tokens=request.max_tokens - len(request.continue_token_ids) if request.ignore_eos else None,
+        min_new_tokens=new_tokens if request.ignore_eos else
+        (max(0, request.min_tokens - len(request.continue_token_ids)) or None),
         pad_token_id=tokenizer.pad_token_id,
     )
     try:

@@ -22,7 +22,7 @@ from services import validation
 from services.config import WorkerConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
-from worker.engine import Delta, Engine, PromptTooLong, Request
+from worker.engine import Delta, Engine, Request
 from worker.session import Session
 
 log = logging.getLogger(__name__)
@@ -140,6 +140,17 @@ def to_engine_request(req: pb.GenerateRequest, min_stream_interval: int = 1) -> 
         ignore_eos=req.ignore_eos,
         stream_interval=max(req.stream_interval if req.HasField("stream_interval") else 1, min_stream_interval),
         continue_token_ids=list(req.continue_token_ids),
+        presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty,
+        repetition_penalty=validation.repetition_penalty(req),
+        top_k=max(req.top_k, 0),
+        min_p=req.min_p,
+        min_tokens=req.min_tokens,
+        stop_token_ids=list(req.stop_token_ids),
+        logit_bias=dict(req.logit_bias),
+        include_stop_str_in_output=req.include_stop_str_in_output,
+        skip_special_tokens=validation.skip_special_tokens(req),
+        logprobs=req.logprobs if req.HasField("logprobs") else None,
     )
 
 
@@ -196,7 +207,7 @@ class WorkerServicer(pb_grpc.WorkerServicer):
         try:
             async for chunk in self._stream(req):
                 yield chunk
-        except PromptTooLong as e:
+        except validation.InvalidRequest as e:  # found by the engine (prompt too long, token ids, ...)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except (asyncio.CancelledError, GeneratorExit, grpc.aio.AbortError):
             raise
@@ -253,9 +264,9 @@ class WorkerServicer(pb_grpc.WorkerServicer):
                     last_delta = delta
             if held is not None:  # the engine stopped without a finish reason
                 yield self._to_pb(req.request_id, held)
-        except PromptTooLong:
+        except validation.InvalidRequest as e:
             metrics.finished("rejected")
-            log.info("request %s rejected: prompt too long", req.request_id)
+            log.info("request %s rejected: %s", req.request_id, e)
             raise
         except (asyncio.CancelledError, GeneratorExit):
             metrics.finished("abort")
@@ -288,6 +299,9 @@ class WorkerServicer(pb_grpc.WorkerServicer):
     def _to_pb(self, request_id: str, delta: Delta) -> pb.GenerateResponse:
         chunk = pb.GenerateResponse(request_id=request_id, text=delta.text, token_ids=delta.token_ids,
                                     worker=self.worker_id)
+        for lp in delta.logprobs or ():
+            chunk.logprobs.add(token_id=lp.token_id, token=lp.token, logprob=lp.logprob,
+                               top=[pb.TopLogprob(token_id=t, token=text, logprob=v) for t, text, v in lp.top])
         if delta.finish_reason is not None:
             chunk.finish_reason = delta.finish_reason
             chunk.usage.CopyFrom(pb.Usage(prompt_tokens=delta.prompt_tokens,

@@ -34,6 +34,12 @@ Tokenization is a deterministic stand-in (pieces of up to 4 characters with thei
 (``sim_seed``, prompt, request seed), so greedy and seeded requests are reproducible, which the
 response cache relies on; unseeded sampling (temperature > 0, no seed) is random.
 
+Sampling: the simulator honours what changes where a request stops (``stop_token_ids``,
+``min_tokens``, ``include_stop_str_in_output``) and reports ``logprobs`` from its own
+distribution (every word equally likely). Fields that only change which word is drawn
+(penalties, ``top_k``, ``min_p``, ``logit_bias``, ``skip_special_tokens``) are accepted and have no
+effect: they do not change how long a step takes.
+
 Time is injected (``clock``, ``sleep``) so tests run the simulation on a fake clock.
 """
 
@@ -50,8 +56,8 @@ from dataclasses import dataclass, field
 
 from services.config import WorkerConfig
 from services.prompts import ROOT_HASH, SIM_TOKENIZER, block_hash, sim_render, sim_token_id, sim_tokenize
+from worker.engine import Delta, Engine, EngineInfo, Load, LoadSignal, PromptTooLong, Request, TokenLogprob
 from worker.kv_events import KvCacheView
-from worker.engine import Delta, Engine, EngineInfo, Load, LoadSignal, PromptTooLong, Request
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +74,17 @@ _WORDS = (
     "live back only year came show good me give our name very just form much help low line turn "
     "move same"
 ).split()
+
+
+WORD_LOGPROB = -math.log(len(_WORDS))  # the simulator draws every word with the same probability
+
+
+def _uniform_logprob(at: int, num_top: int) -> TokenLogprob:
+    """The logprob of ``_WORDS[at]``: the simulator's true distribution (uniform over its words),
+    with ``num_top`` alternatives: the drawn word, then the words after it."""
+    words = [" " + _WORDS[(at + i) % len(_WORDS)] for i in range(min(num_top, len(_WORDS)))]
+    return TokenLogprob(token_id=sim_token_id(" " + _WORDS[at]), token=" " + _WORDS[at], logprob=WORD_LOGPROB,
+                        top=[(sim_token_id(w), w, WORD_LOGPROB) for w in words])
 
 
 def render_prompt(request: Request) -> str:
@@ -320,12 +337,13 @@ class SimEngine(Engine):
         self._remove(seq)
         self._notify()
 
-    def _finish(self, seq: _Seq, reason: str, token_ids: list[int] | None = None) -> None:
+    def _finish(self, seq: _Seq, reason: str, token_ids: list[int] | None = None,
+                logprobs: list[TokenLogprob] | None = None) -> None:
         """Ends a request: frees its blocks and sends the rest of its text with the finish reason."""
         seq.finish_reason = reason
         self._remove(seq)
         text, seq.sent_chars = seq.text[seq.sent_chars:], len(seq.text)
-        seq.out.put(self._delta(seq, text, token_ids or [], reason))
+        seq.out.put(self._delta(seq, text, token_ids or [], reason, logprobs))
 
     def _remove(self, seq: _Seq) -> None:
         self._live.discard(seq)
@@ -336,7 +354,8 @@ class SimEngine(Engine):
         self._pool.release(seq.blocks)
         seq.blocks = []
 
-    def _delta(self, seq: _Seq, text: str, token_ids: list[int], finish_reason: str | None) -> Delta:
+    def _delta(self, seq: _Seq, text: str, token_ids: list[int], finish_reason: str | None,
+               logprobs: list[TokenLogprob] | None = None) -> Delta:
         return Delta(
             text=text,
             token_ids=token_ids,
@@ -344,6 +363,7 @@ class SimEngine(Engine):
             prompt_tokens=len(seq.prompt_ids),
             completion_tokens=len(seq.output_ids),
             cached_prompt_tokens=seq.cached_prompt_tokens,
+            logprobs=logprobs if seq.request.logprobs is not None else None,
         )
 
     def _notify(self) -> None:
@@ -446,35 +466,50 @@ class SimEngine(Engine):
             if seq.finish_reason is not None:
                 continue  # aborted while the step ran
             self._cache_computed_blocks(seq)
-            word = " " + seq.rng.choice(_WORDS)
+            request = seq.request
+            at = seq.rng.randrange(len(_WORDS))
+            if len(seq.output_ids) < request.min_tokens and request.stop_token_ids:
+                # As vLLM: before min_tokens a stop token is never drawn (its logit is masked).
+                for _ in range(len(_WORDS)):
+                    if sim_token_id(" " + _WORDS[at]) not in request.stop_token_ids:
+                        break
+                    at = seq.rng.randrange(len(_WORDS))
+            word = " " + _WORDS[at]
             token = sim_token_id(word)
             seq.output_ids.append(token)
+            logprobs = None if request.logprobs is None else [_uniform_logprob(at, request.logprobs)]
             old_len = len(seq.text)
             seq.text += word
-            stop = seq.request.stop
-            if stop and self._cut_at_stop(seq, old_len):
-                self._finish(seq, "stop", [token])
-            elif len(seq.output_ids) >= seq.request.max_tokens:
-                self._finish(seq, "length", [token])
+            stop = request.stop
+            may_stop = len(seq.output_ids) >= request.min_tokens  # vLLM checks no stop string before
+            if may_stop and token in request.stop_token_ids:
+                if not request.include_stop_str_in_output:
+                    seq.text = seq.text[:old_len]
+                self._finish(seq, "stop", [token], logprobs)
+            elif may_stop and stop and self._cut_at_stop(seq, old_len):
+                self._finish(seq, "stop", [token], logprobs)
+            elif len(seq.output_ids) >= request.max_tokens:
+                self._finish(seq, "length", [token], logprobs)
             else:
                 # Hold back what could still be the start of a stop string (vLLM does the same).
                 hold = max((len(s) for s in stop), default=1) - 1
                 end = max(seq.sent_chars, len(seq.text) - hold)
                 text, seq.sent_chars = seq.text[seq.sent_chars:end], end
-                seq.out.put(self._delta(seq, text, [token], None))
+                seq.out.put(self._delta(seq, text, [token], None, logprobs))
 
     @staticmethod
     def _cut_at_stop(seq: _Seq, old_len: int) -> bool:
         """Cuts the text before the first stop string that the new word completed."""
-        best = -1
+        best, end = -1, -1
         for stop in seq.request.stop:
             at = seq.text.find(stop, max(0, old_len - len(stop) + 1))
             if at >= 0 and (best < 0 or at < best):
-                best = at
+                best, end = at, at + len(stop)
         if best < 0:
             return False
-        seq.text = seq.text[:best]
-        seq.sent_chars = min(seq.sent_chars, best)
+        cut = end if seq.request.include_stop_str_in_output else best
+        seq.text = seq.text[:cut]
+        seq.sent_chars = min(seq.sent_chars, cut)
         return True
 
     def _hash_full_blocks(self, seq: _Seq) -> None:

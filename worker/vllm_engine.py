@@ -7,15 +7,16 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import psutil
 
 from services.config import DEFAULT_MODEL, WorkerConfig
 from services.prompts import hf_prompt_ids
+from services.validation import InvalidRequest
+from worker.engine import Delta, Engine, EngineInfo, Load, LoadSignal, PromptTooLong, Request, TokenLogprob
 from worker.kv_events import KvCacheView
-from worker.engine import Delta, Engine, EngineInfo, Load, LoadSignal, PromptTooLong, Request
 
 log = logging.getLogger(__name__)
 
@@ -227,41 +228,35 @@ class VllmEngine(Engine):
 
     async def generate(self, request: Request) -> AsyncIterator[Delta]:
         from vllm.inputs import TokensPrompt
-        from vllm.sampling_params import RequestOutputKind, SamplingParams
 
         if self._llm is None:
             raise RuntimeError("the engine is not started")
         prompt_ids = render_prompt(self._tokenizer, request)
         check_fits(len(prompt_ids), request.max_tokens, self.info.max_model_len)
         continued = request.continue_token_ids  # a migrated stream: its output so far follows the prompt
-        params = SamplingParams(
-            max_tokens=request.max_tokens - len(continued),
-            temperature=request.temperature,
-            top_p=request.top_p,
-            seed=request.seed,
-            stop=list(request.stop) or None,
-            ignore_eos=request.ignore_eos,
-            output_kind=RequestOutputKind.DELTA,
-            # vLLM then builds one output per interval, not one per token.
-            stream_interval=request.stream_interval if request.stream_interval > 1 else None,
-        )
+        with _refusals_as_invalid():
+            params = self._sampling_params(request)
         completion_tokens = len(continued)
         finished = False
         self._active.add(request.request_id)
         try:
-            async for out in self._llm.generate(TokensPrompt(prompt_token_ids=[*prompt_ids, *continued]), params,
-                                                request.request_id):
-                completion = out.outputs[0]
-                completion_tokens += len(completion.token_ids)
-                finished = out.finished
-                yield Delta(
-                    text=completion.text,
-                    token_ids=list(completion.token_ids),
-                    finish_reason=completion.finish_reason if finished else None,
-                    prompt_tokens=len(prompt_ids),
-                    completion_tokens=completion_tokens,
-                    cached_prompt_tokens=min(out.num_cached_tokens or 0, len(prompt_ids)),
-                )
+            outputs = self._llm.generate(TokensPrompt(prompt_token_ids=[*prompt_ids, *continued]), params,
+                                         request.request_id)
+            with _refusals_as_invalid():
+                async for out in outputs:
+                    completion = out.outputs[0]
+                    completion_tokens += len(completion.token_ids)
+                    finished = out.finished
+                    yield Delta(
+                        text=completion.text,
+                        token_ids=list(completion.token_ids),
+                        finish_reason=completion.finish_reason if finished else None,
+                        prompt_tokens=len(prompt_ids),
+                        completion_tokens=completion_tokens,
+                        cached_prompt_tokens=min(out.num_cached_tokens or 0, len(prompt_ids)),
+                        logprobs=None if request.logprobs is None else
+                        _token_logprobs(completion.token_ids, completion.logprobs, request.logprobs),
+                    )
         finally:
             self._active.discard(request.request_id)
             if not finished:
@@ -271,6 +266,35 @@ class VllmEngine(Engine):
                 await asyncio.shield(self._llm.abort(request.request_id))
                 log.debug("request %s aborted", request.request_id)
             self.load_signal.notify()
+
+    @staticmethod
+    def _sampling_params(request: Request) -> Any:
+        from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+        continued = request.continue_token_ids
+        return SamplingParams(
+            max_tokens=request.max_tokens - len(continued),
+            temperature=request.temperature,
+            top_p=request.top_p,
+            seed=request.seed,
+            stop=list(request.stop) or None,
+            ignore_eos=request.ignore_eos,
+            output_kind=RequestOutputKind.DELTA,
+            # vLLM then builds one output per interval, not one per token.
+            stream_interval=request.stream_interval if request.stream_interval > 1 else None,
+            presence_penalty=request.presence_penalty,
+            frequency_penalty=request.frequency_penalty,
+            repetition_penalty=request.repetition_penalty,
+            top_k=request.top_k,
+            min_p=request.min_p,
+            # A migrated stream's output so far counts towards its minimum.
+            min_tokens=max(0, request.min_tokens - len(continued)),
+            stop_token_ids=list(request.stop_token_ids) or None,
+            logit_bias=dict(request.logit_bias) or None,
+            include_stop_str_in_output=request.include_stop_str_in_output,
+            skip_special_tokens=request.skip_special_tokens,
+            logprobs=request.logprobs,
+        )
 
     async def close(self) -> None:
         """Shuts vLLM down and returns once its engine processes are gone (vLLM's shutdown may
@@ -288,6 +312,38 @@ class VllmEngine(Engine):
         if self._kv_events is not None:
             await self._kv_events.close()
             self._kv_events = None
+
+
+@contextlib.contextmanager
+def _refusals_as_invalid() -> Iterator[None]:
+    """vLLM's own request checks (those that need the model, such as token ids outside the
+    vocabulary, raise VLLMValidationError when the request is added) as InvalidRequest, naming
+    the field."""
+    from vllm.exceptions import VLLMValidationError
+
+    try:
+        yield
+    except VLLMValidationError as e:
+        field = getattr(e, "parameter", None)
+        raise InvalidRequest(f"'{field}': {e}" if field else str(e)) from None
+
+
+LOGPROB_FLOOR = -9999.0  # vLLM's serving layer prints -inf as this (JSON has no -inf)
+
+
+def _token_logprobs(token_ids: Any, positions: Any, num_top: int) -> list[TokenLogprob]:
+    """vLLM's per-position ``{token id: Logprob}`` (the sampled token and the ``num_top`` most
+    likely) as TokenLogprobs, alternatives by rank."""
+    out: list[TokenLogprob] = []
+    for token_id, position in zip(token_ids, positions or (), strict=False):
+        chosen = position[token_id]
+        top = sorted(((lp.rank or 0, tid, lp) for tid, lp in position.items() if lp.rank and lp.rank <= num_top),
+                     key=lambda r: r[0])
+        out.append(TokenLogprob(
+            token_id=token_id, token=chosen.decoded_token or "", logprob=max(chosen.logprob, LOGPROB_FLOOR),
+            top=[(tid, lp.decoded_token or "", max(lp.logprob, LOGPROB_FLOOR)) for _, tid, lp in top[:num_top]],
+        ))
+    return out
 
 
 def _reap(processes: list[psutil.Process], timeout_s: float = 10.0) -> None:

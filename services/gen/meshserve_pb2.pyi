@@ -17,7 +17,14 @@ class ChatMessage(_message.Message):
     def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "messages", "max_tokens", "temperature", "top_p", "seed", "stop", "ignore_eos", "request_id", "skip_cache", "model", "stream_interval", "user", "cache", "continue_token_ids")
+    __slots__ = ("prompt", "messages", "max_tokens", "temperature", "top_p", "seed", "stop", "ignore_eos", "request_id", "skip_cache", "model", "stream_interval", "user", "cache", "continue_token_ids", "presence_penalty", "frequency_penalty", "repetition_penalty", "top_k", "min_p", "min_tokens", "stop_token_ids", "logit_bias", "include_stop_str_in_output", "skip_special_tokens", "logprobs")
+    class LogitBiasEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: float
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[float] = ...) -> None: ...
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +40,17 @@ class GenerateRequest(_message.Message):
     USER_FIELD_NUMBER: _ClassVar[int]
     CACHE_FIELD_NUMBER: _ClassVar[int]
     CONTINUE_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    REPETITION_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    MIN_P_FIELD_NUMBER: _ClassVar[int]
+    MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_STOP_STR_IN_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    SKIP_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     max_tokens: int
@@ -48,7 +66,40 @@ class GenerateRequest(_message.Message):
     user: str
     cache: str
     continue_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., ignore_eos: _Optional[bool] = ..., request_id: _Optional[str] = ..., skip_cache: _Optional[bool] = ..., model: _Optional[str] = ..., stream_interval: _Optional[int] = ..., user: _Optional[str] = ..., cache: _Optional[str] = ..., continue_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    presence_penalty: float
+    frequency_penalty: float
+    repetition_penalty: float
+    top_k: int
+    min_p: float
+    min_tokens: int
+    stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logit_bias: _containers.ScalarMap[int, float]
+    include_stop_str_in_output: bool
+    skip_special_tokens: bool
+    logprobs: int
+    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., ignore_eos: _Optional[bool] = ..., request_id: _Optional[str] = ..., skip_cache: _Optional[bool] = ..., model: _Optional[str] = ..., stream_interval: _Optional[int] = ..., user: _Optional[str] = ..., cache: _Optional[str] = ..., continue_token_ids: _Optional[_Iterable[int]] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., include_stop_str_in_output: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ..., logprobs: _Optional[int] = ...) -> None: ...
+
+class TokenLogprob(_message.Message):
+    __slots__ = ("token_id", "token", "logprob", "top")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    TOP_FIELD_NUMBER: _ClassVar[int]
+    token_id: int
+    token: str
+    logprob: float
+    top: _containers.RepeatedCompositeFieldContainer[TopLogprob]
+    def __init__(self, token_id: _Optional[int] = ..., token: _Optional[str] = ..., logprob: _Optional[float] = ..., top: _Optional[_Iterable[_Union[TopLogprob, _Mapping]]] = ...) -> None: ...
+
+class TopLogprob(_message.Message):
+    __slots__ = ("token_id", "token", "logprob")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    token_id: int
+    token: str
+    logprob: float
+    def __init__(self, token_id: _Optional[int] = ..., token: _Optional[str] = ..., logprob: _Optional[float] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens", "cached_prompt_tokens")
@@ -61,7 +112,7 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("request_id", "text", "token_ids", "finish_reason", "usage", "cached", "worker", "cache_kind", "cache_age_s", "cache_similarity")
+    __slots__ = ("request_id", "text", "token_ids", "finish_reason", "usage", "cached", "worker", "cache_kind", "cache_age_s", "cache_similarity", "logprobs")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +123,7 @@ class GenerateResponse(_message.Message):
     CACHE_KIND_FIELD_NUMBER: _ClassVar[int]
     CACHE_AGE_S_FIELD_NUMBER: _ClassVar[int]
     CACHE_SIMILARITY_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -82,10 +134,11 @@ class GenerateResponse(_message.Message):
     cache_kind: str
     cache_age_s: float
     cache_similarity: float
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., cached: _Optional[bool] = ..., worker: _Optional[str] = ..., cache_kind: _Optional[str] = ..., cache_age_s: _Optional[float] = ..., cache_similarity: _Optional[float] = ...) -> None: ...
+    logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., cached: _Optional[bool] = ..., worker: _Optional[str] = ..., cache_kind: _Optional[str] = ..., cache_age_s: _Optional[float] = ..., cache_similarity: _Optional[float] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class CompleteResponse(_message.Message):
-    __slots__ = ("request_id", "text", "token_ids", "finish_reason", "usage", "cached", "worker", "cache_kind", "cache_age_s", "cache_similarity")
+    __slots__ = ("request_id", "text", "token_ids", "finish_reason", "usage", "cached", "worker", "cache_kind", "cache_age_s", "cache_similarity", "logprobs")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -96,6 +149,7 @@ class CompleteResponse(_message.Message):
     CACHE_KIND_FIELD_NUMBER: _ClassVar[int]
     CACHE_AGE_S_FIELD_NUMBER: _ClassVar[int]
     CACHE_SIMILARITY_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -106,7 +160,8 @@ class CompleteResponse(_message.Message):
     cache_kind: str
     cache_age_s: float
     cache_similarity: float
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., cached: _Optional[bool] = ..., worker: _Optional[str] = ..., cache_kind: _Optional[str] = ..., cache_age_s: _Optional[float] = ..., cache_similarity: _Optional[float] = ...) -> None: ...
+    logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., cached: _Optional[bool] = ..., worker: _Optional[str] = ..., cache_kind: _Optional[str] = ..., cache_age_s: _Optional[float] = ..., cache_similarity: _Optional[float] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class StreamOptions(_message.Message):
     __slots__ = ("include_usage",)
@@ -125,7 +180,14 @@ class ChatCompletionRequestMessage(_message.Message):
     def __init__(self, role: _Optional[str] = ..., content: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., name: _Optional[str] = ...) -> None: ...
 
 class ChatCompletionRequest(_message.Message):
-    __slots__ = ("model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "n", "user", "presence_penalty", "frequency_penalty", "logprobs", "ignore_eos", "skip_cache", "stream_interval", "cache")
+    __slots__ = ("model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "n", "user", "presence_penalty", "frequency_penalty", "logprobs", "ignore_eos", "skip_cache", "stream_interval", "cache", "top_logprobs", "repetition_penalty", "top_k", "min_p", "min_tokens", "stop_token_ids", "logit_bias", "include_stop_str_in_output", "skip_special_tokens")
+    class LogitBiasEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: float
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[float] = ...) -> None: ...
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -145,6 +207,15 @@ class ChatCompletionRequest(_message.Message):
     SKIP_CACHE_FIELD_NUMBER: _ClassVar[int]
     STREAM_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     CACHE_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    REPETITION_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    MIN_P_FIELD_NUMBER: _ClassVar[int]
+    MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_STOP_STR_IN_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    SKIP_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     model: str
     messages: _containers.RepeatedCompositeFieldContainer[ChatCompletionRequestMessage]
     max_tokens: int
@@ -164,10 +235,26 @@ class ChatCompletionRequest(_message.Message):
     skip_cache: bool
     stream_interval: int
     cache: str
-    def __init__(self, model: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatCompletionRequestMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., max_completion_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., stream: _Optional[bool] = ..., stream_options: _Optional[_Union[StreamOptions, _Mapping]] = ..., n: _Optional[int] = ..., user: _Optional[str] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logprobs: _Optional[bool] = ..., ignore_eos: _Optional[bool] = ..., skip_cache: _Optional[bool] = ..., stream_interval: _Optional[int] = ..., cache: _Optional[str] = ...) -> None: ...
+    top_logprobs: int
+    repetition_penalty: float
+    top_k: int
+    min_p: float
+    min_tokens: int
+    stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logit_bias: _containers.ScalarMap[int, float]
+    include_stop_str_in_output: bool
+    skip_special_tokens: bool
+    def __init__(self, model: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatCompletionRequestMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., max_completion_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., stream: _Optional[bool] = ..., stream_options: _Optional[_Union[StreamOptions, _Mapping]] = ..., n: _Optional[int] = ..., user: _Optional[str] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logprobs: _Optional[bool] = ..., ignore_eos: _Optional[bool] = ..., skip_cache: _Optional[bool] = ..., stream_interval: _Optional[int] = ..., cache: _Optional[str] = ..., top_logprobs: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., include_stop_str_in_output: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ...) -> None: ...
 
 class CompletionRequest(_message.Message):
-    __slots__ = ("model", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "n", "user", "presence_penalty", "frequency_penalty", "logprobs", "echo", "best_of", "ignore_eos", "skip_cache", "stream_interval", "cache")
+    __slots__ = ("model", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "n", "user", "presence_penalty", "frequency_penalty", "logprobs", "echo", "best_of", "ignore_eos", "skip_cache", "stream_interval", "cache", "repetition_penalty", "top_k", "min_p", "min_tokens", "stop_token_ids", "logit_bias", "include_stop_str_in_output", "skip_special_tokens")
+    class LogitBiasEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: float
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[float] = ...) -> None: ...
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -188,6 +275,14 @@ class CompletionRequest(_message.Message):
     SKIP_CACHE_FIELD_NUMBER: _ClassVar[int]
     STREAM_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     CACHE_FIELD_NUMBER: _ClassVar[int]
+    REPETITION_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    MIN_P_FIELD_NUMBER: _ClassVar[int]
+    MIN_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_STOP_STR_IN_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    SKIP_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     model: str
     prompt: _struct_pb2.Value
     max_tokens: int
@@ -208,7 +303,15 @@ class CompletionRequest(_message.Message):
     skip_cache: bool
     stream_interval: int
     cache: str
-    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., stream: _Optional[bool] = ..., stream_options: _Optional[_Union[StreamOptions, _Mapping]] = ..., n: _Optional[int] = ..., user: _Optional[str] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logprobs: _Optional[int] = ..., echo: _Optional[bool] = ..., best_of: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., skip_cache: _Optional[bool] = ..., stream_interval: _Optional[int] = ..., cache: _Optional[str] = ...) -> None: ...
+    repetition_penalty: float
+    top_k: int
+    min_p: float
+    min_tokens: int
+    stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logit_bias: _containers.ScalarMap[int, float]
+    include_stop_str_in_output: bool
+    skip_special_tokens: bool
+    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., stream: _Optional[bool] = ..., stream_options: _Optional[_Union[StreamOptions, _Mapping]] = ..., n: _Optional[int] = ..., user: _Optional[str] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logprobs: _Optional[int] = ..., echo: _Optional[bool] = ..., best_of: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., skip_cache: _Optional[bool] = ..., stream_interval: _Optional[int] = ..., cache: _Optional[str] = ..., repetition_penalty: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., include_stop_str_in_output: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ...) -> None: ...
 
 class PromptTokensDetails(_message.Message):
     __slots__ = ("cached_tokens",)
@@ -248,15 +351,45 @@ class ChatCompletionMessage(_message.Message):
     content: str
     def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
 
+class ChatCompletionTopLogprob(_message.Message):
+    __slots__ = ("token", "logprob", "bytes")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    logprob: float
+    bytes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, token: _Optional[str] = ..., logprob: _Optional[float] = ..., bytes: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ChatCompletionTokenLogprob(_message.Message):
+    __slots__ = ("token", "logprob", "bytes", "top_logprobs")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    logprob: float
+    bytes: _containers.RepeatedScalarFieldContainer[int]
+    top_logprobs: _containers.RepeatedCompositeFieldContainer[ChatCompletionTopLogprob]
+    def __init__(self, token: _Optional[str] = ..., logprob: _Optional[float] = ..., bytes: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[_Union[ChatCompletionTopLogprob, _Mapping]]] = ...) -> None: ...
+
+class ChatCompletionLogprobs(_message.Message):
+    __slots__ = ("content",)
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    content: _containers.RepeatedCompositeFieldContainer[ChatCompletionTokenLogprob]
+    def __init__(self, content: _Optional[_Iterable[_Union[ChatCompletionTokenLogprob, _Mapping]]] = ...) -> None: ...
+
 class ChatCompletionChoice(_message.Message):
-    __slots__ = ("index", "message", "finish_reason")
+    __slots__ = ("index", "message", "finish_reason", "logprobs")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     index: int
     message: ChatCompletionMessage
     finish_reason: str
-    def __init__(self, index: _Optional[int] = ..., message: _Optional[_Union[ChatCompletionMessage, _Mapping]] = ..., finish_reason: _Optional[str] = ...) -> None: ...
+    logprobs: ChatCompletionLogprobs
+    def __init__(self, index: _Optional[int] = ..., message: _Optional[_Union[ChatCompletionMessage, _Mapping]] = ..., finish_reason: _Optional[str] = ..., logprobs: _Optional[_Union[ChatCompletionLogprobs, _Mapping]] = ...) -> None: ...
 
 class CacheInfo(_message.Message):
     __slots__ = ("kind", "age_s", "similarity")
@@ -269,7 +402,7 @@ class CacheInfo(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., age_s: _Optional[float] = ..., similarity: _Optional[float] = ...) -> None: ...
 
 class ChatCompletion(_message.Message):
-    __slots__ = ("id", "object", "created", "model", "choices", "usage", "cache")
+    __slots__ = ("id", "object", "created", "model", "choices", "usage", "cache", "system_fingerprint")
     ID_FIELD_NUMBER: _ClassVar[int]
     OBJECT_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
@@ -277,6 +410,7 @@ class ChatCompletion(_message.Message):
     CHOICES_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     CACHE_FIELD_NUMBER: _ClassVar[int]
+    SYSTEM_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     id: str
     object: str
     created: int
@@ -284,7 +418,8 @@ class ChatCompletion(_message.Message):
     choices: _containers.RepeatedCompositeFieldContainer[ChatCompletionChoice]
     usage: CompletionUsage
     cache: CacheInfo
-    def __init__(self, id: _Optional[str] = ..., object: _Optional[str] = ..., created: _Optional[int] = ..., model: _Optional[str] = ..., choices: _Optional[_Iterable[_Union[ChatCompletionChoice, _Mapping]]] = ..., usage: _Optional[_Union[CompletionUsage, _Mapping]] = ..., cache: _Optional[_Union[CacheInfo, _Mapping]] = ...) -> None: ...
+    system_fingerprint: str
+    def __init__(self, id: _Optional[str] = ..., object: _Optional[str] = ..., created: _Optional[int] = ..., model: _Optional[str] = ..., choices: _Optional[_Iterable[_Union[ChatCompletionChoice, _Mapping]]] = ..., usage: _Optional[_Union[CompletionUsage, _Mapping]] = ..., cache: _Optional[_Union[CacheInfo, _Mapping]] = ..., system_fingerprint: _Optional[str] = ...) -> None: ...
 
 class ChatCompletionDelta(_message.Message):
     __slots__ = ("role", "content")
@@ -295,17 +430,19 @@ class ChatCompletionDelta(_message.Message):
     def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
 
 class ChatCompletionChunkChoice(_message.Message):
-    __slots__ = ("index", "delta", "finish_reason")
+    __slots__ = ("index", "delta", "finish_reason", "logprobs")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     index: int
     delta: ChatCompletionDelta
     finish_reason: str
-    def __init__(self, index: _Optional[int] = ..., delta: _Optional[_Union[ChatCompletionDelta, _Mapping]] = ..., finish_reason: _Optional[str] = ...) -> None: ...
+    logprobs: ChatCompletionLogprobs
+    def __init__(self, index: _Optional[int] = ..., delta: _Optional[_Union[ChatCompletionDelta, _Mapping]] = ..., finish_reason: _Optional[str] = ..., logprobs: _Optional[_Union[ChatCompletionLogprobs, _Mapping]] = ...) -> None: ...
 
 class ChatCompletionChunk(_message.Message):
-    __slots__ = ("id", "object", "created", "model", "choices", "usage", "error", "cache")
+    __slots__ = ("id", "object", "created", "model", "choices", "usage", "error", "cache", "system_fingerprint")
     ID_FIELD_NUMBER: _ClassVar[int]
     OBJECT_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
@@ -314,6 +451,7 @@ class ChatCompletionChunk(_message.Message):
     USAGE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     CACHE_FIELD_NUMBER: _ClassVar[int]
+    SYSTEM_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     id: str
     object: str
     created: int
@@ -322,20 +460,35 @@ class ChatCompletionChunk(_message.Message):
     usage: CompletionUsage
     error: OpenAIError
     cache: CacheInfo
-    def __init__(self, id: _Optional[str] = ..., object: _Optional[str] = ..., created: _Optional[int] = ..., model: _Optional[str] = ..., choices: _Optional[_Iterable[_Union[ChatCompletionChunkChoice, _Mapping]]] = ..., usage: _Optional[_Union[CompletionUsage, _Mapping]] = ..., error: _Optional[_Union[OpenAIError, _Mapping]] = ..., cache: _Optional[_Union[CacheInfo, _Mapping]] = ...) -> None: ...
+    system_fingerprint: str
+    def __init__(self, id: _Optional[str] = ..., object: _Optional[str] = ..., created: _Optional[int] = ..., model: _Optional[str] = ..., choices: _Optional[_Iterable[_Union[ChatCompletionChunkChoice, _Mapping]]] = ..., usage: _Optional[_Union[CompletionUsage, _Mapping]] = ..., error: _Optional[_Union[OpenAIError, _Mapping]] = ..., cache: _Optional[_Union[CacheInfo, _Mapping]] = ..., system_fingerprint: _Optional[str] = ...) -> None: ...
+
+class CompletionLogprobs(_message.Message):
+    __slots__ = ("text_offset", "token_logprobs", "tokens", "top_logprobs")
+    TEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    text_offset: _containers.RepeatedScalarFieldContainer[int]
+    token_logprobs: _containers.RepeatedScalarFieldContainer[float]
+    tokens: _containers.RepeatedScalarFieldContainer[str]
+    top_logprobs: _containers.RepeatedCompositeFieldContainer[_struct_pb2.Struct]
+    def __init__(self, text_offset: _Optional[_Iterable[int]] = ..., token_logprobs: _Optional[_Iterable[float]] = ..., tokens: _Optional[_Iterable[str]] = ..., top_logprobs: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ...) -> None: ...
 
 class CompletionChoice(_message.Message):
-    __slots__ = ("index", "text", "finish_reason")
+    __slots__ = ("index", "text", "finish_reason", "logprobs")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     index: int
     text: str
     finish_reason: str
-    def __init__(self, index: _Optional[int] = ..., text: _Optional[str] = ..., finish_reason: _Optional[str] = ...) -> None: ...
+    logprobs: CompletionLogprobs
+    def __init__(self, index: _Optional[int] = ..., text: _Optional[str] = ..., finish_reason: _Optional[str] = ..., logprobs: _Optional[_Union[CompletionLogprobs, _Mapping]] = ...) -> None: ...
 
 class Completion(_message.Message):
-    __slots__ = ("id", "object", "created", "model", "choices", "usage", "error", "cache")
+    __slots__ = ("id", "object", "created", "model", "choices", "usage", "error", "cache", "system_fingerprint")
     ID_FIELD_NUMBER: _ClassVar[int]
     OBJECT_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
@@ -344,6 +497,7 @@ class Completion(_message.Message):
     USAGE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     CACHE_FIELD_NUMBER: _ClassVar[int]
+    SYSTEM_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     id: str
     object: str
     created: int
@@ -352,7 +506,8 @@ class Completion(_message.Message):
     usage: CompletionUsage
     error: OpenAIError
     cache: CacheInfo
-    def __init__(self, id: _Optional[str] = ..., object: _Optional[str] = ..., created: _Optional[int] = ..., model: _Optional[str] = ..., choices: _Optional[_Iterable[_Union[CompletionChoice, _Mapping]]] = ..., usage: _Optional[_Union[CompletionUsage, _Mapping]] = ..., error: _Optional[_Union[OpenAIError, _Mapping]] = ..., cache: _Optional[_Union[CacheInfo, _Mapping]] = ...) -> None: ...
+    system_fingerprint: str
+    def __init__(self, id: _Optional[str] = ..., object: _Optional[str] = ..., created: _Optional[int] = ..., model: _Optional[str] = ..., choices: _Optional[_Iterable[_Union[CompletionChoice, _Mapping]]] = ..., usage: _Optional[_Union[CompletionUsage, _Mapping]] = ..., error: _Optional[_Union[OpenAIError, _Mapping]] = ..., cache: _Optional[_Union[CacheInfo, _Mapping]] = ..., system_fingerprint: _Optional[str] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ()
@@ -377,16 +532,48 @@ class HealthStatus(_message.Message):
     def __init__(self, status: _Optional[str] = ..., workers: _Optional[int] = ...) -> None: ...
 
 class Model(_message.Message):
-    __slots__ = ("id", "object", "created", "owned_by")
+    __slots__ = ("id", "object", "created", "owned_by", "root", "max_model_len", "permission")
     ID_FIELD_NUMBER: _ClassVar[int]
     OBJECT_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
     OWNED_BY_FIELD_NUMBER: _ClassVar[int]
+    ROOT_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    PERMISSION_FIELD_NUMBER: _ClassVar[int]
     id: str
     object: str
     created: int
     owned_by: str
-    def __init__(self, id: _Optional[str] = ..., object: _Optional[str] = ..., created: _Optional[int] = ..., owned_by: _Optional[str] = ...) -> None: ...
+    root: str
+    max_model_len: int
+    permission: _containers.RepeatedCompositeFieldContainer[ModelPermission]
+    def __init__(self, id: _Optional[str] = ..., object: _Optional[str] = ..., created: _Optional[int] = ..., owned_by: _Optional[str] = ..., root: _Optional[str] = ..., max_model_len: _Optional[int] = ..., permission: _Optional[_Iterable[_Union[ModelPermission, _Mapping]]] = ...) -> None: ...
+
+class ModelPermission(_message.Message):
+    __slots__ = ("id", "object", "created", "allow_create_engine", "allow_sampling", "allow_logprobs", "allow_search_indices", "allow_view", "allow_fine_tuning", "organization", "is_blocking")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    OBJECT_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_CREATE_ENGINE_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_SEARCH_INDICES_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_VIEW_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_FINE_TUNING_FIELD_NUMBER: _ClassVar[int]
+    ORGANIZATION_FIELD_NUMBER: _ClassVar[int]
+    IS_BLOCKING_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    object: str
+    created: int
+    allow_create_engine: bool
+    allow_sampling: bool
+    allow_logprobs: bool
+    allow_search_indices: bool
+    allow_view: bool
+    allow_fine_tuning: bool
+    organization: str
+    is_blocking: bool
+    def __init__(self, id: _Optional[str] = ..., object: _Optional[str] = ..., created: _Optional[int] = ..., allow_create_engine: _Optional[bool] = ..., allow_sampling: _Optional[bool] = ..., allow_logprobs: _Optional[bool] = ..., allow_search_indices: _Optional[bool] = ..., allow_view: _Optional[bool] = ..., allow_fine_tuning: _Optional[bool] = ..., organization: _Optional[str] = ..., is_blocking: _Optional[bool] = ...) -> None: ...
 
 class ModelList(_message.Message):
     __slots__ = ("object", "data")

@@ -14,6 +14,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from services.config import WorkerConfig
+from services.validation import InvalidRequest
 from worker.engine import Delta, Load, PromptTooLong, Request
 from worker.vllm_engine import VllmEngine
 
@@ -103,6 +104,61 @@ async def test_stop_strings_and_seeded_sampling(engine: VllmEngine) -> None:
                                            temperature=1.0, seed=7, ignore_eos=True, stop=[stop]))
     assert deltas[-1].finish_reason == "stop"
     assert "".join(d.text for d in deltas) == texts[0][:texts[0].index(stop)]
+
+
+def hf_logprobs(hf: tuple[Any, Any], ids: list[int], steps: int) -> Any:
+    """Hugging Face's log-softmax over the vocabulary at each of the last ``steps`` positions of
+    ``ids`` (the distributions the last ``steps`` tokens were drawn from)."""
+    import torch
+
+    model, _ = hf
+    with torch.inference_mode():
+        logits = model(torch.tensor([ids])).logits[0, -steps - 1 : -1]
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+async def test_logprobs_are_the_models_own(engine: VllmEngine, hf: tuple[Any, Any]) -> None:
+    prompt = "The capital of France is"
+    deltas = await collect(engine, greedy("logprobs-1", prompt=prompt, max_tokens=6, logprobs=3))
+    token_ids = [t for d in deltas for t in d.token_ids]
+    logprobs = [lp for d in deltas for lp in d.logprobs or []]
+    assert [lp.token_id for lp in logprobs] == token_ids
+    expected = hf_logprobs(hf, hf[1].encode(prompt) + token_ids, len(token_ids))
+    for lp, dist in zip(logprobs, expected, strict=True):
+        top = dist.topk(3)
+        assert [t for t, _, _ in lp.top] == top.indices.tolist()  # the three most likely, in order
+        assert [v for _, _, v in lp.top] == pytest.approx(top.values.tolist(), abs=1e-3)
+        assert lp.top[0][0] == lp.token_id and lp.logprob == pytest.approx(float(dist[lp.token_id]), abs=1e-3)
+        assert lp.token == hf[1].decode([lp.token_id]) or "\ufffd" in hf[1].decode([lp.token_id])
+    plain = await collect(engine, greedy("logprobs-0", prompt=prompt, max_tokens=6))
+    assert all(d.logprobs is None for d in plain)
+
+
+async def test_sampling_fields_reach_vllm(engine: VllmEngine) -> None:
+    """logit_bias, stop_token_ids, min_tokens and include_stop_str_in_output change the output
+    as vLLM defines them; vLLM's own checks (token ids outside the vocabulary) name the field."""
+    full = [t for d in await collect(engine, greedy("fields-0", prompt="Hello there", max_tokens=8)) for t in d.token_ids]
+    banned = await collect(engine, greedy("fields-1", prompt="Hello there", max_tokens=8,
+                                          logit_bias={full[0]: -100.0}))
+    assert banned[0].token_ids[0] != full[0]
+    third = full[2]
+    stopped = await collect(engine, greedy("fields-2", prompt="Hello there", max_tokens=8, stop_token_ids=[third]))
+    at = full.index(third)
+    assert [t for d in stopped for t in d.token_ids] == full[: at + 1] and stopped[-1].finish_reason == "stop"
+    later = await collect(engine, greedy("fields-3", prompt="Hello there", max_tokens=8,
+                                         stop_token_ids=[full[0]], min_tokens=8))
+    later_ids = [t for d in later for t in d.token_ids]
+    # Before min_tokens vLLM never draws a stop token (its logit is masked).
+    assert len(later_ids) == 8 and full[0] not in later_ids and later[-1].finish_reason == "length"
+    penalised = await collect(engine, Request(request_id="fields-4", prompt="Hello there", max_tokens=8, temperature=0,
+                                              presence_penalty=1.5, frequency_penalty=1.0, repetition_penalty=1.3,
+                                              top_k=5, min_p=0.01, skip_special_tokens=False))
+    assert penalised[-1].finish_reason in ("stop", "length")
+    vocab = engine._tokenizer.vocab_size  # noqa: SLF001
+    for field, value in (("logit_bias", {vocab + 10: 1.0}), ("stop_token_ids", [vocab + 10])):
+        with pytest.raises(InvalidRequest, match=f"^'{field}'"):
+            await collect(engine, greedy(f"fields-{field}", prompt="x", max_tokens=2, **{field: value}))
+    assert engine.load().num_running == 0
 
 
 async def test_prompt_too_long_is_refused_before_any_delta(engine: VllmEngine) -> None:

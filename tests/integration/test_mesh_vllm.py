@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import queue
 import signal
@@ -18,17 +19,28 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
+import openai
 import psutil
 import pytest
 
+from services.config import DEFAULT_MODEL
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.server import insecure_channel
 from tests.conftest import free_port
+from tests.integration import api_shapes
 from tests.integration.helpers import (
-    generate, invalid_argument, metric_sum, scrape, text, token_ids, wait_until, worker_generate,
+    generate,
+    invalid_argument,
+    metric_sum,
+    scrape,
+    text,
+    token_ids,
+    wait_until,
+    worker_generate,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
@@ -276,3 +288,126 @@ async def test_bad_input_over_http_is_400(mesh: UpMesh) -> None:
         assert r.status_code == 400 and "'max_tokens'" in r.json()["message"]
         r = await client.post("/v1/generate", json={"prompt": "x", "maxtokens": 3})
         assert r.status_code == 400 and "maxtokens" in r.json()["message"]
+
+
+# -- OpenAI sampling parity: the official client, unchanged, against real vLLM through Envoy ------
+
+
+def openai_client(mesh: UpMesh) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"http://{mesh.envoy}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def check_top_logprobs(token: Any, k: int) -> None:
+    """k alternatives, most likely first, whose probabilities sum to at most 1."""
+    values = [t.logprob for t in token.top_logprobs]
+    assert len(values) == k and values == sorted(values, reverse=True)
+    assert sum(math.exp(v) for v in values) <= 1 + 1e-6
+    assert token.bytes == list(token.token.encode("utf-8", errors="replace"))
+
+
+async def test_openai_n_logprobs_and_penalties_from_vllm(mesh: UpMesh) -> None:
+    client = openai_client(mesh)
+    ask = dict(model=DEFAULT_MODEL, messages=[{"role": "user", "content": "Name three colours"}], max_tokens=6,
+               n=3, temperature=1.0, seed=11, logprobs=True, top_logprobs=3, presence_penalty=0.5,
+               frequency_penalty=0.25, extra_body={"repetition_penalty": 1.1, "top_k": 50, "min_p": 0.01,
+                                                   "ignore_eos": True})
+    resp = await client.chat.completions.create(**ask)
+    assert [c.index for c in resp.choices] == [0, 1, 2]
+    for choice in resp.choices:
+        assert choice.finish_reason == "length" and len(choice.logprobs.content) == 6
+        for token in choice.logprobs.content:
+            check_top_logprobs(token, 3)
+    assert resp.usage.completion_tokens == 18  # every choice's tokens; the prompt once
+    assert len({c.message.content for c in resp.choices}) > 1  # seed + i per choice, as vLLM
+    # Seeded, so cacheable: the same request again is an exact hit, logprobs and all.
+    again = await client.chat.completions.create(**ask)
+    assert again.model_extra["cache"]["kind"] == "exact"
+    assert [c.message.content for c in again.choices] == [c.message.content for c in resp.choices]
+    assert [c.logprobs.content for c in again.choices] == [c.logprobs.content for c in resp.choices]
+
+
+async def test_openai_streams_n_choices_by_index_with_logprobs(mesh: UpMesh) -> None:
+    client = openai_client(mesh)
+    ask = dict(model=DEFAULT_MODEL, messages=[{"role": "user", "content": "Count to five"}], max_tokens=5, n=2,
+               temperature=0.8, seed=3, logprobs=True, top_logprobs=2,
+               extra_body={"ignore_eos": True, "skip_cache": True})
+    stream = await client.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True})
+    texts: dict[int, str] = {}
+    tokens: dict[int, list[Any]] = {}
+    finished: dict[int, str] = {}
+    usage = None
+    async for chunk in stream:
+        if not chunk.choices:
+            usage = chunk.usage
+            continue
+        (choice,) = chunk.choices
+        assert (choice.delta.role == "assistant") == (choice.index not in texts)  # the role comes first
+        texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
+        tokens.setdefault(choice.index, []).extend(choice.logprobs.content)
+        if choice.finish_reason:
+            finished[choice.index] = choice.finish_reason
+    assert finished == {0: "length", 1: "length"} and usage is not None and usage.completion_tokens == 10
+    for index in (0, 1):
+        assert len(tokens[index]) == 5
+        for token in tokens[index]:
+            check_top_logprobs(token, 2)
+    unary = await client.chat.completions.create(**ask)
+    assert {c.index: c.message.content for c in unary.choices} == texts  # streamed = unary, choice by choice
+
+
+async def test_openai_completions_logprobs_echo_and_vllm_fields(mesh: UpMesh) -> None:
+    client = openai_client(mesh)
+    greedy = dict(model=DEFAULT_MODEL, prompt="Once upon a time", max_tokens=5, temperature=0)
+    resp = await client.completions.create(**greedy, logprobs=2, extra_body={"ignore_eos": True, "skip_cache": True})
+    lp = resp.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 5
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(5)]
+    for token, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
+        assert len(top) == 2 and top[token] == value == max(top.values())  # greedy: the likeliest
+    echo = await client.completions.create(**greedy, echo=True, extra_body={"ignore_eos": True})
+    assert echo.choices[0].text == "Once upon a time" + resp.choices[0].text
+    # vLLM's own fields through the native API: the output changes as vLLM defines them.
+    base = dict(prompt="Hello there", max_tokens=6, temperature=0, ignore_eos=True, skip_cache=True)
+    full = token_ids(await generate(mesh.envoy, **base))
+    banned = token_ids(await generate(mesh.envoy, **base, logit_bias={full[0]: -100.0}))
+    assert banned[0] != full[0]
+    stopped = await generate(mesh.envoy, **base, stop_token_ids=[full[2]])
+    assert token_ids(stopped) == full[: full.index(full[2]) + 1] and stopped[-1].finish_reason == "stop"
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"n": 0}, "n"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"logprobs": True, "top_logprobs": 25}, "top_logprobs"),
+    ({"presence_penalty": 3}, "presence_penalty"),
+    ({"temperature": 2.5}, "temperature"),
+    ({"logit_bias": {"99999999": 5}}, "logit_bias"),  # outside the vocabulary: vLLM's own check
+    ({"stop_token_ids": [99999999]}, "stop_token_ids"),
+])
+async def test_openai_bad_sampling_is_400_naming_the_field(mesh: UpMesh, body: dict, param: str) -> None:
+    async with httpx.AsyncClient(base_url=f"http://{mesh.envoy}", timeout=60) as client:
+        r = await client.post("/v1/chat/completions", json={
+            "model": DEFAULT_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **body})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == param, r.json()
+        ok = await client.post("/v1/chat/completions", json={
+            "model": DEFAULT_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "skip_cache": True})
+        assert ok.status_code == 200
+
+
+# Where meshserve's answers differ from `vllm serve`'s on purpose (path -> why).
+SHAPE_EXTRAS = frozenset({
+    "cache",                        # how an answer not generated for this request alone was served
+    "usage.prompt_tokens_details",  # cached prompt tokens, in stream usage too (vLLM: only with a flag)
+})
+
+
+async def test_response_shapes_match_vllm_serve(mesh: UpMesh) -> None:
+    """The same requests as bench/record_vllm_shapes.py sent to `vllm serve` on the same model:
+    every key vLLM answers with a value is in ours with the same JSON type."""
+    recorded = json.loads(api_shapes.RECORDED.read_text())["shapes"]
+    ours = await asyncio.to_thread(api_shapes.answer_shapes, f"http://{mesh.envoy}", DEFAULT_MODEL)
+    assert set(ours) == set(recorded)
+    diffs = {name: d for name in recorded
+             if (d := api_shapes.differences(recorded[name], ours[name], extra_ok=SHAPE_EXTRAS))}
+    assert not diffs, json.dumps(diffs, indent=1)

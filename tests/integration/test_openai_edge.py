@@ -156,8 +156,8 @@ async def test_models_list_and_retrieve(mesh: Mesh) -> None:
 async def test_client_errors_surface_with_the_service_message(mesh: Mesh) -> None:
     oa = client(mesh)
     with pytest.raises(openai.BadRequestError) as err:
-        await oa.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], n=2)
-    assert err.value.status_code == 400 and "'n' must be 1" in err.value.message
+        await oa.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], n=0)
+    assert err.value.status_code == 400 and "'n' must be in [1, 128]" in err.value.message
     assert err.value.body["param"] == "n"
     with pytest.raises(openai.BadRequestError, match="'model' must be"):
         await oa.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}], stream=True)
@@ -175,8 +175,8 @@ async def test_client_errors_surface_with_the_service_message(mesh: Mesh) -> Non
         (auth("sk-nope-0123456789"), {"messages": [{"role": "user", "content": "x"}]}, 401,
          "authentication_error", "API key"),
         (auth(ALICE), b"{not json", 400, "invalid_request_error", "not json"),
-        (auth(ALICE), {"messages": [{"role": "user", "content": "x"}], "logit_bias": {}}, 400,
-         "invalid_request_error", "unknown field 'logit_bias'"),
+        (auth(ALICE), {"messages": [{"role": "user", "content": "x"}], "tools": []}, 400,
+         "invalid_request_error", "unknown field 'tools'"),
         (auth(ALICE), {"messages": [{"role": "user", "content": "x"}], "max_tokens": "many"}, 400,
          "invalid_request_error", ""),
         (auth(ALICE), {"messages": []}, 400, "invalid_request_error", "'messages' is empty"),
@@ -221,6 +221,25 @@ async def test_tenant_from_the_key_isolates_the_cache(mesh: Mesh) -> None:
     log = log_path.read_text()
     assert '"tenant":"alice"' in log
     assert ALICE not in log and BOB not in log  # keys are never logged
+
+
+async def test_n_choices_with_logprobs_streamed_and_not(mesh: Mesh) -> None:
+    oa = client(mesh)
+    ask = dict(model=MODEL, messages=[{"role": "user", "content": "choices"}], max_tokens=4, n=2, temperature=1.0,
+               seed=5, logprobs=True, top_logprobs=2, extra_body={"skip_cache": True})
+    resp = await oa.chat.completions.create(**ask)
+    assert [c.index for c in resp.choices] == [0, 1] and resp.usage.completion_tokens == 8
+    assert all(len(c.logprobs.content) == 4 and all(len(t.top_logprobs) == 2 for t in c.logprobs.content)
+               for c in resp.choices)
+    assert resp.choices[0].message.content != resp.choices[1].message.content  # seed, seed + 1
+    texts: dict[int, str] = {}
+    async for chunk in await oa.completions.create(model=MODEL, prompt="choices", max_tokens=4, n=3, seed=9,
+                                                  stream=True):
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+    assert sorted(texts) == [0, 1, 2] and len(set(texts.values())) == 3
+    with pytest.raises(openai.BadRequestError, match="greedy"):
+        await oa.completions.create(model=MODEL, prompt="choices", max_tokens=4, n=2, temperature=0)
 
 
 async def test_a_cache_hit_says_so_in_the_answer_and_the_last_chunk(mesh: Mesh) -> None:
@@ -361,7 +380,8 @@ json_values = st.recursive(
 )
 fields = st.sampled_from(
     ["model", "messages", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "n",
-     "prompt", "user", "logprobs", "echo", "presence_penalty", "max_completion_tokens", "ignore_eos", "stream_interval", "x"]
+     "prompt", "user", "logprobs", "echo", "presence_penalty", "max_completion_tokens", "ignore_eos", "stream_interval", "x",
+     "top_logprobs", "logit_bias", "top_k", "min_p", "min_tokens", "stop_token_ids", "best_of", "repetition_penalty"]
 )
 message = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "bot", ""]), "content": json_values})
 bodies = st.one_of(

@@ -169,6 +169,17 @@ async def test_watch_load_reports_periodically_with_increasing_sequence(
     ({"prompt": "hi", "stream_interval": 0}, "'stream_interval'"),
     ({"messages": [pb.ChatMessage(role="robot", content="x")]}, "'messages[0].role'"),
     ({"prompt": "word " * 1000, "max_tokens": 1500}, "'max_tokens'"),  # does not fit the context
+    # vLLM's limits on its sampling fields
+    ({"prompt": "hi", "temperature": 2.5}, "'temperature'"),
+    ({"prompt": "hi", "presence_penalty": 2.5}, "'presence_penalty'"),
+    ({"prompt": "hi", "frequency_penalty": -3}, "'frequency_penalty'"),
+    ({"prompt": "hi", "repetition_penalty": 0}, "'repetition_penalty'"),
+    ({"prompt": "hi", "top_k": -2}, "'top_k'"),
+    ({"prompt": "hi", "min_p": 1.5}, "'min_p'"),
+    ({"prompt": "hi", "max_tokens": 4, "min_tokens": 5}, "'min_tokens'"),
+    ({"prompt": "hi", "stop_token_ids": [5, -1]}, "'stop_token_ids[1]'"),
+    ({"prompt": "hi", "logit_bias": {5: 101.0}}, "'logit_bias'"),
+    ({"prompt": "hi", "logprobs": 21}, "'logprobs'"),
 ])
 async def test_bad_requests_are_invalid_argument_naming_the_field(
     stub: pb_grpc.WorkerStub, fields: dict, named: str

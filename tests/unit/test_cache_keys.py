@@ -53,8 +53,10 @@ def _with(**changes: object) -> pb.GenerateRequest:
         if name == "messages":
             req.ClearField("prompt")
             req.messages.extend(value)  # type: ignore[arg-type]
-        elif name == "stop":
-            req.stop[:] = value  # type: ignore[index]
+        elif name in ("stop", "stop_token_ids"):
+            getattr(req, name)[:] = value
+        elif name == "logit_bias":
+            req.logit_bias.update(value)  # type: ignore[call-overload]
         else:
             setattr(req, name, value)
     return req
@@ -73,11 +75,52 @@ def _with(**changes: object) -> pb.GenerateRequest:
         {"stop": ["\n", "."]},
         {"stop": []},
         {"ignore_eos": True},
+        {"presence_penalty": 0.5},
+        {"frequency_penalty": -0.5},
+        {"repetition_penalty": 1.2},
+        {"top_k": 5},
+        {"min_p": 0.1},
+        {"min_tokens": 4},
+        {"stop_token_ids": [2]},
+        {"logit_bias": {7: 5.0}},
+        {"include_stop_str_in_output": True},
+        {"skip_special_tokens": False},
+        {"logprobs": 0},
+        {"logprobs": 3},
     ],
-    ids=lambda c: next(iter(c)),
+    ids=lambda c: f"{next(iter(c))}={next(iter(c.values()))}",
 )
 def test_output_changing_field_changes_key(changes: dict[str, object]) -> None:
     assert exact_key(_with(**changes), "t") != exact_key(base(), "t")
+
+
+# Fields that never change the text (or are the gateway's own, set on a migrated stream).
+NOT_IN_KEY = {"request_id", "skip_cache", "stream_interval", "user", "cache", "continue_token_ids"}
+
+
+def test_every_field_of_the_request_is_in_the_key_or_listed_as_not() -> None:
+    """A new GenerateRequest field must be hashed, or named here as not changing the output."""
+    for field in pb.GenerateRequest.DESCRIPTOR.fields:
+        if field.name in NOT_IN_KEY or field.name in ("prompt", "messages"):
+            continue
+        req = base()
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            getattr(req, field.name)[3] = 1.0
+        elif field.is_repeated:
+            getattr(req, field.name).append("x" if field.type == field.TYPE_STRING else 3)
+        elif field.type == field.TYPE_BOOL:  # whichever of the two is not the default
+            setattr(req, field.name, True)
+            if exact_key(req, "t") == exact_key(base(), "t"):
+                setattr(req, field.name, False)
+        elif field.type == field.TYPE_STRING:
+            setattr(req, field.name, getattr(req, field.name) + "x")
+        else:
+            setattr(req, field.name, getattr(req, field.name) + 3)
+        assert exact_key(req, "t") != exact_key(base(), "t"), f"{field.name} is not in the cache key"
+
+
+def test_top_k_minus_one_and_zero_share_a_key() -> None:
+    assert exact_key(_with(top_k=-1), "t") == exact_key(_with(top_k=0), "t")
 
 
 def test_max_tokens_default_differs_from_other_values() -> None:

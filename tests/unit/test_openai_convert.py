@@ -46,13 +46,41 @@ def test_max_completion_tokens_wins_and_unset_fields_stay_unset() -> None:
     assert not req.HasField("max_tokens") and not req.HasField("temperature") and not req.stop
 
 
+def test_vllm_sampling_fields_are_carried() -> None:
+    req = convert.chat_request(chat(
+        presence_penalty=0.5, frequency_penalty=-0.25, repetition_penalty=1.1, top_k=5, min_p=0.05,
+        min_tokens=2, stop_token_ids=[3, 4], logit_bias={"7": -100, "9": 2.5}, include_stop_str_in_output=True,
+        skip_special_tokens=False, logprobs=True, top_logprobs=3,
+    ))
+    assert (req.presence_penalty, req.frequency_penalty, req.repetition_penalty) == (0.5, -0.25, pytest.approx(1.1))
+    assert (req.top_k, req.min_tokens, list(req.stop_token_ids)) == (5, 2, [3, 4])
+    assert dict(req.logit_bias) == {7: -100.0, 9: 2.5}
+    assert req.include_stop_str_in_output and req.HasField("skip_special_tokens") and not req.skip_special_tokens
+    assert req.logprobs == 3
+    assert not convert.chat_request(chat(logprobs=False)).HasField("logprobs")
+    assert convert.chat_request(chat(logprobs=True)).logprobs == 0  # each token's own logprob only
+    assert convert.completion_request(completion(logprobs=2, top_k=-1)).logprobs == 2
+
+
+def test_n_choices_get_their_own_ids_and_seeds() -> None:
+    req = convert.chat_request(chat(n=3, seed=2**31 - 2))
+    assert convert.choices(chat(n=3)) == 3
+    reqs = convert.choice_requests(req, "abc", 3)
+    assert [r.request_id for r in reqs] == ["abc-0", "abc-1", "abc-2"]
+    assert [r.seed for r in reqs] == [2**31 - 2, 2**31 - 1, -(2**31)]  # as vLLM: seed + i (wrapped to int32)
+    unseeded = convert.choice_requests(convert.chat_request(chat(n=2, temperature=0.5)), "g", 2)
+    assert not any(r.HasField("seed") for r in unseeded)
+    assert [r.request_id for r in convert.choice_requests(req, "one", 1)] == ["one"]
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [
-        ({"n": 2}, "'n'"),
-        ({"presence_penalty": 0.5}, "'presence_penalty'"),
-        ({"frequency_penalty": -1}, "'frequency_penalty'"),
-        ({"logprobs": True}, "'logprobs'"),
+        ({"n": 0}, "'n'"),
+        ({"n": 129}, "'n'"),
+        ({"n": 2, "temperature": 0}, "'n'"),  # vLLM: greedy choices would all be the same
+        ({"top_logprobs": 2}, "'top_logprobs'"),
+        ({"logprobs": True, "top_logprobs": 21}, "'top_logprobs'"),
         ({"stop": [1, 2]}, "'stop'"),
         ({"messages": []}, "'messages'"),
         ({"messages": [{"role": "user", "content": 5}]}, "'messages[0].content'"),
@@ -74,7 +102,7 @@ def test_completion_request() -> None:
 @pytest.mark.parametrize(
     ("body", "field"),
     [({"prompt": ["a", "b"]}, "'prompt'"), ({"prompt": [1, 2]}, "'prompt'"), ({"prompt": None}, "'prompt'"),
-     ({"echo": True}, "'echo'"), ({"best_of": 3}, "'best_of'"), ({"logprobs": 2}, "'logprobs'")],
+     ({"echo": True, "logprobs": 1}, "'echo'"), ({"best_of": 3}, "'best_of'"), ({"n": 2, "best_of": 3}, "'best_of'")],
 )
 def test_completion_refuses_what_it_cannot_honour(body: dict, field: str) -> None:
     with pytest.raises(InvalidRequest) as err:
@@ -82,20 +110,50 @@ def test_completion_refuses_what_it_cannot_honour(body: dict, field: str) -> Non
     assert str(err.value).startswith(field)
 
 
-def test_chat_chunks_carry_role_first_then_finish_then_usage() -> None:
-    first = list(convert.chat_chunks(pb.GenerateResponse(request_id="r", text="a"), True, "m", 1, True))
-    last = list(convert.chat_chunks(
-        pb.GenerateResponse(request_id="r", text="", finish_reason="stop", usage=pb.Usage(prompt_tokens=3, completion_tokens=2)),
-        False, "m", 1, True,
-    ))
-    assert len(first) == 1 and first[0].choices[0].delta.role == "assistant"
-    assert not first[0].choices[0].HasField("finish_reason") and not first[0].HasField("usage")
-    finish, usage = last
-    assert finish.choices[0].finish_reason == "stop" and not finish.choices[0].delta.HasField("role")
-    assert list(usage.choices) == [] and usage.usage.total_tokens == 5
-    assert {c.id for c in first + last} == {"chatcmpl-r"}
+def logprob(token: str, value: float, *top: tuple[str, float]) -> pb.TokenLogprob:
+    return pb.TokenLogprob(token=token, logprob=value, top=[pb.TopLogprob(token=t, logprob=v) for t, v in top])
 
 
-def test_no_usage_chunk_unless_asked() -> None:
-    out = list(convert.completion_chunks(pb.GenerateResponse(request_id="r", finish_reason="length"), "m", 1, False))
-    assert len(out) == 1 and out[0].choices[0].finish_reason == "length"
+def test_chat_logprobs_have_openai_shape() -> None:
+    out = json_format.MessageToDict(convert.chat_logprobs([logprob("é", -0.5, ("é", -0.5), ("a", -1.5))]),
+                                    preserving_proto_field_name=True)
+    assert out == {"content": [{"token": "é", "logprob": -0.5, "bytes": [195, 169],
+                                "top_logprobs": [{"token": "é", "logprob": -0.5, "bytes": [195, 169]},
+                                                 {"token": "a", "logprob": -1.5, "bytes": [97]}]}]}
+
+
+def test_completion_logprobs_have_the_legacy_shape() -> None:
+    out = convert.completion_logprobs([logprob(" a", -0.5, (" b", -0.25)), logprob("bc", -1.0)], offset=4)
+    assert list(out.text_offset) == [4, 6] and list(out.tokens) == [" a", "bc"]
+    assert list(out.token_logprobs) == [-0.5, -1.0]
+    assert [dict(t) for t in out.top_logprobs] == [{" b": -0.25, " a": -0.5}, {"bc": -1.0}]
+
+
+def test_n_choices_are_indexed_and_their_usage_summed() -> None:
+    resps = [pb.CompleteResponse(text=t, finish_reason="stop", usage=pb.Usage(prompt_tokens=3, completion_tokens=c,
+                                                                             cached_prompt_tokens=2))
+             for t, c in (("a", 1), ("bb", 2))]
+    out = convert.chat_completion(resps, "x", False, "m", 1)
+    assert [(c.index, c.message.content) for c in out.choices] == [(0, "a"), (1, "bb")]
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens, out.usage.total_tokens) == (3, 3, 6)
+    assert out.id == "chatcmpl-x" and not out.choices[0].HasField("logprobs")
+    text = convert.completion(resps, "x", True, "hi ", "m", 1)
+    assert [c.text for c in text.choices] == ["hi a", "hi bb"] and text.choices[1].HasField("logprobs")
+
+
+def test_chat_chunks_carry_role_first_then_finish() -> None:
+    first = convert.chat_chunk(pb.GenerateResponse(request_id="r-1", text="a"), 1, True, "r", False, "m", 1)
+    last = convert.chat_chunk(
+        pb.GenerateResponse(request_id="r-1", text="", finish_reason="stop", cache_kind="exact"), 1, False, "r",
+        False, "m", 1)
+    assert first.choices[0].delta.role == "assistant" and first.choices[0].index == 1
+    assert not first.choices[0].HasField("finish_reason") and not first.HasField("cache")
+    assert last.choices[0].finish_reason == "stop" and not last.choices[0].delta.HasField("role")
+    assert last.cache.kind == "exact" and {first.id, last.id} == {"chatcmpl-r"}
+
+
+def test_completion_chunk_puts_the_echo_first_and_offsets_logprobs() -> None:
+    chunk = pb.GenerateResponse(text=" a", logprobs=[logprob(" a", -0.1)], finish_reason="length")
+    out = convert.completion_chunk(chunk, 0, "hi", 0, "r", True, "m", 1)
+    assert out.choices[0].text == "hi a" and out.choices[0].finish_reason == "length"
+    assert list(out.choices[0].logprobs.text_offset) == [2]

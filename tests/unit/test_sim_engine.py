@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
 from services.config import WorkerConfig
-from worker.engine import Delta, Load, PromptTooLong, Request
 from services.prompts import sim_tokenize as tokenize
+from worker.engine import Delta, Load, PromptTooLong, Request
 from worker.sim_engine import SimEngine
 
 
@@ -212,6 +213,41 @@ async def test_stop_string_ends_the_stream_before_it(make_engine: Make) -> None:
     assert stopped.last.finish_reason == "stop"
     assert stopped.token_ids == full.token_ids[: len(stopped.token_ids)]
     assert stop not in "".join(d.text for d in stopped.deltas)
+
+
+async def test_stop_token_ids_min_tokens_and_include_stop_str(make_engine: Make) -> None:
+    engine, clock = await make_engine()
+    prompt = words("q", 30)
+    full = await run(engine, clock, req(prompt, max_tokens=30, temperature=0.0))
+    third = full.token_ids[2]
+    at = full.token_ids.index(third)  # may occur earlier than the third position
+    by_id = await run(engine, clock, req(prompt, max_tokens=30, temperature=0.0, stop_token_ids=[third]))
+    assert by_id.token_ids == full.token_ids[: at + 1] and by_id.last.finish_reason == "stop"
+    assert by_id.text == " ".join(full.text.split(" ")[: at + 1])  # the stop token's text is left out
+    kept = await run(engine, clock, req(prompt, max_tokens=30, temperature=0.0, stop_token_ids=[third],
+                                        include_stop_str_in_output=True))
+    assert kept.text == " ".join(full.text.split(" ")[: at + 2])
+    # Before min_tokens a stop token is never drawn (as vLLM masks its logit).
+    first = full.token_ids[0]
+    later = await run(engine, clock, req(prompt, max_tokens=30, temperature=0.0, stop_token_ids=[first], min_tokens=30))
+    assert len(later.token_ids) == 30 and first not in later.token_ids
+    stop = full.text.split(" ")[5][:3]
+    with_stop = await run(engine, clock, req(prompt, max_tokens=30, temperature=0.0, stop=[stop],
+                                             include_stop_str_in_output=True))
+    assert with_stop.text == full.text[: full.text.index(stop) + len(stop)]
+
+
+async def test_logprobs_are_the_simulators_own_distribution(make_engine: Make) -> None:
+    engine, clock = await make_engine()
+    out = await run(engine, clock, req(words("r", 10), max_tokens=6, temperature=0.0, logprobs=3))
+    logprobs = [lp for d in out.deltas for lp in (d.logprobs or [])]
+    assert [lp.token_id for lp in logprobs] == out.token_ids
+    for lp in logprobs:
+        assert len(lp.top) == 3 and lp.top[0][0] == lp.token_id
+        assert 0 < sum(math.exp(v) for _, _, v in lp.top) <= 1
+        assert tokenize(lp.token) == [lp.token_id]
+    plain = await run(engine, clock, req(words("r", 10), max_tokens=6, temperature=0.0))
+    assert all(d.logprobs is None for d in plain.deltas) and plain.token_ids == out.token_ids
 
 
 async def test_lru_eviction_keeps_the_recently_used_prefix(make_engine: Make) -> None:

