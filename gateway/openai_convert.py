@@ -9,10 +9,13 @@ merged back by index here.
 from __future__ import annotations
 
 import importlib.metadata
+import json
+import uuid
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import grpc
-from google.protobuf import struct_pb2
+from google.protobuf import json_format, struct_pb2
 
 from services import openai_errors, validation
 from services.gen import meshserve_pb2 as pb
@@ -85,6 +88,67 @@ def _sampling(req: pb.ChatCompletionRequest | pb.CompletionRequest, out: pb.Gene
     out.cache = req.cache
     out.model = req.model
     out.user = req.user
+    _structured(req, out)
+
+
+def _structured(req: pb.ChatCompletionRequest | pb.CompletionRequest, out: pb.GenerateRequest) -> None:
+    """OpenAI's response_format, or vLLM's structured_outputs, as the request's constraint."""
+    so = out.structured_outputs
+    if req.HasField("response_format") and req.response_format.type not in ("", "text"):
+        if req.HasField("structured_outputs"):
+            raise InvalidRequest("give 'response_format' or 'structured_outputs', not both")
+        fmt = req.response_format
+        if fmt.type == "json_object":
+            so.json_object = True
+        elif fmt.type == "json_schema":
+            if not fmt.json_schema.HasField("schema"):
+                raise InvalidRequest("'response_format.json_schema.schema' is missing")
+            schema = _plain(json_format.MessageToDict(fmt.json_schema.schema))
+            validation.check_schema(schema, "response_format.json_schema.schema")
+            so.json = json.dumps(schema)
+        else:
+            raise InvalidRequest(f"'response_format.type' must be 'text', 'json_object' or 'json_schema', "
+                                 f"got {fmt.type!r}")
+        return
+    if not req.HasField("structured_outputs"):
+        return
+    given = req.structured_outputs
+    kinds = [name for name, set_ in (("json", given.HasField("json")), ("regex", bool(given.regex)),
+                                     ("choice", bool(given.choice)), ("grammar", bool(given.grammar)),
+                                     ("json_object", given.HasField("json_object"))) if set_]
+    if len(kinds) != 1:
+        raise InvalidRequest(f"'structured_outputs' must set exactly one of json, regex, choice, grammar or "
+                             f"json_object, got {kinds or 'none'}")
+    if kinds == ["json"]:
+        value = json_format.MessageToDict(given.json)
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise InvalidRequest(f"'structured_outputs.json' is not JSON: {e}") from None
+        schema = _plain(value)
+        validation.check_schema(schema, "structured_outputs.json")
+        so.json = json.dumps(schema)
+    elif kinds == ["regex"]:
+        so.regex = given.regex
+    elif kinds == ["choice"]:
+        so.choice.values.extend(given.choice)
+    elif kinds == ["grammar"]:
+        so.grammar = given.grammar
+    else:
+        so.json_object = given.json_object
+
+
+def _plain(value: Any) -> Any:
+    """JSON from a protobuf Struct, whose numbers are all doubles: integral ones back to ints
+    (a schema's "minItems": 2 must not reach the backend as 2.0)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
 
 
 def chat_request(req: pb.ChatCompletionRequest) -> pb.GenerateRequest:
@@ -93,7 +157,10 @@ def chat_request(req: pb.ChatCompletionRequest) -> pb.GenerateRequest:
         raise InvalidRequest("'messages' is empty: give at least one message")
     out = pb.GenerateRequest()
     for i, m in enumerate(req.messages):
-        out.messages.add(role=m.role, content=_text_parts(m.content, f"messages[{i}].content"))
+        turn = out.messages.add(role=m.role, content=_text_parts(m.content, f"messages[{i}].content"),
+                                tool_call_id=m.tool_call_id)
+        for call in m.tool_calls:
+            turn.tool_calls.add(id=call.id, name=call.function.name, arguments=call.function.arguments)
     if req.HasField("max_completion_tokens"):
         out.max_tokens = req.max_completion_tokens
     elif req.HasField("max_tokens"):
@@ -106,7 +173,112 @@ def chat_request(req: pb.ChatCompletionRequest) -> pb.GenerateRequest:
     if req.logprobs:
         out.logprobs = req.top_logprobs
     _sampling(req, out)
+    _tools(req, out)
     return out
+
+
+# -- tools ---------------------------------------------------------------------------------------
+
+NONE, AUTO, REQUIRED, FUNCTION = "none", "auto", "required", "function"
+EMPTY_PARAMETERS = {"type": "object", "properties": {}}
+
+
+def tool_choice(req: pb.ChatCompletionRequest) -> tuple[str, str]:
+    """(kind, function name) of the request's tool_choice: "none", "auto" (the default when it
+    has tools), "required", or "function" with the function it names."""
+    value = req.tool_choice
+    kind = value.WhichOneof("kind")
+    if kind in (None, "null_value"):
+        return (AUTO if req.tools else NONE), ""
+    if kind == "string_value" and value.string_value in (NONE, AUTO, REQUIRED):
+        return value.string_value, ""
+    if kind == "struct_value":
+        fields = value.struct_value.fields
+        function = fields["function"].struct_value.fields if "function" in fields else {}
+        name = function["name"].string_value if "name" in function else ""
+        if "type" in fields and fields["type"].string_value == FUNCTION and name:
+            return FUNCTION, name
+    raise InvalidRequest("'tool_choice' must be \"none\", \"auto\", \"required\" or "
+                         "{\"type\": \"function\", \"function\": {\"name\": ...}}")
+
+
+def _tools(req: pb.ChatCompletionRequest, out: pb.GenerateRequest) -> None:
+    """The tools go to the chat template; a forced call (a named function, or "required") is a
+    JSON schema the output must match, as vLLM builds it (vllm/tool_parsers/utils.py)."""
+    kind, name = tool_choice(req)
+    if kind != NONE and not req.tools:
+        raise InvalidRequest(f"'tool_choice' is {kind!r} but the request has no 'tools'")
+    parameters: dict[str, dict[str, Any]] = {}
+    for i, tool in enumerate(req.tools):
+        if tool.type not in ("", FUNCTION):
+            raise InvalidRequest(f"'tools[{i}].type' must be 'function', got {tool.type!r}")
+        fname = tool.function.name
+        if not fname:
+            raise InvalidRequest(f"'tools[{i}].function.name' is missing")
+        if fname in parameters:
+            raise InvalidRequest(f"'tools[{i}].function.name' {fname!r} is given twice")
+        params = EMPTY_PARAMETERS
+        if tool.function.HasField("parameters"):
+            params = _plain(json_format.MessageToDict(tool.function.parameters)) or EMPTY_PARAMETERS
+            validation.check_schema(params, f"tools[{i}].function.parameters")
+        parameters[fname] = params
+    if not req.tools:
+        return
+    out.tools = json.dumps([{"type": FUNCTION, "function": {"name": t.function.name, "description": t.function.description,
+                                                           "parameters": parameters[t.function.name]}}
+                            for t in req.tools])
+    if kind == AUTO:
+        raise InvalidRequest("'tool_choice' \"auto\" (the default with 'tools') needs a tool-call parser, and this "
+                             "mesh has none configured: ask for \"required\", a named function "
+                             "({\"type\": \"function\", \"function\": {\"name\": ...}}) or \"none\"")
+    if kind == NONE:
+        return
+    if out.HasField("structured_outputs"):
+        raise InvalidRequest(f"'tool_choice' {kind!r} forces a call: it cannot be combined with 'response_format' "
+                             "or 'structured_outputs'")
+    if kind == FUNCTION:
+        if name not in parameters:
+            raise InvalidRequest(f"'tool_choice' names {name!r}, which is not one of the 'tools'")
+        out.structured_outputs.json = json.dumps(parameters[name])
+        return
+    calls: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": [
+        {"properties": {"name": {"type": "string", "enum": [n]}, "parameters": p}, "required": ["name", "parameters"]}
+        for n, p in parameters.items()]}}
+    if req.HasField("parallel_tool_calls") and not req.parallel_tool_calls:
+        calls["maxItems"] = 1
+    out.structured_outputs.json = json.dumps(calls)
+
+
+def required_calls(text: str) -> list[tuple[str, str]] | None:
+    """The calls of a "required" answer (a JSON list of {name, parameters}) as (name, arguments
+    JSON); None if the text is not such a list (cut short by max_tokens)."""
+    try:
+        calls = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(calls, list) or not all(isinstance(c, dict) and "name" in c for c in calls):
+        return None
+    return [(str(c["name"]), json.dumps(c.get("parameters", {}), ensure_ascii=False)) for c in calls]
+
+
+def call_id() -> str:
+    return f"chatcmpl-tool-{uuid.uuid4().hex}"
+
+
+def _message(r: pb.CompleteResponse, tools: tuple[str, str]) -> tuple[pb.ChatCompletionMessage, str]:
+    """A choice's message and finish reason: a forced call's output is its tool_calls."""
+    kind, name = tools
+    message = pb.ChatCompletionMessage(role="assistant", content=r.text)
+    if kind == FUNCTION:
+        message.content = ""
+        message.tool_calls.add(id=call_id(), type=FUNCTION, function=pb.FunctionCall(name=name, arguments=r.text))
+    elif kind == REQUIRED and (calls := required_calls(r.text)) is not None:
+        message.content = ""
+        for fname, arguments in calls:
+            message.tool_calls.add(id=call_id(), type=FUNCTION, function=pb.FunctionCall(name=fname, arguments=arguments))
+        # As vLLM: "tool_calls" for a required call that completed, "stop" for a named one.
+        return message, "tool_calls" if r.finish_reason == "stop" else r.finish_reason
+    return message, r.finish_reason
 
 
 def completion_request(req: pb.CompletionRequest) -> pb.GenerateRequest:
@@ -216,8 +388,10 @@ def completion_logprobs(logprobs: Iterable[pb.TokenLogprob], offset: int = 0) ->
 
 
 def chat_completion(resps: Sequence[pb.CompleteResponse], response_id: str, logprobs: bool,
-                    model: str, created: int) -> pb.ChatCompletion:
-    """The chat completion of a request's choices (``resps``, by index)."""
+                    model: str, created: int, tools: tuple[str, str] = (NONE, "")) -> pb.ChatCompletion:
+    """The chat completion of a request's choices (``resps``, by index); ``tools``: its
+    tool_choice (a forced call's output is the message's tool_calls)."""
+    messages = [_message(r, tools) for r in resps]
     return pb.ChatCompletion(
         id=f"chatcmpl-{response_id}",
         object="chat.completion",
@@ -227,11 +401,11 @@ def chat_completion(resps: Sequence[pb.CompleteResponse], response_id: str, logp
         choices=[
             pb.ChatCompletionChoice(
                 index=i,
-                message=pb.ChatCompletionMessage(role="assistant", content=r.text),
-                finish_reason=r.finish_reason,
+                message=message,
+                finish_reason=finish_reason,
                 logprobs=chat_logprobs(r.logprobs) if logprobs else None,
             )
-            for i, r in enumerate(resps)
+            for i, (r, (message, finish_reason)) in enumerate(zip(resps, messages, strict=True))
         ],
         usage=usage(total_usage([r.usage for r in resps])),
         cache=cache_info(resps[0]),
@@ -258,15 +432,39 @@ def completion(resps: Sequence[pb.CompleteResponse], response_id: str, logprobs:
 
 
 def chat_chunk(chunk: pb.GenerateResponse, index: int, first: bool, response_id: str, logprobs: bool,
-               model: str, created: int) -> pb.ChatCompletionChunk:
-    """The OpenAI chunk of choice ``index`` for one mesh chunk (its first carries the role)."""
-    delta = pb.ChatCompletionDelta(content=chunk.text)
+               model: str, created: int, tools: tuple[str, str] = (NONE, ""), so_far: str = "") -> pb.ChatCompletionChunk:
+    """The OpenAI chunk of choice ``index`` for one mesh chunk (its first carries the role).
+    ``tools``: the tool_choice; a named call streams its arguments as they come, a "required"
+    one (a JSON list until it is complete) all its calls with its last chunk; ``so_far``: the
+    choice's text before this chunk."""
+    kind, name = tools
+    delta = pb.ChatCompletionDelta()
+    finish_reason = chunk.finish_reason
+    if kind == FUNCTION:
+        call = pb.ChatCompletionDeltaToolCall(index=0, function=pb.FunctionCallDelta(arguments=chunk.text))
+        if first:
+            call.id, call.type, call.function.name = call_id(), FUNCTION, name
+        delta.tool_calls.append(call)
+        if chunk.finish_reason:
+            delta.content = ""  # as vLLM's last chunk of a call
+    elif kind == REQUIRED:
+        calls = required_calls(so_far + chunk.text) if chunk.finish_reason else None
+        if calls is not None:
+            delta.tool_calls.extend(
+                pb.ChatCompletionDeltaToolCall(index=i, id=call_id(), type=FUNCTION,
+                                               function=pb.FunctionCallDelta(name=fname, arguments=arguments))
+                for i, (fname, arguments) in enumerate(calls))
+            finish_reason = "tool_calls" if chunk.finish_reason == "stop" else chunk.finish_reason
+        elif chunk.finish_reason:
+            delta.content = so_far + chunk.text  # not a list of calls after all: the text as it is
+    else:
+        delta.content = chunk.text
     if first:
         delta.role = "assistant"
     choice = pb.ChatCompletionChunkChoice(index=index, delta=delta,
                                           logprobs=chat_logprobs(chunk.logprobs) if logprobs else None)
-    if chunk.finish_reason:
-        choice.finish_reason = chunk.finish_reason
+    if finish_reason:
+        choice.finish_reason = finish_reason
     return pb.ChatCompletionChunk(id=f"chatcmpl-{response_id}", object="chat.completion.chunk", created=created,
                                   model=model, choices=[choice], system_fingerprint=FINGERPRINT,
                                   cache=cache_info(chunk) if chunk.finish_reason else None)

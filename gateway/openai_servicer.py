@@ -53,7 +53,8 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
         req = await self._convert(convert.chat_request, request, context)
         response_id, reqs = self._choices(req, request)
         resps = await self._complete(reqs, context)
-        return convert.chat_completion(resps, response_id, req.HasField("logprobs"), self._model, int(self._clock()))
+        return convert.chat_completion(resps, response_id, req.HasField("logprobs"), self._model, int(self._clock()),
+                                       convert.tool_choice(request))
 
     async def Completions(self, request: pb.CompletionRequest, context: grpc.aio.ServicerContext) -> pb.Completion:
         req = await self._convert(convert.completion_request, request, context)
@@ -71,12 +72,19 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
         created, logprobs = int(self._clock()), req.HasField("logprobs")
         head = {"id": f"chatcmpl-{response_id}", "object": "chat.completion.chunk", "created": created,
                 "model": self._model, "system_fingerprint": convert.FINGERPRINT}
+        tools = convert.tool_choice(request)
         started: set[int] = set()
+        held: dict[int, list[str]] = {}  # a "required" call's text so far, by choice: sent when complete
 
         def chunk(index: int, c: pb.GenerateResponse) -> pb.ChatCompletionChunk:
             first = index not in started
             started.add(index)
-            return convert.chat_chunk(c, index, first, response_id, logprobs, self._model, created)
+            so_far = ""
+            if tools[0] == convert.REQUIRED:
+                parts = held.setdefault(index, [])
+                so_far = "".join(parts) if c.finish_reason else ""
+                parts.append(c.text)
+            return convert.chat_chunk(c, index, first, response_id, logprobs, self._model, created, tools, so_far)
 
         def usage(u: pb.Usage) -> pb.ChatCompletionChunk:
             return pb.ChatCompletionChunk(**head, usage=convert.usage(u))

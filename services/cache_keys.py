@@ -9,6 +9,8 @@ import hashlib
 import json
 from typing import Any
 
+from google.protobuf import json_format
+
 from services import validation
 from services.gen import meshserve_pb2 as pb
 
@@ -24,7 +26,7 @@ def canonical(req: pb.GenerateRequest, tenant: str) -> bytes:
         "tenant": tenant,
         "model": req.model,
         "prompt": req.prompt,
-        "messages": [[m.role, m.content] for m in req.messages],
+        "messages": [_turn(m) for m in req.messages],
         "max_tokens": validation.max_tokens(req),
         # Unset fields take their serving defaults: unset and spelled-out defaults share an entry.
         "temperature": validation.temperature(req),
@@ -44,8 +46,20 @@ def canonical(req: pb.GenerateRequest, tenant: str) -> bytes:
         "include_stop_str_in_output": req.include_stop_str_in_output,
         "skip_special_tokens": validation.skip_special_tokens(req),
         "logprobs": req.logprobs if req.HasField("logprobs") else None,
+        "structured_outputs": json_format.MessageToDict(req.structured_outputs)
+        if req.HasField("structured_outputs") else None,
+        "tools": req.tools,
     }
     return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _turn(m: pb.ChatMessage) -> list[Any]:
+    """A chat turn: role and content, and a tool call's id or an assistant's calls when it has them
+    (a plain turn's part of the key is unchanged by those fields)."""
+    turn: list[Any] = [m.role, m.content]
+    if m.tool_call_id or m.tool_calls:
+        turn += [m.tool_call_id, [[c.id, c.name, c.arguments] for c in m.tool_calls]]
+    return turn
 
 
 def exact_key(req: pb.GenerateRequest, tenant: str, prefix: str = "") -> str:

@@ -79,6 +79,10 @@ class WorkerConfig(ServerConfig):
     kv_cache_memory_bytes: int = _f(256 * 2**20, "KV-cache memory for the vLLM engine, bytes")
     gpu_memory_utilization: float = _f(0.9, "fraction of GPU memory vLLM may use (GPU only)")
     enable_prefix_caching: bool = _f(True, "reuse KV blocks of shared prompt prefixes")
+    compact_json: bool = _f(
+        True, "structured JSON output has no whitespace between its tokens (vLLM's structured-outputs "
+        "disable_any_whitespace; vLLM's default is off): otherwise a model, a small one most, can fill "
+        "an answer with whitespace and never close it")
     kv_events: bool = _f(
         True, "stream the engine's KV-cache events (blocks cached / evicted) to the router, for "
         "kv-aware routing (vLLM: its KV-event publisher; sim: its block pool)",

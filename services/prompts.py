@@ -10,6 +10,7 @@ needs the engine's own hash function or seed.
 
 from __future__ import annotations
 
+import json
 import re
 import zlib
 from collections.abc import Mapping, Sequence
@@ -43,13 +44,38 @@ def sim_render(prompt: str, messages: Sequence[Mapping[str, str]] | None) -> str
 # -- Hugging Face tokenizers (the vLLM engine's) --------------------------------------------------
 
 
-def hf_prompt_ids(tokenizer: Any, prompt: str, messages: Sequence[Mapping[str, str]] | None) -> list[int]:
-    """The prompt token ids vLLM gets from the worker: chat messages through the model's chat
-    template (generation prompt added), a plain prompt with the tokenizer's special tokens."""
+def hf_prompt_ids(tokenizer: Any, prompt: str, messages: Sequence[Mapping[str, Any]] | None,
+                  tools: list[dict[str, Any]] | None = None) -> list[int]:
+    """The prompt token ids vLLM gets from the worker: chat messages (and ``tools``, for
+    templates that render them) through the model's chat template (generation prompt added),
+    a plain prompt with the tokenizer's special tokens."""
     if messages:
-        text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(list(messages), tools=tools, add_generation_prompt=True, tokenize=False)
         return list(tokenizer.encode(text, add_special_tokens=False))
     return list(tokenizer.encode(prompt))
+
+
+def chat_turns(messages: Sequence[Any]) -> list[dict[str, Any]]:
+    """ChatMessages as chat templates take them (OpenAI's message dicts). A call's arguments go
+    as an object when they parse, as vLLM gives them to templates."""
+    turns: list[dict[str, Any]] = []
+    for m in messages:
+        turn: dict[str, Any] = {"role": m.role, "content": m.content}
+        if m.tool_call_id:
+            turn["tool_call_id"] = m.tool_call_id
+        if m.tool_calls:
+            turn["tool_calls"] = [{"id": c.id, "type": "function",
+                                   "function": {"name": c.name, "arguments": _arguments(c.arguments)}}
+                                  for c in m.tool_calls]
+        turns.append(turn)
+    return turns
+
+
+def _arguments(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
 
 
 class PromptTokenizer(Protocol):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+import re
 
 from services.gen import meshserve_pb2 as pb
 
@@ -93,6 +95,47 @@ def _validate_sampling(req: pb.GenerateRequest) -> None:
                                  f"{MAX_LOGIT_BIAS:g}], got {bias:g}")
     if req.HasField("logprobs") and not (0 <= req.logprobs <= MAX_LOGPROBS):
         raise InvalidRequest(f"'logprobs' must be in [0, {MAX_LOGPROBS}] (alternatives per token), got {req.logprobs}")
+    if req.HasField("structured_outputs"):
+        _validate_structured(req.structured_outputs)
+
+
+def _validate_structured(so: pb.StructuredOutputs) -> None:
+    """A constraint the engine can be given: one kind, a JSON schema that is one, a regex that
+    compiles, a non-empty choice. (A grammar is the backend's to compile.)"""
+    kind = so.WhichOneof("kind")
+    if kind is None:
+        raise InvalidRequest("'structured_outputs' sets no constraint: give json, json_object, regex, choice or grammar")
+    if kind == "json":
+        try:
+            schema = json.loads(so.json)
+        except json.JSONDecodeError as e:
+            raise InvalidRequest(f"'structured_outputs.json' is not JSON: {e}") from None
+        check_schema(schema, "structured_outputs.json")
+    elif kind == "json_object" and not so.json_object:
+        raise InvalidRequest("'structured_outputs.json_object' must be true when given")
+    elif kind == "regex":
+        try:
+            re.compile(so.regex)
+        except re.error as e:
+            raise InvalidRequest(f"'structured_outputs.regex' is not a regular expression: {e}") from None
+    elif kind == "choice" and (not so.choice.values or not all(so.choice.values)):
+        raise InvalidRequest("'structured_outputs.choice' must list at least one non-empty string")
+    elif kind == "grammar" and not so.grammar.strip():
+        raise InvalidRequest("'structured_outputs.grammar' is empty")
+
+
+def check_schema(schema: object, field: str) -> None:
+    """Raises InvalidRequest naming ``field`` unless ``schema`` is a valid JSON schema (of its
+    own draft, Draft 2020-12 when it names none)."""
+    import jsonschema
+
+    if not isinstance(schema, dict | bool):
+        raise InvalidRequest(f"'{field}' must be a JSON schema (an object), got {type(schema).__name__}")
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as e:
+        where = "/".join(str(p) for p in e.absolute_path) or "the top level"
+        raise InvalidRequest(f"'{field}' is not a valid JSON schema (at {where}): {e.message}") from None
 
 
 def max_tokens(req: pb.GenerateRequest) -> int:

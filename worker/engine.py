@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from services.validation import (
     DEFAULT_MAX_TOKENS,
@@ -24,7 +25,7 @@ class Request:
 
     request_id: str
     prompt: str | None = None                       # a plain prompt, or
-    messages: list[dict[str, str]] | None = None    # chat turns rendered with the chat template
+    messages: list[dict[str, Any]] | None = None    # chat turns rendered with the chat template
     max_tokens: int = DEFAULT_MAX_TOKENS
     temperature: float = DEFAULT_TEMPERATURE
     top_p: float = DEFAULT_TOP_P
@@ -47,6 +48,9 @@ class Request:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     logprobs: int | None = None                     # alternatives per token; None: no logprobs
+    # Constrained decoding: vLLM's StructuredOutputsParams fields ({"json": schema text}, ...).
+    structured_outputs: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None       # OpenAI's tools, for the chat template
 
     def non_default(self, *names: str) -> list[str]:
         """Those of the fields ``names`` this request sets to other than their default."""

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 # The sampling fields this baseline leaves to vLLM (it has top_k, min_p, repetition_penalty
 # and min_tokens, which Hugging Face's generate does too).
 UNSUPPORTED = ("presence_penalty", "frequency_penalty", "stop_token_ids", "logit_bias",
-               "include_stop_str_in_output", "skip_special_tokens", "logprobs")
+               "include_stop_str_in_output", "skip_special_tokens", "logprobs", "structured_outputs")
 
 
 class TransformersEngine(Engine):

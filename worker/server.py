@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import importlib
 import itertools
+import json
 import logging
 import time
 import uuid
@@ -22,6 +23,7 @@ from services import validation
 from services.config import WorkerConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
+from services.prompts import chat_turns
 from worker.engine import Delta, Engine, Request
 from worker.session import Session
 
@@ -131,7 +133,7 @@ def to_engine_request(req: pb.GenerateRequest, min_stream_interval: int = 1) -> 
     return Request(
         request_id=req.request_id or uuid.uuid4().hex,
         prompt=req.prompt or None,
-        messages=[{"role": m.role, "content": m.content} for m in req.messages] or None,
+        messages=chat_turns(req.messages) or None,
         max_tokens=validation.max_tokens(req),
         temperature=validation.temperature(req),
         top_p=validation.top_p(req),
@@ -151,7 +153,18 @@ def to_engine_request(req: pb.GenerateRequest, min_stream_interval: int = 1) -> 
         include_stop_str_in_output=req.include_stop_str_in_output,
         skip_special_tokens=validation.skip_special_tokens(req),
         logprobs=req.logprobs if req.HasField("logprobs") else None,
+        structured_outputs=structured_outputs(req),
+        tools=json.loads(req.tools) if req.tools else None,
     )
+
+
+def structured_outputs(req: pb.GenerateRequest) -> dict[str, Any] | None:
+    """The request's constraint as vLLM's StructuredOutputsParams fields; None if it has none."""
+    if not req.HasField("structured_outputs"):
+        return None
+    so = req.structured_outputs
+    kind = so.WhichOneof("kind")
+    return {"choice": list(so.choice.values)} if kind == "choice" else {kind: getattr(so, kind)}
 
 
 class WorkerServicer(pb_grpc.WorkerServicer):

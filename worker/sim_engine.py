@@ -38,7 +38,8 @@ Sampling: the simulator honours what changes where a request stops (``stop_token
 ``min_tokens``, ``include_stop_str_in_output``) and reports ``logprobs`` from its own
 distribution (every word equally likely). Fields that only change which word is drawn
 (penalties, ``top_k``, ``min_p``, ``logit_bias``, ``skip_special_tokens``) are accepted and have no
-effect: they do not change how long a step takes.
+effect: they do not change how long a step takes. A ``structured_outputs`` constraint is refused
+(INVALID_ARGUMENT naming it): the simulator cannot make its words match a schema.
 
 Time is injected (``clock``, ``sleep``) so tests run the simulation on a fake clock.
 """
@@ -56,7 +57,17 @@ from dataclasses import dataclass, field
 
 from services.config import WorkerConfig
 from services.prompts import ROOT_HASH, SIM_TOKENIZER, block_hash, sim_render, sim_token_id, sim_tokenize
-from worker.engine import Delta, Engine, EngineInfo, Load, LoadSignal, PromptTooLong, Request, TokenLogprob
+from worker.engine import (
+    Delta,
+    Engine,
+    EngineInfo,
+    Load,
+    LoadSignal,
+    PromptTooLong,
+    Request,
+    TokenLogprob,
+    refuse_unsupported,
+)
 from worker.kv_events import KvCacheView
 
 log = logging.getLogger(__name__)
@@ -268,6 +279,8 @@ class SimEngine(Engine):
         )
 
     async def generate(self, request: Request) -> AsyncIterator[Delta]:
+        # It draws words, not tokens of a grammar: it cannot honour a constraint, so it says so.
+        refuse_unsupported(request, "sim", "structured_outputs")
         seq = self._new_seq(request)
         if self._task is None or self._task.done():
             raise RuntimeError("the sim engine is not running")

@@ -34,7 +34,7 @@ def resolve_model(cfg: WorkerConfig) -> tuple[str, str]:
 
 def render_prompt(tokenizer: Any, request: Request) -> list[int]:
     """The request's prompt token ids; chat messages go through the model's chat template."""
-    return hf_prompt_ids(tokenizer, request.prompt or "", request.messages)
+    return hf_prompt_ids(tokenizer, request.prompt or "", request.messages, request.tools)
 
 
 def check_fits(num_prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:
@@ -139,6 +139,7 @@ class VllmEngine(Engine):
 
     async def start(self) -> None:
         from transformers import AutoTokenizer
+        from vllm.config import StructuredOutputsConfig
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -184,6 +185,10 @@ class VllmEngine(Engine):
             dtype=cfg.dtype,
             enforce_eager=cfg.enforce_eager,
             disable_log_stats=False,  # scheduler stats feed our load reports
+            # Compact JSON needs a backend that has the option: guidance (llguidance), which also
+            # takes the schemas "auto" would hand it when xgrammar cannot.
+            structured_outputs_config=StructuredOutputsConfig(backend="guidance", disable_any_whitespace=True)
+            if cfg.compact_json else StructuredOutputsConfig(),
             **extra,
         )
         log.info("starting vLLM on %s (tp=%d)", self._model_path, cfg.tensor_parallel_size)
@@ -242,7 +247,7 @@ class VllmEngine(Engine):
         try:
             outputs = self._llm.generate(TokensPrompt(prompt_token_ids=[*prompt_ids, *continued]), params,
                                          request.request_id)
-            with _refusals_as_invalid():
+            with _refusals_as_invalid(structured=request.structured_outputs is not None):
                 async for out in outputs:
                     completion = out.outputs[0]
                     completion_tokens += len(completion.token_ids)
@@ -269,7 +274,7 @@ class VllmEngine(Engine):
 
     @staticmethod
     def _sampling_params(request: Request) -> Any:
-        from vllm.sampling_params import RequestOutputKind, SamplingParams
+        from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
         continued = request.continue_token_ids
         return SamplingParams(
@@ -294,6 +299,8 @@ class VllmEngine(Engine):
             include_stop_str_in_output=request.include_stop_str_in_output,
             skip_special_tokens=request.skip_special_tokens,
             logprobs=request.logprobs,
+            structured_outputs=None if request.structured_outputs is None
+            else StructuredOutputsParams(**request.structured_outputs),
         )
 
     async def close(self) -> None:
@@ -315,17 +322,22 @@ class VllmEngine(Engine):
 
 
 @contextlib.contextmanager
-def _refusals_as_invalid() -> Iterator[None]:
+def _refusals_as_invalid(structured: bool = False) -> Iterator[None]:
     """vLLM's own request checks (those that need the model, such as token ids outside the
     vocabulary, raise VLLMValidationError when the request is added) as InvalidRequest, naming
-    the field."""
+    the field. ``structured``: the request has a constraint, whose backend (xgrammar, guidance)
+    refuses one it cannot compile with a plain ValueError."""
     from vllm.exceptions import VLLMValidationError
 
     try:
         yield
     except VLLMValidationError as e:
-        field = getattr(e, "parameter", None)
+        field = getattr(e, "parameter", None) or ("structured_outputs" if structured else None)
         raise InvalidRequest(f"'{field}': {e}" if field else str(e)) from None
+    except ValueError as e:
+        if not structured:
+            raise
+        raise InvalidRequest(f"'structured_outputs': the engine's structured-output backend refused it: {e}") from None
 
 
 LOGPROB_FLOOR = -9999.0  # vLLM's serving layer prints -inf as this (JSON has no -inf)

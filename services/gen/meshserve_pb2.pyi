@@ -9,15 +9,29 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ChatMessage(_message.Message):
-    __slots__ = ("role", "content")
+    __slots__ = ("role", "content", "tool_call_id", "tool_calls")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     role: str
     content: str
-    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
+    tool_call_id: str
+    tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ..., tool_call_id: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ...) -> None: ...
+
+class ToolCall(_message.Message):
+    __slots__ = ("id", "name", "arguments")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    arguments: str
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., arguments: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "messages", "max_tokens", "temperature", "top_p", "seed", "stop", "ignore_eos", "request_id", "skip_cache", "model", "stream_interval", "user", "cache", "continue_token_ids", "presence_penalty", "frequency_penalty", "repetition_penalty", "top_k", "min_p", "min_tokens", "stop_token_ids", "logit_bias", "include_stop_str_in_output", "skip_special_tokens", "logprobs")
+    __slots__ = ("prompt", "messages", "max_tokens", "temperature", "top_p", "seed", "stop", "ignore_eos", "request_id", "skip_cache", "model", "stream_interval", "user", "cache", "continue_token_ids", "presence_penalty", "frequency_penalty", "repetition_penalty", "top_k", "min_p", "min_tokens", "stop_token_ids", "logit_bias", "include_stop_str_in_output", "skip_special_tokens", "logprobs", "structured_outputs", "tools")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +65,8 @@ class GenerateRequest(_message.Message):
     INCLUDE_STOP_STR_IN_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     SKIP_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    STRUCTURED_OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     max_tokens: int
@@ -77,7 +93,29 @@ class GenerateRequest(_message.Message):
     include_stop_str_in_output: bool
     skip_special_tokens: bool
     logprobs: int
-    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., ignore_eos: _Optional[bool] = ..., request_id: _Optional[str] = ..., skip_cache: _Optional[bool] = ..., model: _Optional[str] = ..., stream_interval: _Optional[int] = ..., user: _Optional[str] = ..., cache: _Optional[str] = ..., continue_token_ids: _Optional[_Iterable[int]] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., include_stop_str_in_output: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ..., logprobs: _Optional[int] = ...) -> None: ...
+    structured_outputs: StructuredOutputs
+    tools: str
+    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., ignore_eos: _Optional[bool] = ..., request_id: _Optional[str] = ..., skip_cache: _Optional[bool] = ..., model: _Optional[str] = ..., stream_interval: _Optional[int] = ..., user: _Optional[str] = ..., cache: _Optional[str] = ..., continue_token_ids: _Optional[_Iterable[int]] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., include_stop_str_in_output: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ..., logprobs: _Optional[int] = ..., structured_outputs: _Optional[_Union[StructuredOutputs, _Mapping]] = ..., tools: _Optional[str] = ...) -> None: ...
+
+class StructuredOutputs(_message.Message):
+    __slots__ = ("json", "json_object", "regex", "choice", "grammar")
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    JSON_OBJECT_FIELD_NUMBER: _ClassVar[int]
+    REGEX_FIELD_NUMBER: _ClassVar[int]
+    CHOICE_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_FIELD_NUMBER: _ClassVar[int]
+    json: str
+    json_object: bool
+    regex: str
+    choice: StringList
+    grammar: str
+    def __init__(self, json: _Optional[str] = ..., json_object: _Optional[bool] = ..., regex: _Optional[str] = ..., choice: _Optional[_Union[StringList, _Mapping]] = ..., grammar: _Optional[str] = ...) -> None: ...
+
+class StringList(_message.Message):
+    __slots__ = ("values",)
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, values: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TokenLogprob(_message.Message):
     __slots__ = ("token_id", "token", "logprob", "top")
@@ -170,17 +208,59 @@ class StreamOptions(_message.Message):
     def __init__(self, include_usage: _Optional[bool] = ...) -> None: ...
 
 class ChatCompletionRequestMessage(_message.Message):
-    __slots__ = ("role", "content", "name")
+    __slots__ = ("role", "content", "name", "tool_calls", "tool_call_id")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_ID_FIELD_NUMBER: _ClassVar[int]
     role: str
     content: _struct_pb2.Value
     name: str
-    def __init__(self, role: _Optional[str] = ..., content: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., name: _Optional[str] = ...) -> None: ...
+    tool_calls: _containers.RepeatedCompositeFieldContainer[ChatCompletionMessageToolCall]
+    tool_call_id: str
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., name: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ChatCompletionMessageToolCall, _Mapping]]] = ..., tool_call_id: _Optional[str] = ...) -> None: ...
+
+class ChatCompletionMessageToolCall(_message.Message):
+    __slots__ = ("id", "type", "function")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    type: str
+    function: FunctionCall
+    def __init__(self, id: _Optional[str] = ..., type: _Optional[str] = ..., function: _Optional[_Union[FunctionCall, _Mapping]] = ...) -> None: ...
+
+class FunctionCall(_message.Message):
+    __slots__ = ("name", "arguments")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    arguments: str
+    def __init__(self, name: _Optional[str] = ..., arguments: _Optional[str] = ...) -> None: ...
+
+class ChatCompletionTool(_message.Message):
+    __slots__ = ("type", "function")
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_FIELD_NUMBER: _ClassVar[int]
+    type: str
+    function: FunctionDefinition
+    def __init__(self, type: _Optional[str] = ..., function: _Optional[_Union[FunctionDefinition, _Mapping]] = ...) -> None: ...
+
+class FunctionDefinition(_message.Message):
+    __slots__ = ("name", "description", "parameters", "strict")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    STRICT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    description: str
+    parameters: _struct_pb2.Struct
+    strict: bool
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., parameters: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., strict: _Optional[bool] = ...) -> None: ...
 
 class ChatCompletionRequest(_message.Message):
-    __slots__ = ("model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "n", "user", "presence_penalty", "frequency_penalty", "logprobs", "ignore_eos", "skip_cache", "stream_interval", "cache", "top_logprobs", "repetition_penalty", "top_k", "min_p", "min_tokens", "stop_token_ids", "logit_bias", "include_stop_str_in_output", "skip_special_tokens")
+    __slots__ = ("model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "n", "user", "presence_penalty", "frequency_penalty", "logprobs", "ignore_eos", "skip_cache", "stream_interval", "cache", "top_logprobs", "repetition_penalty", "top_k", "min_p", "min_tokens", "stop_token_ids", "logit_bias", "include_stop_str_in_output", "skip_special_tokens", "response_format", "structured_outputs", "tools", "tool_choice", "parallel_tool_calls")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -216,6 +296,11 @@ class ChatCompletionRequest(_message.Message):
     LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_STOP_STR_IN_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     SKIP_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    STRUCTURED_OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CHOICE_FIELD_NUMBER: _ClassVar[int]
+    PARALLEL_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     model: str
     messages: _containers.RepeatedCompositeFieldContainer[ChatCompletionRequestMessage]
     max_tokens: int
@@ -244,10 +329,15 @@ class ChatCompletionRequest(_message.Message):
     logit_bias: _containers.ScalarMap[int, float]
     include_stop_str_in_output: bool
     skip_special_tokens: bool
-    def __init__(self, model: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatCompletionRequestMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., max_completion_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., stream: _Optional[bool] = ..., stream_options: _Optional[_Union[StreamOptions, _Mapping]] = ..., n: _Optional[int] = ..., user: _Optional[str] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logprobs: _Optional[bool] = ..., ignore_eos: _Optional[bool] = ..., skip_cache: _Optional[bool] = ..., stream_interval: _Optional[int] = ..., cache: _Optional[str] = ..., top_logprobs: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., include_stop_str_in_output: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ...) -> None: ...
+    response_format: ResponseFormat
+    structured_outputs: StructuredOutputsRequest
+    tools: _containers.RepeatedCompositeFieldContainer[ChatCompletionTool]
+    tool_choice: _struct_pb2.Value
+    parallel_tool_calls: bool
+    def __init__(self, model: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatCompletionRequestMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., max_completion_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., stream: _Optional[bool] = ..., stream_options: _Optional[_Union[StreamOptions, _Mapping]] = ..., n: _Optional[int] = ..., user: _Optional[str] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logprobs: _Optional[bool] = ..., ignore_eos: _Optional[bool] = ..., skip_cache: _Optional[bool] = ..., stream_interval: _Optional[int] = ..., cache: _Optional[str] = ..., top_logprobs: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., include_stop_str_in_output: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ..., response_format: _Optional[_Union[ResponseFormat, _Mapping]] = ..., structured_outputs: _Optional[_Union[StructuredOutputsRequest, _Mapping]] = ..., tools: _Optional[_Iterable[_Union[ChatCompletionTool, _Mapping]]] = ..., tool_choice: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ...) -> None: ...
 
 class CompletionRequest(_message.Message):
-    __slots__ = ("model", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "n", "user", "presence_penalty", "frequency_penalty", "logprobs", "echo", "best_of", "ignore_eos", "skip_cache", "stream_interval", "cache", "repetition_penalty", "top_k", "min_p", "min_tokens", "stop_token_ids", "logit_bias", "include_stop_str_in_output", "skip_special_tokens")
+    __slots__ = ("model", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "n", "user", "presence_penalty", "frequency_penalty", "logprobs", "echo", "best_of", "ignore_eos", "skip_cache", "stream_interval", "cache", "repetition_penalty", "top_k", "min_p", "min_tokens", "stop_token_ids", "logit_bias", "include_stop_str_in_output", "skip_special_tokens", "response_format", "structured_outputs")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -283,6 +373,8 @@ class CompletionRequest(_message.Message):
     LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_STOP_STR_IN_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     SKIP_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    STRUCTURED_OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     model: str
     prompt: _struct_pb2.Value
     max_tokens: int
@@ -311,7 +403,9 @@ class CompletionRequest(_message.Message):
     logit_bias: _containers.ScalarMap[int, float]
     include_stop_str_in_output: bool
     skip_special_tokens: bool
-    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., stream: _Optional[bool] = ..., stream_options: _Optional[_Union[StreamOptions, _Mapping]] = ..., n: _Optional[int] = ..., user: _Optional[str] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logprobs: _Optional[int] = ..., echo: _Optional[bool] = ..., best_of: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., skip_cache: _Optional[bool] = ..., stream_interval: _Optional[int] = ..., cache: _Optional[str] = ..., repetition_penalty: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., include_stop_str_in_output: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ...) -> None: ...
+    response_format: ResponseFormat
+    structured_outputs: StructuredOutputsRequest
+    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., stream: _Optional[bool] = ..., stream_options: _Optional[_Union[StreamOptions, _Mapping]] = ..., n: _Optional[int] = ..., user: _Optional[str] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logprobs: _Optional[int] = ..., echo: _Optional[bool] = ..., best_of: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., skip_cache: _Optional[bool] = ..., stream_interval: _Optional[int] = ..., cache: _Optional[str] = ..., repetition_penalty: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., include_stop_str_in_output: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ..., response_format: _Optional[_Union[ResponseFormat, _Mapping]] = ..., structured_outputs: _Optional[_Union[StructuredOutputsRequest, _Mapping]] = ...) -> None: ...
 
 class PromptTokensDetails(_message.Message):
     __slots__ = ("cached_tokens",)
@@ -344,12 +438,48 @@ class OpenAIError(_message.Message):
     def __init__(self, message: _Optional[str] = ..., type: _Optional[str] = ..., param: _Optional[str] = ..., code: _Optional[str] = ...) -> None: ...
 
 class ChatCompletionMessage(_message.Message):
-    __slots__ = ("role", "content")
+    __slots__ = ("role", "content", "tool_calls")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     role: str
     content: str
-    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
+    tool_calls: _containers.RepeatedCompositeFieldContainer[ChatCompletionMessageToolCall]
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ChatCompletionMessageToolCall, _Mapping]]] = ...) -> None: ...
+
+class ResponseFormat(_message.Message):
+    __slots__ = ("type", "json_schema")
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    type: str
+    json_schema: JsonSchemaFormat
+    def __init__(self, type: _Optional[str] = ..., json_schema: _Optional[_Union[JsonSchemaFormat, _Mapping]] = ...) -> None: ...
+
+class JsonSchemaFormat(_message.Message):
+    __slots__ = ("name", "description", "schema", "strict")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    STRICT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    description: str
+    schema: _struct_pb2.Struct
+    strict: bool
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., schema: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., strict: _Optional[bool] = ...) -> None: ...
+
+class StructuredOutputsRequest(_message.Message):
+    __slots__ = ("json", "regex", "choice", "grammar", "json_object")
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    REGEX_FIELD_NUMBER: _ClassVar[int]
+    CHOICE_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_FIELD_NUMBER: _ClassVar[int]
+    JSON_OBJECT_FIELD_NUMBER: _ClassVar[int]
+    json: _struct_pb2.Value
+    regex: str
+    choice: _containers.RepeatedScalarFieldContainer[str]
+    grammar: str
+    json_object: bool
+    def __init__(self, json: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., regex: _Optional[str] = ..., choice: _Optional[_Iterable[str]] = ..., grammar: _Optional[str] = ..., json_object: _Optional[bool] = ...) -> None: ...
 
 class ChatCompletionTopLogprob(_message.Message):
     __slots__ = ("token", "logprob", "bytes")
@@ -422,12 +552,34 @@ class ChatCompletion(_message.Message):
     def __init__(self, id: _Optional[str] = ..., object: _Optional[str] = ..., created: _Optional[int] = ..., model: _Optional[str] = ..., choices: _Optional[_Iterable[_Union[ChatCompletionChoice, _Mapping]]] = ..., usage: _Optional[_Union[CompletionUsage, _Mapping]] = ..., cache: _Optional[_Union[CacheInfo, _Mapping]] = ..., system_fingerprint: _Optional[str] = ...) -> None: ...
 
 class ChatCompletionDelta(_message.Message):
-    __slots__ = ("role", "content")
+    __slots__ = ("role", "content", "tool_calls")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     role: str
     content: str
-    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
+    tool_calls: _containers.RepeatedCompositeFieldContainer[ChatCompletionDeltaToolCall]
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ChatCompletionDeltaToolCall, _Mapping]]] = ...) -> None: ...
+
+class ChatCompletionDeltaToolCall(_message.Message):
+    __slots__ = ("index", "id", "type", "function")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    id: str
+    type: str
+    function: FunctionCallDelta
+    def __init__(self, index: _Optional[int] = ..., id: _Optional[str] = ..., type: _Optional[str] = ..., function: _Optional[_Union[FunctionCallDelta, _Mapping]] = ...) -> None: ...
+
+class FunctionCallDelta(_message.Message):
+    __slots__ = ("name", "arguments")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    arguments: str
+    def __init__(self, name: _Optional[str] = ..., arguments: _Optional[str] = ...) -> None: ...
 
 class ChatCompletionChunkChoice(_message.Message):
     __slots__ = ("index", "delta", "finish_reason", "logprobs")

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import re
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 from prometheus_client import REGISTRY
 
@@ -158,6 +161,39 @@ async def test_sampling_fields_reach_vllm(engine: VllmEngine) -> None:
     for field, value in (("logit_bias", {vocab + 10: 1.0}), ("stop_token_ids", [vocab + 10])):
         with pytest.raises(InvalidRequest, match=f"^'{field}'"):
             await collect(engine, greedy(f"fields-{field}", prompt="x", max_tokens=2, **{field: value}))
+    assert engine.load().num_running == 0
+
+
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["colour", "count"],
+          "properties": {"colour": {"enum": ["red", "green", "blue"]},
+                         "count": {"type": "integer", "minimum": 0, "maximum": 9}}}
+
+
+@pytest.mark.parametrize(("constraint", "holds"), [
+    ({"json": json.dumps(SCHEMA)}, lambda text: jsonschema.validate(json.loads(text), SCHEMA) is None),
+    ({"regex": "[a-z]{3}-[0-9]{2}"}, lambda text: re.fullmatch("[a-z]{3}-[0-9]{2}", text) is not None),
+    ({"choice": ["yes", "no", "maybe"]}, lambda text: text in ("yes", "no", "maybe")),
+], ids=["json-schema", "regex", "choice"])
+async def test_structured_output_holds_on_a_random_model(engine: VllmEngine, constraint: dict, holds: Any) -> None:
+    """The tiny model's weights are random: only the constraint makes its output parse."""
+    free = await collect(engine, greedy("so-free", prompt="Answer:", max_tokens=24))
+    assert not holds_safely(holds, "".join(d.text for d in free))
+    deltas = await collect(engine, Request(request_id=f"so-{next(iter(constraint))}", prompt="Answer:",
+                                           max_tokens=64, temperature=0, structured_outputs=constraint))
+    assert deltas[-1].finish_reason == "stop"
+    assert holds("".join(d.text for d in deltas))
+
+
+def holds_safely(holds: Any, text: str) -> bool:
+    try:
+        return bool(holds(text))
+    except (ValueError, jsonschema.ValidationError):
+        return False
+
+
+async def test_a_grammar_the_backend_cannot_compile_is_invalid(engine: VllmEngine) -> None:
+    with pytest.raises(InvalidRequest, match="^'structured_outputs'"):
+        await collect(engine, greedy("so-bad", prompt="x", max_tokens=4, structured_outputs={"grammar": "root ::= ("}))
     assert engine.load().num_running == 0
 
 

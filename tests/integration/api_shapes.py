@@ -15,6 +15,10 @@ RECORDED = Path(__file__).resolve().parent.parent / "data" / "vllm_serve_shapes.
 _CHAT = {"messages": [{"role": "user", "content": "Name a colour"}], "max_tokens": 5, "temperature": 0.5}
 _TEXT = {"prompt": "Once upon a time", "max_tokens": 5, "temperature": 0.5}
 _STREAM = {"stream": True, "stream_options": {"include_usage": True}}
+_TOOL = {"type": "function", "function": {"name": "pick", "parameters": {
+    "type": "object", "additionalProperties": False, "required": ["colour"],
+    "properties": {"colour": {"enum": ["red", "green", "blue"]}}}}}
+_NAMED = {"type": "function", "function": {"name": "pick"}}
 # name -> (path, body); the model is added when sent.
 REQUESTS: dict[str, tuple[str, dict[str, Any]]] = {
     "chat": ("/v1/chat/completions", _CHAT),
@@ -25,6 +29,9 @@ REQUESTS: dict[str, tuple[str, dict[str, Any]]] = {
     "completion": ("/v1/completions", _TEXT),
     "completion-logprobs-n": ("/v1/completions", {**_TEXT, "n": 2, "seed": 1, "logprobs": 2}),
     "completion-stream-logprobs": ("/v1/completions", {**_TEXT, **_STREAM, "logprobs": 2}),
+    "chat-tool-named": ("/v1/chat/completions", {**_CHAT, "max_tokens": 40, "tools": [_TOOL], "tool_choice": _NAMED}),
+    "chat-stream-tool-named": ("/v1/chat/completions",
+                               {**_CHAT, **_STREAM, "max_tokens": 40, "tools": [_TOOL], "tool_choice": _NAMED}),
     "models": ("/v1/models", {}),
 }
 # Objects whose keys are data (completions' top_logprobs: {token: logprob}), not names.

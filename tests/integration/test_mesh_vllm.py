@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema
 import openai
 import psutil
 import pytest
@@ -375,6 +376,76 @@ async def test_openai_completions_logprobs_echo_and_vllm_fields(mesh: UpMesh) ->
     assert token_ids(stopped) == full[: full.index(full[2]) + 1] and stopped[-1].finish_reason == "stop"
 
 
+ANSWER = {"type": "object", "additionalProperties": False, "required": ["city", "rank"],
+          "properties": {"city": {"enum": ["Paris", "Rome", "Oslo"]}, "rank": {"type": "integer", "minimum": 1, "maximum": 99}}}
+
+
+async def test_openai_json_schema_answers_parse_and_validate(mesh: UpMesh) -> None:
+    """The official client's response_format json_schema, on the random-weight tiny model:
+    the answer parses and validates (streamed and not); a malformed schema is a 400."""
+    client = openai_client(mesh)
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER, "strict": True}}
+    ask = dict(model=DEFAULT_MODEL, messages=[{"role": "user", "content": "Which city?"}], max_tokens=48,
+               temperature=0, response_format=fmt)
+    resp = await client.chat.completions.create(**ask)
+    assert resp.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(resp.choices[0].message.content), ANSWER)
+    streamed = "".join([c.choices[0].delta.content or "" async for c in
+                        await client.chat.completions.create(**ask, stream=True, extra_body={"skip_cache": True})
+                        if c.choices])
+    assert streamed == resp.choices[0].message.content
+    as_object = await client.chat.completions.create(**{**ask, "response_format": {"type": "json_object"},
+                                                        "max_tokens": 200})
+    assert as_object.choices[0].finish_reason == "length" or isinstance(json.loads(as_object.choices[0].message.content), dict)
+    with pytest.raises(openai.BadRequestError) as err:
+        await client.chat.completions.create(**{**ask, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "object", "required": "city"}}}})
+    assert err.value.body["param"] == "response_format.json_schema.schema"
+    choice = await client.completions.create(model=DEFAULT_MODEL, prompt="Pick:", max_tokens=8, temperature=0,
+                                             extra_body={"structured_outputs": {"choice": ["left", "right"]}})
+    assert choice.choices[0].text in ("left", "right")
+
+
+LOOKUP = {"type": "function", "function": {"name": "lookup", "description": "find an order", "parameters": {
+    "type": "object", "additionalProperties": False, "required": ["order", "urgent"],
+    "properties": {"order": {"type": "integer", "minimum": 1, "maximum": 99999}, "urgent": {"type": "boolean"}}}}}
+NOTE = {"type": "function", "function": {"name": "note", "parameters": {
+    "type": "object", "additionalProperties": False, "required": ["level"],
+    "properties": {"level": {"enum": ["low", "high"]}}}}}
+
+
+async def test_openai_tool_choice_yields_parseable_tool_calls(mesh: UpMesh) -> None:
+    """tool_choice naming a function (or "required") on the random-weight tiny model: the call's
+    arguments parse and match the function's parameters, streamed and not; the history may hold
+    the calls and their results."""
+    client = openai_client(mesh)
+    messages = [{"role": "user", "content": "Where is my order?"}]
+    ask = dict(model=DEFAULT_MODEL, messages=messages, max_tokens=40, temperature=0, tools=[LOOKUP, NOTE],
+               tool_choice={"type": "function", "function": {"name": "lookup"}})
+    resp = await client.chat.completions.create(**ask)
+    (call,) = resp.choices[0].message.tool_calls
+    assert call.type == "function" and call.function.name == "lookup"
+    jsonschema.validate(json.loads(call.function.arguments), LOOKUP["function"]["parameters"])
+    stream = await client.chat.completions.create(**ask, stream=True, extra_body={"skip_cache": True})
+    pieces = [d for c in [c async for c in stream] if c.choices for d in c.choices[0].delta.tool_calls or []]
+    assert pieces[0].id and pieces[0].function.name == "lookup"
+    assert "".join(p.function.arguments or "" for p in pieces) == call.function.arguments
+    history = [*messages, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+               {"role": "tool", "tool_call_id": call.id, "content": '{"status": "shipped"}'}]
+    required = await client.chat.completions.create(**{**ask, "messages": history, "tool_choice": "required",
+                                                       "max_tokens": 120}, parallel_tool_calls=False)
+    choice = required.choices[0]
+    if choice.finish_reason == "tool_calls":  # a random model may run out of tokens first
+        (made,) = choice.message.tool_calls
+        tool = {"lookup": LOOKUP, "note": NOTE}[made.function.name]
+        jsonschema.validate(json.loads(made.function.arguments), tool["function"]["parameters"])
+    else:
+        assert choice.finish_reason == "length" and not choice.message.tool_calls
+    with pytest.raises(openai.BadRequestError) as err:
+        await client.chat.completions.create(**{**ask, "tool_choice": "auto"})
+    assert err.value.body["param"] == "tool_choice" and "parser" in err.value.message
+
+
 @pytest.mark.parametrize(("body", "param"), [
     ({"n": 0}, "n"),
     ({"top_logprobs": 2}, "top_logprobs"),
@@ -398,6 +469,8 @@ async def test_openai_bad_sampling_is_400_naming_the_field(mesh: UpMesh, body: d
 # Where meshserve's answers differ from `vllm serve`'s on purpose (path -> why).
 SHAPE_EXTRAS = frozenset({
     "cache",                        # how an answer not generated for this request alone was served
+    "choices[].message.tool_calls",  # [] when there are none, as OpenAI's (vLLM leaves the key out)
+    "choices[].delta.tool_calls",
     "usage.prompt_tokens_details",  # cached prompt tokens, in stream usage too (vLLM: only with a flag)
 })
 

@@ -175,8 +175,8 @@ async def test_client_errors_surface_with_the_service_message(mesh: Mesh) -> Non
         (auth("sk-nope-0123456789"), {"messages": [{"role": "user", "content": "x"}]}, 401,
          "authentication_error", "API key"),
         (auth(ALICE), b"{not json", 400, "invalid_request_error", "not json"),
-        (auth(ALICE), {"messages": [{"role": "user", "content": "x"}], "tools": []}, 400,
-         "invalid_request_error", "unknown field 'tools'"),
+        (auth(ALICE), {"messages": [{"role": "user", "content": "x"}], "functions": []}, 400,
+         "invalid_request_error", "unknown field 'functions'"),
         (auth(ALICE), {"messages": [{"role": "user", "content": "x"}], "max_tokens": "many"}, 400,
          "invalid_request_error", ""),
         (auth(ALICE), {"messages": []}, 400, "invalid_request_error", "'messages' is empty"),
@@ -381,7 +381,8 @@ json_values = st.recursive(
 fields = st.sampled_from(
     ["model", "messages", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "n",
      "prompt", "user", "logprobs", "echo", "presence_penalty", "max_completion_tokens", "ignore_eos", "stream_interval", "x",
-     "top_logprobs", "logit_bias", "top_k", "min_p", "min_tokens", "stop_token_ids", "best_of", "repetition_penalty"]
+     "top_logprobs", "logit_bias", "top_k", "min_p", "min_tokens", "stop_token_ids", "best_of", "repetition_penalty",
+     "response_format", "structured_outputs", "tools", "tool_choice"]
 )
 message = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "bot", ""]), "content": json_values})
 bodies = st.one_of(

@@ -180,6 +180,10 @@ async def test_watch_load_reports_periodically_with_increasing_sequence(
     ({"prompt": "hi", "stop_token_ids": [5, -1]}, "'stop_token_ids[1]'"),
     ({"prompt": "hi", "logit_bias": {5: 101.0}}, "'logit_bias'"),
     ({"prompt": "hi", "logprobs": 21}, "'logprobs'"),
+    ({"prompt": "hi", "structured_outputs": pb.StructuredOutputs(json='{"type": 5}')}, "'structured_outputs.json'"),
+    # The transformers baseline leaves constrained decoding to vLLM, and says so.
+    ({"prompt": "hi", "structured_outputs": pb.StructuredOutputs(json_object=True)},
+     "'structured_outputs' is not supported by the 'transformers' engine"),
 ])
 async def test_bad_requests_are_invalid_argument_naming_the_field(
     stub: pb_grpc.WorkerStub, fields: dict, named: str

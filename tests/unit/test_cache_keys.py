@@ -57,6 +57,8 @@ def _with(**changes: object) -> pb.GenerateRequest:
             getattr(req, name)[:] = value
         elif name == "logit_bias":
             req.logit_bias.update(value)  # type: ignore[call-overload]
+        elif name == "structured_outputs":
+            req.structured_outputs.CopyFrom(value)  # type: ignore[arg-type]
         else:
             setattr(req, name, value)
     return req
@@ -87,6 +89,8 @@ def _with(**changes: object) -> pb.GenerateRequest:
         {"skip_special_tokens": False},
         {"logprobs": 0},
         {"logprobs": 3},
+        {"structured_outputs": pb.StructuredOutputs(json_object=True)},
+        {"structured_outputs": pb.StructuredOutputs(regex="[a-z]+")},
     ],
     ids=lambda c: f"{next(iter(c))}={next(iter(c.values()))}",
 )
@@ -106,6 +110,8 @@ def test_every_field_of_the_request_is_in_the_key_or_listed_as_not() -> None:
         req = base()
         if field.message_type is not None and field.message_type.GetOptions().map_entry:
             getattr(req, field.name)[3] = 1.0
+        elif field.name == "structured_outputs":
+            req.structured_outputs.json_object = True
         elif field.is_repeated:
             getattr(req, field.name).append("x" if field.type == field.TYPE_STRING else 3)
         elif field.type == field.TYPE_BOOL:  # whichever of the two is not the default
@@ -117,6 +123,15 @@ def test_every_field_of_the_request_is_in_the_key_or_listed_as_not() -> None:
         else:
             setattr(req, field.name, getattr(req, field.name) + 3)
         assert exact_key(req, "t") != exact_key(base(), "t"), f"{field.name} is not in the cache key"
+
+
+def test_tool_turns_are_in_the_key() -> None:
+    plain = pb.GenerateRequest(messages=[pb.ChatMessage(role="tool", content="42")], temperature=0)
+    answering = pb.GenerateRequest(messages=[pb.ChatMessage(role="tool", content="42", tool_call_id="c1")],
+                                   temperature=0)
+    calling = pb.GenerateRequest(messages=[pb.ChatMessage(role="assistant", tool_calls=[
+        pb.ToolCall(id="c1", name="f", arguments="{}")])], temperature=0)
+    assert len({exact_key(r, "t") for r in (plain, answering, calling)}) == 3
 
 
 def test_top_k_minus_one_and_zero_share_a_key() -> None:

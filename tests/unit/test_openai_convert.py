@@ -3,6 +3,8 @@ the shapes of replies and stream chunks."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from google.protobuf import json_format
 
@@ -60,6 +62,49 @@ def test_vllm_sampling_fields_are_carried() -> None:
     assert not convert.chat_request(chat(logprobs=False)).HasField("logprobs")
     assert convert.chat_request(chat(logprobs=True)).logprobs == 0  # each token's own logprob only
     assert convert.completion_request(completion(logprobs=2, top_k=-1)).logprobs == 2
+
+
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}, "required": ["n"]}
+
+
+@pytest.mark.parametrize(("body", "expected"), [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}},
+     {"json": SCHEMA}),
+    ({"response_format": {"type": "json_object"}}, {"json_object": True}),
+    ({"response_format": {"type": "text"}}, None),
+    ({"structured_outputs": {"json": SCHEMA}}, {"json": SCHEMA}),
+    ({"structured_outputs": {"json": '{"type": "string"}'}}, {"json": {"type": "string"}}),
+    ({"structured_outputs": {"regex": "[a-z]+"}}, {"regex": "[a-z]+"}),
+    ({"structured_outputs": {"choice": ["yes", "no"]}}, {"choice": {"values": ["yes", "no"]}}),
+    ({"structured_outputs": {"grammar": "root ::= \"a\""}}, {"grammar": 'root ::= "a"'}),
+])
+def test_structured_output_becomes_the_requests_constraint(body: dict, expected: dict | None) -> None:
+    for req in (convert.chat_request(chat(**body)), convert.completion_request(completion(**body))):
+        if expected is None:
+            assert not req.HasField("structured_outputs")
+            continue
+        got = json_format.MessageToDict(req.structured_outputs, preserving_proto_field_name=True)
+        if "json" in got:
+            assert "1.0" not in got["json"]  # a Struct's numbers are doubles: integral ones go back to ints
+            got["json"] = json.loads(got["json"])
+        assert got == expected
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"response_format": {"type": "xml"}}, "'response_format.type'"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "'response_format.json_schema.schema'"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}},
+     "'response_format.json_schema.schema'"),
+    ({"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}}, "give 'response_format'"),
+    ({"structured_outputs": {}}, "'structured_outputs'"),
+    ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "'structured_outputs'"),
+    ({"structured_outputs": {"json": "{not json"}}, "'structured_outputs.json'"),
+    ({"structured_outputs": {"json": {"properties": {"a": {"minimum": "x"}}}}}, "'structured_outputs.json'"),
+])
+def test_a_bad_constraint_never_reaches_an_engine(body: dict, field: str) -> None:
+    with pytest.raises(InvalidRequest) as err:
+        convert.chat_request(chat(**body))
+    assert str(err.value).startswith(field)
 
 
 def test_n_choices_get_their_own_ids_and_seeds() -> None:
@@ -157,3 +202,80 @@ def test_completion_chunk_puts_the_echo_first_and_offsets_logprobs() -> None:
     out = convert.completion_chunk(chunk, 0, "hi", 0, "r", True, "m", 1)
     assert out.choices[0].text == "hi a" and out.choices[0].finish_reason == "length"
     assert list(out.choices[0].logprobs.text_offset) == [2]
+
+
+WEATHER = {"type": "function", "function": {"name": "weather", "description": "today's weather",
+                                            "parameters": {"type": "object", "required": ["city"],
+                                                           "properties": {"city": {"type": "string"}}}}}
+TIME = {"type": "function", "function": {"name": "time"}}
+NAMED = {"type": "function", "function": {"name": "weather"}}
+
+
+def test_a_named_tool_choice_is_its_parameters_schema() -> None:
+    req = convert.chat_request(chat(tools=[WEATHER, TIME], tool_choice=NAMED, messages=[
+        {"role": "user", "content": "weather in Oslo?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]))
+    assert json.loads(req.structured_outputs.json) == WEATHER["function"]["parameters"]
+    tools = json.loads(req.tools)  # for the chat template
+    assert [t["function"]["name"] for t in tools] == ["weather", "time"]
+    assert tools[1]["function"]["parameters"] == convert.EMPTY_PARAMETERS
+    call = req.messages[1].tool_calls[0]
+    assert (call.id, call.name, call.arguments) == ("c1", "weather", '{"city": "Oslo"}')
+    assert req.messages[2].tool_call_id == "c1"
+
+
+def test_required_is_a_list_of_calls_and_none_passes_the_tools_only() -> None:
+    req = convert.chat_request(chat(tools=[WEATHER, TIME], tool_choice="required", parallel_tool_calls=False))
+    schema = json.loads(req.structured_outputs.json)
+    assert schema["type"] == "array" and schema["minItems"] == 1 and schema["maxItems"] == 1
+    assert [s["properties"]["name"]["enum"] for s in schema["items"]["anyOf"]] == [["weather"], ["time"]]
+    none = convert.chat_request(chat(tools=[WEATHER], tool_choice="none"))
+    assert none.tools and not none.HasField("structured_outputs")
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"tools": [WEATHER]}, "'tool_choice' \"auto\""),  # the default: needs a tool-call parser
+    ({"tools": [WEATHER], "tool_choice": "auto"}, "'tool_choice' \"auto\""),
+    ({"tool_choice": "required"}, "'tool_choice'"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "'tool_choice'"),
+    ({"tools": [WEATHER], "tool_choice": "sometimes"}, "'tool_choice'"),
+    ({"tools": [WEATHER, WEATHER], "tool_choice": "required"}, "'tools[1].function.name'"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 3}}}], "tool_choice": "none"},
+     "'tools[0].function.parameters'"),
+    ({"tools": [WEATHER], "tool_choice": NAMED, "response_format": {"type": "json_object"}}, "'tool_choice'"),
+])
+def test_tool_requests_that_cannot_be_served_are_refused(body: dict, field: str) -> None:
+    with pytest.raises(InvalidRequest) as err:
+        convert.chat_request(chat(**body))
+    assert str(err.value).startswith(field)
+
+
+def test_a_forced_call_is_answered_as_tool_calls() -> None:
+    done = pb.CompleteResponse(text='{"city": "Oslo"}', finish_reason="stop")
+    named = convert.chat_completion([done], "x", False, "m", 1, (convert.FUNCTION, "weather"))
+    message = named.choices[0].message
+    assert message.content == "" and named.choices[0].finish_reason == "stop"  # as vLLM: "stop" for a named call
+    (call,) = message.tool_calls
+    assert (call.type, call.function.name, json.loads(call.function.arguments)) == ("function", "weather", {"city": "Oslo"})
+    assert call.id.startswith("chatcmpl-tool-")
+    listed = pb.CompleteResponse(text='[{"name": "time", "parameters": {}}, {"name": "weather", "parameters": '
+                                      '{"city": "Rome"}}]', finish_reason="stop")
+    required = convert.chat_completion([listed], "x", False, "m", 1, (convert.REQUIRED, ""))
+    assert [c.function.name for c in required.choices[0].message.tool_calls] == ["time", "weather"]
+    assert required.choices[0].finish_reason == "tool_calls"
+    cut = convert.chat_completion([pb.CompleteResponse(text='[{"na', finish_reason="length")], "x", False, "m", 1,
+                                  (convert.REQUIRED, ""))
+    assert cut.choices[0].message.content == '[{"na' and not cut.choices[0].message.tool_calls
+
+
+def test_a_named_call_streams_its_arguments() -> None:
+    tools = (convert.FUNCTION, "weather")
+    first = convert.chat_chunk(pb.GenerateResponse(text='{"ci'), 0, True, "r", False, "m", 1, tools)
+    last = convert.chat_chunk(pb.GenerateResponse(text='ty": "Oslo"}', finish_reason="stop"), 0, False, "r", False,
+                              "m", 1, tools)
+    (head,), (tail,) = first.choices[0].delta.tool_calls, last.choices[0].delta.tool_calls
+    assert head.id and head.type == "function" and head.function.name == "weather" and head.function.arguments == '{"ci'
+    assert not tail.HasField("id") and not tail.function.HasField("name") and tail.function.arguments == 'ty": "Oslo"}'
+    assert not first.choices[0].delta.HasField("content") and last.choices[0].finish_reason == "stop"

@@ -12,6 +12,7 @@ import pytest
 
 from services.config import WorkerConfig
 from services.prompts import sim_tokenize as tokenize
+from services.validation import InvalidRequest
 from worker.engine import Delta, Load, PromptTooLong, Request
 from worker.sim_engine import SimEngine
 
@@ -248,6 +249,13 @@ async def test_logprobs_are_the_simulators_own_distribution(make_engine: Make) -
         assert tokenize(lp.token) == [lp.token_id]
     plain = await run(engine, clock, req(words("r", 10), max_tokens=6, temperature=0.0))
     assert all(d.logprobs is None for d in plain.deltas) and plain.token_ids == out.token_ids
+
+
+async def test_a_constraint_is_refused_naming_it(make_engine: Make) -> None:
+    engine, clock = await make_engine()
+    with pytest.raises(InvalidRequest, match="^'structured_outputs' is not supported by the 'sim' engine"):
+        await run(engine, clock, req(words("s", 4), structured_outputs={"json_object": True}))
+    assert engine.load() == Load()
 
 
 async def test_lru_eviction_keeps_the_recently_used_prefix(make_engine: Make) -> None:
