@@ -138,8 +138,10 @@ def _lua_schemas(schemas: dict[str, dict[str, list[str]]]) -> str:
         for p, by_path in schemas.items()
     )
     streams = ", ".join(f'["{p}"] = "{sp}"' for p, sp in stream_paths(schemas).items())
+    # vLLM's API paths outside /v1/ (/tokenize, /detokenize): OpenAI-shaped too.
+    root = ", ".join(f'["{p}"] = true' for p in schemas if not p.startswith("/v1/"))
     return (
-        f"SCHEMAS = {{{paths}}}\nSTREAM_PATHS = {{{streams}}}\n"
+        f"SCHEMAS = {{{paths}}}\nSTREAM_PATHS = {{{streams}}}\nOPENAI_ROOT = {{{root}}}\n"
         f'NATIVE_PREFIX = "{NATIVE_JSON_PREFIX}"\nAPI_HEADER = "{API_HEADER}"\n'
         + openai_errors.lua_table()
     )
@@ -357,7 +359,7 @@ def _routes(cfg: EnvoyConfig) -> list[dict[str, Any]]:
         "retry_policy": GATEWAY_RETRY,
     }
     unary = ["Inference/Complete", "OpenAI/ChatCompletions", "OpenAI/Completions", "OpenAI/ListModels",
-             "OpenAI/RetrieveModel", "OpenAI/Health"]
+             "OpenAI/RetrieveModel", "OpenAI/Health", "OpenAI/Tokenize", "OpenAI/Detokenize"]
     # A probe's GET /health (matched before the transcoder turns it into OpenAI/Health): no
     # API key, no rate limit; then routed as the unary call it becomes.
     probe = {

@@ -177,6 +177,23 @@ def chat_request(req: pb.ChatCompletionRequest) -> pb.GenerateRequest:
     return out
 
 
+def tokenize_request(req: pb.TokenizeRequest) -> pb.GenerateRequest:
+    """The GenerateRequest whose prompt /tokenize counts: its prompt, or its messages (and tools)
+    as a chat completion renders them."""
+    if req.prompt and req.messages:
+        raise InvalidRequest("give either 'prompt' or 'messages', not both")
+    if not req.messages:
+        if not req.prompt:
+            raise InvalidRequest("'prompt' is empty: give a prompt or chat 'messages'")
+        return pb.GenerateRequest(prompt=req.prompt, model=req.model)
+    as_chat = pb.ChatCompletionRequest(model=req.model, messages=req.messages, tools=req.tools)
+    if req.tools:
+        as_chat.tool_choice.string_value = NONE  # the tools as the template shows them; no call forced
+    out = chat_request(as_chat)
+    out.ClearField("structured_outputs")
+    return out
+
+
 # -- tools ---------------------------------------------------------------------------------------
 
 NONE, AUTO, REQUIRED, FUNCTION = "none", "auto", "required", "function"

@@ -137,6 +137,28 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"no worker can serve: {why}")
         return pb.HealthStatus(status="ok", workers=workers)
 
+    async def Tokenize(self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:
+        req = await self._convert(convert.tokenize_request, request, context)
+        if req.model and req.model != self._model:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"'model' must be {self._model!r} (the served model), got {req.model!r}")
+        try:
+            return await self._orch.tokenize(req)
+        except GatewayError as e:
+            await context.abort(e.code, e.message)
+            raise  # unreachable: abort raises
+
+    async def Detokenize(self, request: pb.DetokenizeRequest, context: grpc.aio.ServicerContext
+                         ) -> pb.DetokenizeResponse:
+        if request.model and request.model != self._model:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"'model' must be {self._model!r} (the served model), got {request.model!r}")
+        try:
+            return await self._orch.detokenize(request)
+        except GatewayError as e:
+            await context.abort(e.code, e.message)
+            raise  # unreachable: abort raises
+
     # -- helpers ------------------------------------------------------------------------------
 
     async def _model_card(self) -> pb.Model:

@@ -11,9 +11,10 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 from opentelemetry import trace
@@ -27,12 +28,15 @@ from gateway.relay import WorkerFailed, merge
 from services import cache_keys, telemetry, validation
 from services.config import GatewayConfig
 from services.gen import meshserve_pb2 as pb
+from services.gen import meshserve_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 2                 # the first worker, then one other after a failure before any token
 PICK_TIMEOUT_S = 5.0
 HEALTH_TIMEOUT_S = 1.0  # a probe's answer: the router's list, or the gateway's own view
+T = TypeVar("T")
+TOKENIZE_TIMEOUT_S = 10.0  # a worker tokenizing a prompt (a long chat through its template)
 RETRY_AFTER_S = 1
 COALESCED = "coalesced"          # cache_kind of a request that streamed an identical one's answer
 # Worker errors that are the request's fault: another worker would say the same.
@@ -311,16 +315,42 @@ class Orchestrator:
         return serving, f"the router has {len(listed.workers)} workers, none healthy and undrained"
 
     async def max_model_len(self) -> int | None:
-        """The workers' context length, as the first worker to answer says (every worker serves
-        the one model); None while none has. Asked once, then remembered."""
+        """The workers' context length, as a worker says (every worker serves the one model);
+        None while none can be asked. Asked once, then remembered."""
         if self._max_model_len is None:
-            with contextlib.suppress(grpc.aio.AioRpcError):
-                listed = await self._clients.router.ListWorkers(pb.ListWorkersRequest(), timeout=HEALTH_TIMEOUT_S)
-                for worker in (w for w in listed.workers if w.healthy):
-                    info = await self._clients.worker(worker.address).Info(pb.InfoRequest(), timeout=HEALTH_TIMEOUT_S)
-                    self._max_model_len = info.max_model_len
-                    break
+            with contextlib.suppress(GatewayError, grpc.aio.AioRpcError):
+                info = await (await self._any_worker()).Info(pb.InfoRequest(), timeout=HEALTH_TIMEOUT_S)
+                self._max_model_len = info.max_model_len
         return self._max_model_len
+
+    async def tokenize(self, request: pb.GenerateRequest) -> pb.TokenizeResponse:
+        """The prompt token ids a worker's engine would get for ``request``."""
+        return await self._ask_worker(lambda w: w.Tokenize(request, timeout=TOKENIZE_TIMEOUT_S))
+
+    async def detokenize(self, request: pb.DetokenizeRequest) -> pb.DetokenizeResponse:
+        return await self._ask_worker(lambda w: w.Detokenize(request, timeout=TOKENIZE_TIMEOUT_S))
+
+    async def _ask_worker(self, call: Callable[[pb_grpc.WorkerStub], Awaitable[T]]) -> T:
+        """``call`` on a worker (any: every worker has the model's tokenizer); its failure as a
+        GatewayError."""
+        worker = await self._any_worker()
+        try:
+            return await call(worker)
+        except grpc.aio.AioRpcError as e:
+            raise GatewayError(e.code(), e.details() or e.code().name) from None
+
+    async def _any_worker(self) -> pb_grpc.WorkerStub:
+        """A healthy worker, from the router's list or, while the router is away, one this
+        gateway reaches; GatewayError UNAVAILABLE when there is none."""
+        try:
+            listed = await self._clients.router.ListWorkers(pb.ListWorkersRequest(), timeout=HEALTH_TIMEOUT_S)
+            addresses = [w.address for w in listed.workers if w.healthy and not w.load.draining]
+        except grpc.aio.AioRpcError:
+            pick = self._clients.fallback(())
+            addresses = [pick.address] if pick is not None else []
+        if not addresses:
+            raise GatewayError(grpc.StatusCode.UNAVAILABLE, "no worker can serve")
+        return self._clients.worker(addresses[0])
 
     async def _pick(self, req: pb.GenerateRequest, exclude: Sequence[str]) -> pb.PickResponse:
         try:

@@ -161,6 +161,14 @@ class Engine(abc.ABC):
         does not fit. Closing the iterator early (cancellation) aborts the request."""
 
     @abc.abstractmethod
+    def tokenize(self, request: Request) -> list[int]:
+        """The prompt token ids ``generate`` would run on for ``request``."""
+
+    @abc.abstractmethod
+    def detokenize(self, token_ids: list[int]) -> str:
+        """The text of ``token_ids``; raises InvalidRequest for ids the engine cannot decode."""
+
+    @abc.abstractmethod
     def load(self) -> Load:
         """The current load (cheap; called on every report)."""
 

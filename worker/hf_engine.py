@@ -14,7 +14,7 @@ from typing import Any
 
 from services.config import DEFAULT_MODEL, WorkerConfig
 from worker.engine import Delta, Engine, EngineInfo, Load, LoadSignal, Request, refuse_unsupported
-from worker.vllm_engine import check_fits, render_prompt, resolve_model
+from worker.vllm_engine import check_fits, decode, render_prompt, resolve_model
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,12 @@ class TransformersEngine(Engine):
 
     def load(self) -> Load:
         return Load(num_running=self._running, num_waiting=self._waiting)
+
+    def tokenize(self, request: Request) -> list[int]:
+        return render_prompt(self._tokenizer, request)
+
+    def detokenize(self, token_ids: list[int]) -> str:
+        return decode(self._tokenizer, token_ids)
 
     async def close(self) -> None:
         self._model = None

@@ -356,6 +356,23 @@ class WorkerServicer(pb_grpc.WorkerServicer):
             tokenizer=info.tokenizer, kv_events=self.engine.kv_cache is not None,
         )
 
+    async def Tokenize(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:
+        try:
+            if not request.prompt and not request.messages:
+                raise validation.InvalidRequest("'prompt' is empty: give a prompt or chat 'messages'")
+            tokens = await asyncio.to_thread(self.engine.tokenize, to_engine_request(request))
+        except validation.InvalidRequest as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        return pb.TokenizeResponse(count=len(tokens), max_model_len=self.engine.info.max_model_len, tokens=tokens)
+
+    async def Detokenize(self, request: pb.DetokenizeRequest, context: grpc.aio.ServicerContext
+                         ) -> pb.DetokenizeResponse:
+        try:
+            return pb.DetokenizeResponse(prompt=await asyncio.to_thread(self.engine.detokenize, list(request.tokens)))
+        except validation.InvalidRequest as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            raise  # unreachable: abort raises
+
     async def WatchKvEvents(self, request: pb.WatchKvEventsRequest, context: grpc.aio.ServicerContext
                             ) -> AsyncIterator[pb.KvEvents]:
         """The engine's whole prefix cache (reset), then its changes; ends when the worker drains

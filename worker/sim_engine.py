@@ -56,6 +56,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from services.config import WorkerConfig
+from services.validation import InvalidRequest
 from services.prompts import ROOT_HASH, SIM_TOKENIZER, block_hash, sim_render, sim_token_id, sim_tokenize
 from worker.engine import (
     Delta,
@@ -297,6 +298,13 @@ class SimEngine(Engine):
         finally:
             if seq.finish_reason is None:  # the reader went away: abort and free its blocks
                 self._abort(seq)
+
+    def tokenize(self, request: Request) -> list[int]:
+        return sim_tokenize(render_prompt(request))
+
+    def detokenize(self, token_ids: list[int]) -> str:
+        raise InvalidRequest("'tokens': the sim engine's token ids are hashes of text pieces, not a vocabulary: "
+                             "they cannot be turned back into text")
 
     def load(self) -> Load:
         return Load(

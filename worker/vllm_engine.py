@@ -37,6 +37,13 @@ def render_prompt(tokenizer: Any, request: Request) -> list[int]:
     return hf_prompt_ids(tokenizer, request.prompt or "", request.messages, request.tools)
 
 
+def decode(tokenizer: Any, token_ids: list[int]) -> str:
+    """The text of ``token_ids`` (special tokens kept, as vLLM's /detokenize)."""
+    if bad := [t for t in token_ids if not 0 <= t < len(tokenizer)]:
+        raise InvalidRequest(f"'tokens' holds ids outside the vocabulary of {len(tokenizer)} tokens: {bad[:5]}")
+    return tokenizer.decode(token_ids)
+
+
 def check_fits(num_prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:
     if num_prompt_tokens + max_tokens > max_model_len:
         raise PromptTooLong(
@@ -222,6 +229,12 @@ class VllmEngine(Engine):
         if load != self._load:
             self._load = load
             self.load_signal.notify()
+
+    def tokenize(self, request: Request) -> list[int]:
+        return render_prompt(self._tokenizer, request)
+
+    def detokenize(self, token_ids: list[int]) -> str:
+        return decode(self._tokenizer, token_ids)
 
     def load(self) -> Load:
         # Scheduler stats arrive with engine steps; after the last request ends (an abort, say)

@@ -8,7 +8,8 @@
 -- 3. Marks the request's API (API_HEADER: "openai" or "json") so Envoy's own error replies get
 --    that API's shape (local_reply_config), and reshapes gRPC errors on OpenAI paths into
 --    OpenAI's {"error": {...}} body.
--- SCHEMAS, STREAM_PATHS, NATIVE_PREFIX and API_HEADER are prepended by deploy/envoy.py.
+-- SCHEMAS, STREAM_PATHS, OPENAI_ROOT (OpenAI paths outside /v1/), NATIVE_PREFIX and API_HEADER
+-- are prepended by deploy/envoy.py.
 
 local function skip_ws(s, i)
   return s:find("[^ \t\r\n]", i) or #s + 1
@@ -85,14 +86,14 @@ local function json_escape(s)
 end
 
 local function is_openai(path)
-  return path:sub(1, 4) == "/v1/" and path:sub(1, #NATIVE_PREFIX) ~= NATIVE_PREFIX
+  return OPENAI_ROOT[path] or (path:sub(1, 4) == "/v1/" and path:sub(1, #NATIVE_PREFIX) ~= NATIVE_PREFIX)
 end
 
 function envoy_on_request(handle)
   local headers = handle:headers()
   local path = (headers:get(":path") or ""):gsub("%?.*", "")
   local ctype = headers:get("content-type") or ""
-  if ctype:find("^application/grpc") or path:sub(1, 4) ~= "/v1/" then return end
+  if ctype:find("^application/grpc") or (path:sub(1, 4) ~= "/v1/" and not OPENAI_ROOT[path]) then return end
   local openai = is_openai(path)
   headers:replace(API_HEADER, openai and "openai" or "json")
   if openai then handle:streamInfo():dynamicMetadata():set("meshserve", "openai", "1") end

@@ -198,6 +198,16 @@ class OpenAIStub:
                 request_serializer=meshserve__pb2.HealthRequest.SerializeToString,
                 response_deserializer=meshserve__pb2.HealthStatus.FromString,
                 _registered_method=True)
+        self.Tokenize = channel.unary_unary(
+                '/meshserve.v1.OpenAI/Tokenize',
+                request_serializer=meshserve__pb2.TokenizeRequest.SerializeToString,
+                response_deserializer=meshserve__pb2.TokenizeResponse.FromString,
+                _registered_method=True)
+        self.Detokenize = channel.unary_unary(
+                '/meshserve.v1.OpenAI/Detokenize',
+                request_serializer=meshserve__pb2.DetokenizeRequest.SerializeToString,
+                response_deserializer=meshserve__pb2.DetokenizeResponse.FromString,
+                _registered_method=True)
 
 
 class OpenAIServicer:
@@ -247,6 +257,19 @@ class OpenAIServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Tokenize(self, request, context):
+        """vLLM's /tokenize and /detokenize: the token ids the engine would get, and back.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Detokenize(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OpenAIServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -284,6 +307,16 @@ def add_OpenAIServicer_to_server(servicer, server):
                     servicer.Health,
                     request_deserializer=meshserve__pb2.HealthRequest.FromString,
                     response_serializer=meshserve__pb2.HealthStatus.SerializeToString,
+            ),
+            'Tokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Tokenize,
+                    request_deserializer=meshserve__pb2.TokenizeRequest.FromString,
+                    response_serializer=meshserve__pb2.TokenizeResponse.SerializeToString,
+            ),
+            'Detokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Detokenize,
+                    request_deserializer=meshserve__pb2.DetokenizeRequest.FromString,
+                    response_serializer=meshserve__pb2.DetokenizeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -485,6 +518,60 @@ class OpenAI:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def Tokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshserve.v1.OpenAI/Tokenize',
+            meshserve__pb2.TokenizeRequest.SerializeToString,
+            meshserve__pb2.TokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Detokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshserve.v1.OpenAI/Detokenize',
+            meshserve__pb2.DetokenizeRequest.SerializeToString,
+            meshserve__pb2.DetokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class WorkerStub:
     """Missing associated documentation comment in .proto file."""
@@ -514,6 +601,16 @@ class WorkerStub:
                 '/meshserve.v1.Worker/Info',
                 request_serializer=meshserve__pb2.InfoRequest.SerializeToString,
                 response_deserializer=meshserve__pb2.WorkerInfo.FromString,
+                _registered_method=True)
+        self.Tokenize = channel.unary_unary(
+                '/meshserve.v1.Worker/Tokenize',
+                request_serializer=meshserve__pb2.GenerateRequest.SerializeToString,
+                response_deserializer=meshserve__pb2.TokenizeResponse.FromString,
+                _registered_method=True)
+        self.Detokenize = channel.unary_unary(
+                '/meshserve.v1.Worker/Detokenize',
+                request_serializer=meshserve__pb2.DetokenizeRequest.SerializeToString,
+                response_deserializer=meshserve__pb2.DetokenizeResponse.FromString,
                 _registered_method=True)
         self.WatchKvEvents = channel.unary_stream(
                 '/meshserve.v1.Worker/WatchKvEvents',
@@ -549,6 +646,20 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Tokenize(self, request, context):
+        """The prompt token ids Generate would give the engine for this request (its prompt or
+        messages and tools), and text from token ids.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Detokenize(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def WatchKvEvents(self, request, context):
         """The engine's prefix-cache changes (block stored / removed / all cleared), for the router.
         """
@@ -578,6 +689,16 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.Info,
                     request_deserializer=meshserve__pb2.InfoRequest.FromString,
                     response_serializer=meshserve__pb2.WorkerInfo.SerializeToString,
+            ),
+            'Tokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Tokenize,
+                    request_deserializer=meshserve__pb2.GenerateRequest.FromString,
+                    response_serializer=meshserve__pb2.TokenizeResponse.SerializeToString,
+            ),
+            'Detokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Detokenize,
+                    request_deserializer=meshserve__pb2.DetokenizeRequest.FromString,
+                    response_serializer=meshserve__pb2.DetokenizeResponse.SerializeToString,
             ),
             'WatchKvEvents': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchKvEvents,
@@ -693,6 +814,60 @@ class Worker:
             '/meshserve.v1.Worker/Info',
             meshserve__pb2.InfoRequest.SerializeToString,
             meshserve__pb2.WorkerInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Tokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshserve.v1.Worker/Tokenize',
+            meshserve__pb2.GenerateRequest.SerializeToString,
+            meshserve__pb2.TokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Detokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshserve.v1.Worker/Detokenize',
+            meshserve__pb2.DetokenizeRequest.SerializeToString,
+            meshserve__pb2.DetokenizeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -484,3 +484,27 @@ async def test_response_shapes_match_vllm_serve(mesh: UpMesh) -> None:
     diffs = {name: d for name in recorded
              if (d := api_shapes.differences(recorded[name], ours[name], extra_ok=SHAPE_EXTRAS))}
     assert not diffs, json.dumps(diffs, indent=1)
+
+
+async def test_tokenize_and_detokenize_are_the_engines_own(mesh: UpMesh, tiny_model: Path) -> None:
+    """vLLM's /tokenize and /detokenize through Envoy: the ids the engine gets (a chat through
+    its template) and the text back; ids outside the vocabulary are a 400 naming 'tokens'."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    messages = [{"role": "user", "content": "Hello there"}]
+    async with httpx.AsyncClient(base_url=f"http://{mesh.envoy}", timeout=60) as http:
+        plain = (await http.post("/tokenize", json={"model": DEFAULT_MODEL, "prompt": "The quick brown fox"})).json()
+        chat = (await http.post("/tokenize", json={"messages": messages})).json()
+        back = await http.post("/detokenize", json={"tokens": plain["tokens"]})
+        bad = await http.post("/detokenize", json={"tokens": [len(tokenizer) + 5]})
+    assert plain["tokens"] == tokenizer.encode("The quick brown fox") and plain["count"] == len(plain["tokens"])
+    assert plain["max_model_len"] == 2048
+    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert chat["tokens"] == tokenizer.encode(rendered, add_special_tokens=False)
+    # The count is the prompt the engine saw: a chat completion of it reports as many prompt tokens.
+    done = await openai_client(mesh).chat.completions.create(model=DEFAULT_MODEL, messages=messages, max_tokens=1,
+                                                             extra_body={"skip_cache": True})
+    assert done.usage.prompt_tokens == chat["count"]
+    assert back.status_code == 200 and back.json()["prompt"] == tokenizer.decode(plain["tokens"])
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"

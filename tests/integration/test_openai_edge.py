@@ -23,6 +23,7 @@ from services.config import DEFAULT_MODEL, EnvoyConfig, GatewayConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.launcher import Mesh
+from services.prompts import sim_tokenize
 from services.server import insecure_channel
 from tests.conftest import free_port
 from tests.integration.helpers import mesh_spec, metric_sum, run_envoy, scrape, wait_until
@@ -240,6 +241,21 @@ async def test_n_choices_with_logprobs_streamed_and_not(mesh: Mesh) -> None:
     assert sorted(texts) == [0, 1, 2] and len(set(texts.values())) == 3
     with pytest.raises(openai.BadRequestError, match="greedy"):
         await oa.completions.create(model=MODEL, prompt="choices", max_tokens=4, n=2, temperature=0)
+
+
+async def test_tokenize_on_the_sim_and_a_clear_no_to_detokenize(mesh: Mesh) -> None:
+    async with httpx.AsyncClient(base_url=f"http://{mesh.envoy_address}", timeout=30, headers=auth(ALICE)) as http:
+        counted = await http.post("/tokenize", json={"prompt": "four char word"})
+        chat = await http.post("/tokenize", json={"messages": [{"role": "user", "content": "hi"}]})
+        refused = await http.post("/detokenize", json={"tokens": counted.json()["tokens"]})
+        both = await http.post("/tokenize", json={"prompt": "x", "messages": [{"role": "user", "content": "hi"}]})
+        anonymous = await http.post("/tokenize", json={"prompt": "x"}, headers={"authorization": ""})
+    assert counted.status_code == 200 and counted.json()["tokens"] == sim_tokenize("four char word")
+    assert counted.json()["count"] == len(counted.json()["tokens"])
+    assert chat.status_code == 200 and chat.json()["count"] > 1
+    assert refused.status_code == 400 and "cannot be turned back into text" in refused.json()["error"]["message"]
+    assert both.status_code == 400 and both.json()["error"]["message"].startswith("give either")
+    assert anonymous.status_code == 401  # an API route like the others
 
 
 async def test_a_cache_hit_says_so_in_the_answer_and_the_last_chunk(mesh: Mesh) -> None:
