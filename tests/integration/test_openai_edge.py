@@ -250,12 +250,14 @@ async def test_tokenize_on_the_sim_and_a_clear_no_to_detokenize(mesh: Mesh) -> N
         refused = await http.post("/detokenize", json={"tokens": counted.json()["tokens"]})
         both = await http.post("/tokenize", json={"prompt": "x", "messages": [{"role": "user", "content": "hi"}]})
         anonymous = await http.post("/tokenize", json={"prompt": "x"}, headers={"authorization": ""})
+        other_model = await http.post("/detokenize", json={"model": "gpt-4", "tokens": [1]})
     assert counted.status_code == 200 and counted.json()["tokens"] == sim_tokenize("four char word")
     assert counted.json()["count"] == len(counted.json()["tokens"])
     assert chat.status_code == 200 and chat.json()["count"] > 1
     assert refused.status_code == 400 and "cannot be turned back into text" in refused.json()["error"]["message"]
     assert both.status_code == 400 and both.json()["error"]["message"].startswith("give either")
     assert anonymous.status_code == 401  # an API route like the others
+    assert other_model.status_code == 400 and other_model.json()["error"]["param"] == "model"
 
 
 async def test_a_cache_hit_says_so_in_the_answer_and_the_last_chunk(mesh: Mesh) -> None:
