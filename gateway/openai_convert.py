@@ -103,9 +103,7 @@ def _structured(req: pb.ChatCompletionRequest | pb.CompletionRequest, out: pb.Ge
         elif fmt.type == "json_schema":
             if not fmt.json_schema.HasField("schema"):
                 raise InvalidRequest("'response_format.json_schema.schema' is missing")
-            schema = _plain(json_format.MessageToDict(fmt.json_schema.schema))
-            validation.check_schema(schema, "response_format.json_schema.schema")
-            so.json = json.dumps(schema)
+            so.json = json.dumps(_schema(fmt.json_schema.schema, "response_format.json_schema.schema"))
         else:
             raise InvalidRequest(f"'response_format.type' must be 'text', 'json_object' or 'json_schema', "
                                  f"got {fmt.type!r}")
@@ -120,15 +118,7 @@ def _structured(req: pb.ChatCompletionRequest | pb.CompletionRequest, out: pb.Ge
         raise InvalidRequest(f"'structured_outputs' must set exactly one of json, regex, choice, grammar or "
                              f"json_object, got {kinds or 'none'}")
     if kinds == ["json"]:
-        value = json_format.MessageToDict(given.json)
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise InvalidRequest(f"'structured_outputs.json' is not JSON: {e}") from None
-        schema = _plain(value)
-        validation.check_schema(schema, "structured_outputs.json")
-        so.json = json.dumps(schema)
+        so.json = json.dumps(_schema(given.json, "structured_outputs.json"))
     elif kinds == ["regex"]:
         so.regex = given.regex
     elif kinds == ["choice"]:
@@ -137,6 +127,19 @@ def _structured(req: pb.ChatCompletionRequest | pb.CompletionRequest, out: pb.Ge
         so.grammar = given.grammar
     else:
         so.json_object = given.json_object
+
+
+def _schema(value: struct_pb2.Struct | struct_pb2.Value, field: str) -> Any:
+    """The JSON schema a request gives in ``field`` (an object, or its JSON text), checked."""
+    schema = json_format.MessageToDict(value)
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as e:
+            raise InvalidRequest(f"'{field}' is not JSON: {e}") from None
+    schema = _plain(schema)
+    validation.check_schema(schema, field)
+    return schema
 
 
 def _plain(value: Any) -> Any:
@@ -236,8 +239,7 @@ def _tools(req: pb.ChatCompletionRequest, out: pb.GenerateRequest) -> None:
             raise InvalidRequest(f"'tools[{i}].function.name' {fname!r} is given twice")
         params = EMPTY_PARAMETERS
         if tool.function.HasField("parameters"):
-            params = _plain(json_format.MessageToDict(tool.function.parameters)) or EMPTY_PARAMETERS
-            validation.check_schema(params, f"tools[{i}].function.parameters")
+            params = _schema(tool.function.parameters, f"tools[{i}].function.parameters") or EMPTY_PARAMETERS
         parameters[fname] = params
     if not req.tools:
         return
@@ -329,14 +331,12 @@ INT32 = 2**31
 
 
 def choice_requests(req: pb.GenerateRequest, request_id: str, n: int) -> list[pb.GenerateRequest]:
-    """One GenerateRequest per choice, ids ``request_id`` (n = 1) or ``request_id-i``. A seeded
-    request's choice i has seed + i, as vLLM's parallel sampling, so the choices differ and each
-    is reproducible (and cacheable); greedy choices are all the same answer."""
-    if n == 1:
-        one = pb.GenerateRequest()
-        one.CopyFrom(req)
-        one.request_id = request_id
-        return [one]
+    """One GenerateRequest per choice (``req`` itself when n = 1), ids ``request_id`` (n = 1) or
+    ``request_id-i``. A seeded request's choice i has seed + i, as vLLM's parallel sampling, so
+    the choices differ and each is reproducible (and cacheable)."""
+    if n == 1:  # the request itself: no copy on every request's path
+        req.request_id = request_id
+        return [req]
     out = []
     for i in range(n):
         r = pb.GenerateRequest()

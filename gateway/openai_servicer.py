@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
-from typing import Any, TypeVar, cast
+from typing import TypeVar, cast
 
 import grpc
 
@@ -139,11 +139,11 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
 
     async def Tokenize(self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:
         req = await self._convert(convert.tokenize_request, request, context)
-        return await self._on_a_worker(req.model, self._orch.tokenize(req), context)
+        return await self._on_a_worker(req.model, lambda: self._orch.tokenize(req), context)
 
     async def Detokenize(self, request: pb.DetokenizeRequest, context: grpc.aio.ServicerContext
                          ) -> pb.DetokenizeResponse:
-        return await self._on_a_worker(request.model, self._orch.detokenize(request), context)
+        return await self._on_a_worker(request.model, lambda: self._orch.detokenize(request), context)
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -164,14 +164,13 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
             raise  # unreachable: abort raises
 
-    async def _on_a_worker(self, model: str, call: Coroutine[Any, Any, T], context: grpc.aio.ServicerContext) -> T:
+    async def _on_a_worker(self, model: str, call: Callable[[], Awaitable[T]], context: grpc.aio.ServicerContext) -> T:
         """``call`` (a worker's answer) for a request naming ``model``, or the status it failed with."""
         if model and model != self._model:
-            call.close()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"'model' must be {self._model!r} (the served model), got {model!r}")
         try:
-            return await call
+            return await call()
         except GatewayError as e:
             await context.abort(e.code, e.message)
             raise  # unreachable: abort raises
