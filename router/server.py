@@ -4,16 +4,19 @@ reported yet) with the configured policy."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import grpc
 import prometheus_client
+from lightkube import KubeConfig
 from opentelemetry import trace
 
+from router.discovery import EndpointSliceDiscovery, api_client, own_namespace
 from router.kv_index import KvIndex
 from router.policies import Choice, NoWorker, PickContext, Policy, build_policy
 from router.prefix import PromptBlocks
@@ -139,6 +142,30 @@ class Router:
     def workers(self) -> list[WorkerView]:
         return self.table.snapshot()
 
+    def forget(self, address: str) -> None:
+        """Forgets a worker that left: its view, its unsettled picks and the router's own record of
+        the prompts it sent there (its blocks in ``kv`` went when its watcher stopped)."""
+        self.table.remove(address)
+        self.approx.drop(address)
+        self.pending.drop(address)
+
+
+async def set_workers(router: Router, watcher: Watcher, addresses: Iterable[str]) -> None:
+    """Makes ``addresses`` the router's workers, all of them (discovery calls it on every change;
+    the same set again changes nothing): new ones are watched, gone ones forgotten."""
+    wanted = dict.fromkeys(addresses)
+    for address in router.table.addresses():
+        if address not in wanted:
+            await watcher.remove(address)  # first: its streams stop writing to the table
+            router.forget(address)
+            log.info("worker %s removed", address)
+    known = set(router.table.addresses())
+    for address in wanted:
+        if address not in known:
+            router.table.add(address)
+            watcher.add(address)
+            log.info("worker %s added", address)
+
 
 PICKS_SPAN_ATTRIBUTES = {"rpc.system": "grpc", "rpc.method": "/meshserve.v1.Router/Picks"}
 
@@ -234,7 +261,8 @@ def _worker_state(view: WorkerView, healthy: bool) -> pb.WorkerState:
 
 
 def _service(
-    cfg: RouterConfig, rng: random.Random | None = None, clock: Callable[[], float] = time.monotonic
+    cfg: RouterConfig, rng: random.Random | None = None, clock: Callable[[], float] = time.monotonic,
+    kube_config: KubeConfig | None = None,
 ) -> tuple[Callable[[grpc.aio.Server], list[str]], bootstrap.Lifecycle]:
     """The router's servicer registration and lifecycle; watching the workers starts with it."""
     policy = build_policy(cfg.routing, cfg.stale_after_s, cfg.load_bound, cfg.kv_load_weight, cfg.kv_home_weight)
@@ -242,24 +270,40 @@ def _service(
     router = Router(table, policy, cfg.stale_after_s, rng, cfg.approx_blocks_per_worker, cfg.kv_pending_s, clock)
     watcher = Watcher(table, cfg.stale_after_s, max(cfg.lost_after_s, cfg.stale_after_s),
                       kv=router.kv if policy.prefix_view == "kv" else None, prefix=router.prefix)
+    discovery = None
+    if cfg.discovery == "kubernetes":
+        namespace = cfg.kubernetes_namespace or own_namespace()
+        discovery = EndpointSliceDiscovery(
+            api_client(kube_config), namespace, cfg.kubernetes_service, cfg.kubernetes_port,
+            on_change=functools.partial(set_workers, router, watcher),
+        )
 
     def register(server: grpc.aio.Server) -> list[str]:
         pb_grpc.add_RouterServicer_to_server(RouterServicer(router), server)
         watcher.start()
-        log.info(
-            "router: policy %s over %d workers: %s",
-            policy.name, len(cfg.workers), " ".join(cfg.workers) or "none",
-        )
+        if discovery is None:
+            log.info(
+                "router: policy %s over %d workers: %s",
+                policy.name, len(cfg.workers), " ".join(cfg.workers) or "none",
+            )
+        else:
+            discovery.start()
+            log.info("router: policy %s, discovery kubernetes: service %s in namespace %s (port %s)",
+                     policy.name, cfg.kubernetes_service, namespace, cfg.kubernetes_port)
         return [pb.DESCRIPTOR.services_by_name["Router"].full_name]
 
-    return register, bootstrap.Lifecycle(on_close=[watcher.close])
+    # Discovery stops first: nothing adds a worker to a watcher that is closing.
+    on_close = [watcher.close] if discovery is None else [discovery.close, watcher.close]
+    return register, bootstrap.Lifecycle(on_close=on_close)
 
 
 async def start_router(
-    cfg: RouterConfig, rng: random.Random | None = None, clock: Callable[[], float] = time.monotonic
+    cfg: RouterConfig, rng: random.Random | None = None, clock: Callable[[], float] = time.monotonic,
+    kube_config: KubeConfig | None = None,
 ) -> bootstrap.Running:
-    """Starts the router in this process (tests run it on port 0); stop it with ``shutdown()``."""
-    register, lifecycle = _service(cfg, rng, clock)
+    """Starts the router in this process (tests run it on port 0, and give kubernetes discovery the
+    ``kube_config`` of a fake API server); stop it with ``shutdown()``."""
+    register, lifecycle = _service(cfg, rng, clock, kube_config)
     return await bootstrap.start("router", cfg, register, lifecycle)
 
 

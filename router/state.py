@@ -52,7 +52,7 @@ class WorkerView(NamedTuple):
 
 
 class WorkerTable:
-    """Every known worker, keyed by address (static discovery); ids come from the workers.
+    """Every known worker, keyed by address (from discovery); ids come from the workers.
 
     Picks count against a worker until its reports show them arrived: each report carries the
     number of requests the worker has received, and every new one settles the oldest pick. A
@@ -68,6 +68,15 @@ class WorkerTable:
 
     def addresses(self) -> list[str]:
         return list(self._workers)
+
+    def add(self, address: str) -> None:
+        """A new worker: unconnected and unreported until its watcher says otherwise."""
+        if address not in self._workers:
+            self._workers[address] = _Entry(WorkerView(worker_id=address, address=address))
+
+    def remove(self, address: str) -> None:
+        """Forgets the worker: its view and its unsettled picks."""
+        self._workers.pop(address, None)
 
     def snapshot(self) -> list[WorkerView]:
         now = self._clock()

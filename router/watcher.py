@@ -67,19 +67,30 @@ class Watcher:
         self._lost_after_s = lost_after_s
         self._initial_backoff_s = initial_backoff_s
         self._max_backoff_s = max_backoff_s
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: dict[str, asyncio.Task[None]] = {}  # by address
 
     def start(self) -> None:
-        self._tasks = [
-            asyncio.create_task(self._watch(address), name=f"watch {address}")
-            for address in self._table.addresses()
-        ]
+        for address in self._table.addresses():
+            self.add(address)
+
+    def add(self, address: str) -> None:
+        """Starts watching ``address`` (a worker of the table); nothing if it is watched already."""
+        if address not in self._tasks:
+            self._tasks[address] = asyncio.create_task(self._watch(address), name=f"watch {address}")
+
+    async def remove(self, address: str) -> None:
+        """Stops watching ``address``; once this returns its streams are closed, so nothing writes
+        to the table for it again, and the KV index holds nothing for it."""
+        task = self._tasks.pop(address, None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     async def close(self) -> None:
-        for task in self._tasks:
+        tasks, self._tasks = list(self._tasks.values()), {}
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks = []
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _watch(self, address: str) -> None:
         backoff = self._initial_backoff_s

@@ -26,7 +26,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plot": ("services.plot", "plot saved bench results side by side (TTFT/ITL CDFs, throughput, in flight)"),
     "compare": ("services.compare", "tabulate saved bench results' headline figures and ratios to the first"),
     "make-model": ("worker.tiny_model", "build the project's tiny LLaMA model and tokenizer"),
-    "envoy-config": ("deploy.envoy", "print the generated Envoy config"),
+    "envoy-config": ("deploy.envoy", "print the generated Envoy config (or write it and run Envoy on it)"),
+    "health": ("services.health_cmd", "ask a service's gRPC health service whether it serves (exit 0 if so)"),
     "trace": ("services.trace_cmd", "print one trace from the local trace receiver as a waterfall"),
     "traces": ("services.traces_cmd", "list the slowest recent traces in the local trace receiver"),
     "top": ("services.top", "a live terminal view of a running mesh (workers, gateway, router, cache, Envoy)"),
@@ -46,10 +47,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.command == "serve":
         cls, module = SERVICES[args.service]
-        cfg = config.from_args(cls, args)
+        try:
+            cfg = config.from_args(cls, args)
+        except ValueError as e:  # flags that contradict each other (a config's __post_init__)
+            parser.error(str(e))
         from services.server import configure_logging
 
         configure_logging(cfg.log_level)

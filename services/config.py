@@ -38,6 +38,8 @@ ROUTING_POLICIES = (
 )
 # The CPU priority of vLLM's engine processes on CPU (WorkerConfig.engine_priority).
 ENGINE_PRIORITIES = ("auto", "low", "normal")
+# Where the router finds its workers (RouterConfig.discovery).
+DISCOVERY_MODES = ("static", "kubernetes")
 
 
 def default_cache_dir() -> Path:
@@ -125,6 +127,15 @@ class RouterConfig(ServerConfig):
 
     port: int = _f(50052, "gRPC port (0 picks a free port)")
     workers: list[str] = _f([], "worker addresses host:port (static discovery)", nargs="*")
+    discovery: str = _f(
+        "static", "how the router finds its workers: static (--workers) or kubernetes (the ready endpoints "
+        "of --kubernetes-service, followed through the Kubernetes API)", choices=DISCOVERY_MODES,
+    )
+    kubernetes_service: str = _f("", "kubernetes discovery: the workers' headless Service (required)")
+    kubernetes_namespace: str = _f(
+        "", "kubernetes discovery: the Service's namespace ('': the router pod's own, else 'default')"
+    )
+    kubernetes_port: str = _f("grpc", "kubernetes discovery: the name of the Service's port for the workers' gRPC")
     routing: str = _f(
         "kv-aware", "routing policy (docs/operations.md, 'Routing policies')", choices=ROUTING_POLICIES,
     )
@@ -154,6 +165,16 @@ class RouterConfig(ServerConfig):
     lost_after_s: float = _f(
         10.0, "a worker whose load stream is silent this long is lost: not picked, its stream reopened"
     )
+
+    def __post_init__(self) -> None:
+        # Settings that contradict each other: refused together, as argparse refuses a bad value.
+        problems = []
+        if self.discovery == "kubernetes" and not self.kubernetes_service:
+            problems.append("--discovery kubernetes needs --kubernetes-service (the workers' headless Service)")
+        if self.discovery == "kubernetes" and self.workers:
+            problems.append("--workers are static discovery: with --discovery kubernetes the Service lists them")
+        if problems:
+            raise ValueError("; ".join(problems))
 
 
 @dataclass
@@ -226,6 +247,9 @@ class EnvoyConfig:
     listen_host: str = _f("127.0.0.1", "Envoy listener address")
     listen_port: int = _f(8080, "Envoy listener port (gRPC and HTTP/JSON)")
     admin_port: int = _f(9901, "Envoy admin port (loopback only)")
+    stats_port: int = _f(
+        0, "a listener on listen_host serving only Envoy's Prometheus stats (/stats/prometheus), for a "
+           "Prometheus outside the host or pod, while the admin port stays on loopback (0: none)")
     gateways: list[str] = _f(["127.0.0.1:50051"], "gateway addresses host:port", nargs="*")
     max_connections: int = _f(1024, "circuit breaker: most connections to the gateways")
     max_pending_requests: int = _f(1024, "circuit breaker: most requests waiting for a connection")

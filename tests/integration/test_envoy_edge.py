@@ -3,20 +3,23 @@ gRPC passes through, HTTP/JSON is transcoded (streams as SSE), and bad JSON gets
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import grpc
 import httpx
 import pytest
 
+from deploy import envoy
 from services.config import EnvoyConfig, ServerConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.server import insecure_channel, start
 from services.validation import InvalidRequest, validate
 from tests.conftest import free_port
-from tests.integration.helpers import run_envoy
+from tests.integration.helpers import run_envoy, wait_until
 
 
 class EchoInference(pb_grpc.InferenceServicer):
@@ -25,6 +28,7 @@ class EchoInference(pb_grpc.InferenceServicer):
     def __init__(self) -> None:
         self.requests: list[pb.GenerateRequest] = []
         self.metadata: list[dict[str, str]] = []
+        self.release = asyncio.Event()  # a prompt starting "hold" streams its last word once set
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateResponse]:
         self.requests.append(request)
@@ -34,6 +38,8 @@ class EchoInference(pb_grpc.InferenceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         words = request.prompt.split()
         for i, w in enumerate(words):
+            if i == len(words) - 1 and words[0] == "hold":
+                await self.release.wait()
             yield pb.GenerateResponse(request_id="r", text=w + " ", token_ids=[i])
         yield pb.GenerateResponse(request_id="r", finish_reason="stop", usage=pb.Usage(completion_tokens=len(words)))
 
@@ -156,3 +162,46 @@ async def test_client_cannot_choose_its_cache_tenant(edge: str, backend: tuple[E
         r = await client.post("/v1/generate", json={"prompt": "hi"}, headers={"x-meshserve-tenant": "someone-else"})
     assert r.status_code == 200
     assert "x-meshserve-tenant" not in servicer.metadata[-1]
+
+
+async def test_drain_waits_for_the_streams_in_flight_and_tells_new_clients_to_go(
+    backend: tuple[EchoInference, int], tmp_path: Path,
+) -> None:
+    """What a pod's preStop runs (`meshserve envoy-config --drain`): a stream in flight finishes
+    whole; meanwhile HTTP/1 clients are told to close, and the drain returns once it is done."""
+    servicer, port = backend
+    cfg = EnvoyConfig(listen_port=free_port(), admin_port=free_port(), gateways=[f"127.0.0.1:{port}"])
+    with run_envoy(cfg, tmp_path / "envoy.yaml") as address:
+        async with insecure_channel(address) as channel:
+            call = pb_grpc.InferenceStub(channel).Generate(pb.GenerateRequest(prompt="hold the last word"))
+            first = await call.read()
+            drain = asyncio.create_task(asyncio.to_thread(envoy.drain, cfg, 30, 0.05))
+
+            def told_to_close() -> bool:
+                reply = httpx.get(f"http://{address}/v1/generate", headers={"connection": "keep-alive"})
+                return reply.headers.get("connection") == "close"
+
+            await wait_until(told_to_close, 10, "Envoy draining its listener")
+            assert not drain.done()  # the stream is still in flight
+            servicer.release.set()
+            rest = []
+            while (reply := await call.read()) is not grpc.aio.EOF:
+                rest.append(reply)
+            assert await asyncio.wait_for(drain, 10) == 0
+        assert [first.text, *(r.text for r in rest)][:4] == ["hold ", "the ", "last ", "word "]
+        assert await call.code() == grpc.StatusCode.OK
+
+
+def test_the_stats_listener_serves_prometheus_stats_and_nothing_else_of_the_admin(
+    backend: tuple[EchoInference, int], tmp_path: Path,
+) -> None:
+    _, port = backend
+    cfg = EnvoyConfig(listen_host="127.0.0.1", listen_port=free_port(), admin_port=free_port(), stats_port=free_port(),
+                      gateways=[f"127.0.0.1:{port}"])
+    with run_envoy(cfg, tmp_path / "envoy.yaml"):
+        stats = f"http://127.0.0.1:{cfg.stats_port}"
+        reply = httpx.get(f"{stats}{envoy.STATS_PATH}")
+        assert reply.status_code == 200 and "envoy_cluster_upstream_rq_total" in reply.text
+        for method, path in (("GET", "/config_dump"), ("POST", "/quit"), ("POST", envoy.STATS_PATH), ("GET", "/")):
+            assert httpx.request(method, f"{stats}{path}").status_code == 404, (method, path)
+        assert httpx.get(f"http://127.0.0.1:{cfg.admin_port}/ready").status_code == 200  # still on loopback

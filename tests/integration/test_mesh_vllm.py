@@ -508,3 +508,14 @@ async def test_tokenize_and_detokenize_are_the_engines_own(mesh: UpMesh, tiny_mo
     assert done.usage.prompt_tokens == chat["count"]
     assert back.status_code == 200 and back.json()["prompt"] == tokenizer.decode(plain["tokens"])
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+
+
+def test_the_helm_charts_autoscaling_query_reads_metrics_a_vllm_worker_serves(mesh: UpMesh) -> None:
+    """KEDA scales the chart's workers on a Prometheus query: every metric it names is one the
+    running vLLM worker really exports."""
+    from tests import chart
+
+    served = {name.partition("{")[0] for name in scrape(mesh.metrics_url("worker-0"))}
+    for profile in chart.PROFILES.values():
+        wanted = chart.keda_metrics(chart.render(profile))
+        assert wanted and wanted <= served, wanted - served

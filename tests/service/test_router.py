@@ -21,8 +21,9 @@ from services.server import Running, insecure_channel
 class FakeWorker(pb_grpc.WorkerServicer):
     """A worker with no engine: WatchLoad sends the current report now and on every change."""
 
-    def __init__(self, worker_id: str, interval_s: float | None = None) -> None:
+    def __init__(self, worker_id: str, interval_s: float | None = None, host: str = "127.0.0.1") -> None:
         self.worker_id = worker_id
+        self.host = host  # discovery tests give workers of one slice their own loopback address
         self.port = 0
         self.interval_s = interval_s  # also repeat the report this often, as real workers do
         self.frozen = False           # keep streams open but send nothing (a hung worker)
@@ -32,12 +33,12 @@ class FakeWorker(pb_grpc.WorkerServicer):
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     async def start(self) -> None:
         self._server = grpc.aio.server()
         pb_grpc.add_WorkerServicer_to_server(self, self._server)
-        self.port = self._server.add_insecure_port(f"127.0.0.1:{self.port}")  # the same port on a restart
+        self.port = self._server.add_insecure_port(f"{self.host}:{self.port}")  # the same port on a restart
         await self._server.start()
 
     async def stop(self) -> None:

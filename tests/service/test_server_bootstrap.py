@@ -107,3 +107,27 @@ async def test_a_started_service_freezes_its_start_up_objects_and_collects_young
     finally:
         await running.shutdown()
     assert gc.get_freeze_count() == 0  # given back to the collector when the service stops
+
+
+async def test_meshserve_health_exits_0_while_serving_and_1_once_draining() -> None:
+    """`meshserve health` (the image's HEALTHCHECK) asks the server's own health service."""
+    import subprocess
+    import sys
+
+    running = await start("test", ServerConfig(port=0, metrics_port=-1, grace_seconds=5), _register(SlowLoad()))
+    address = f"127.0.0.1:{running.port}"
+
+    def health(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "services.cli", "health", address, *extra],
+                              capture_output=True, text=True, timeout=60)
+
+    try:
+        serving = await asyncio.to_thread(health)
+        assert serving.returncode == 0 and "SERVING" in serving.stdout
+        await running.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        draining = await asyncio.to_thread(health)
+        assert draining.returncode == 1 and "NOT_SERVING" in draining.stdout
+        unknown = await asyncio.to_thread(health, "--service", "no.such.Service")
+        assert unknown.returncode == 1 and "NOT_FOUND" in unknown.stderr
+    finally:
+        await running.shutdown()

@@ -79,3 +79,16 @@ def test_up_passes_routing_and_sim_settings_to_the_services() -> None:
     spec = spec_from_args(args)
     assert (spec.router.routing, spec.router.kv_home_weight) == ("round-robin", 0.2)
     assert spec.worker.sim_num_kv_blocks == 7 and spec.sim_speeds == [1.0, 0.5]
+
+
+def test_kubernetes_discovery_needs_its_service_and_no_static_workers(capsys: pytest.CaptureFixture) -> None:
+    from services.cli import main
+
+    assert config.RouterConfig(discovery="kubernetes", kubernetes_service="workers").workers == []
+    with pytest.raises(ValueError, match="--kubernetes-service"):
+        config.RouterConfig(discovery="kubernetes")
+    with pytest.raises(SystemExit) as refused:  # refused as a bad flag value is, both problems at once
+        main(["serve", "router", "--discovery", "kubernetes", "--workers", "127.0.0.1:50061"])
+    assert refused.value.code == 2
+    err = capsys.readouterr().err
+    assert "--discovery kubernetes needs --kubernetes-service" in err and "--workers are static discovery" in err

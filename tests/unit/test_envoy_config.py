@@ -59,3 +59,25 @@ def test_gateway_cluster_is_protected() -> None:
 def test_admin_listens_on_loopback_only() -> None:
     cfg = envoy.build_config(EnvoyConfig(listen_host="0.0.0.0"))
     assert cfg["admin"]["address"]["socket_address"]["address"] == "127.0.0.1"
+
+
+def test_gateways_by_name_are_resolved_by_envoy_and_by_address_are_static() -> None:
+    by_ip = envoy.build_config(EnvoyConfig(gateways=["127.0.0.1:1", "[::1]:2"]))["static_resources"]["clusters"][0]
+    by_name = envoy.build_config(EnvoyConfig(gateways=["gateway:50051"]))["static_resources"]["clusters"][0]
+    assert by_ip["type"] == "STATIC" and by_name["type"] == "STRICT_DNS"
+    hosts = [e["endpoint"]["address"]["socket_address"]["address"] for e in by_ip["load_assignment"]["endpoints"][0]["lb_endpoints"]]
+    assert hosts == ["127.0.0.1", "::1"]
+
+
+def test_settings_file_sets_fields_by_name_and_refuses_unknown_or_mistyped(tmp_path: Path) -> None:
+    path = tmp_path / "settings.yaml"
+    path.write_text("listen_port: 9000\ngateways: [gw:1]\nrate_limit_window_s: 2\n")
+    cfg = envoy.settings(EnvoyConfig(), path)
+    assert (cfg.listen_port, cfg.gateways, cfg.rate_limit_window_s) == (9000, ["gw:1"], 2)
+    for text, message in (("listen_prot: 9000", "unknown Envoy setting 'listen_prot'"),
+                          ("listen_port: '9000'", "listen_port must be int"),
+                          ("gateways: gw:1", "gateways must be list"),
+                          ("- a list", "expected a mapping")):
+        path.write_text(text)
+        with pytest.raises(ValueError, match=message):
+            envoy.settings(EnvoyConfig(), path)

@@ -1,0 +1,177 @@
+{{/* Names: <release>-<component>, cut to the 63 characters a label allows. */}}
+{{- define "meshserve.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "meshserve.name" -}}
+{{- printf "%s-%s" (include "meshserve.fullname" .root) .component -}}
+{{- end -}}
+
+{{- define "meshserve.selectorLabels" -}}
+app.kubernetes.io/name: {{ .root.Chart.Name }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "meshserve.labels" -}}
+{{ include "meshserve.selectorLabels" . }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
+{{- end -}}
+
+{{/* The image of a flavor (cpu or gpu): <repository>:<tag>-<flavor>. */}}
+{{- define "meshserve.image" -}}
+{{- printf "%s:%s-%s" .root.Values.image.repository (.root.Values.image.tag | default .root.Chart.AppVersion) .flavor -}}
+{{- end -}}
+
+{{/* Ports: gRPC and Prometheus metrics of each service (docs/deploy.md, "Ports"). */}}
+{{- define "meshserve.ports" -}}
+{{- $ports := dict "gateway" (list 50051 9100) "router" (list 50052 9102) "cache" (list 50053 9103) "worker" (list 50061 9110) "redis" (list 6379 0) "otel-collector" (list 4317 0) -}}
+{{- index $ports .component | toJson -}}
+{{- end -}}
+{{- define "meshserve.grpcPort" -}}{{ index (include "meshserve.ports" . | fromJsonArray) 0 }}{{- end -}}
+{{- define "meshserve.metricsPort" -}}{{ index (include "meshserve.ports" . | fromJsonArray) 1 }}{{- end -}}
+
+{{- define "meshserve.address" -}}
+{{- printf "%s:%s" (include "meshserve.name" .) (include "meshserve.grpcPort" .) -}}
+{{- end -}}
+
+{{- define "meshserve.otlpEndpoint" -}}
+{{- if .Values.tracing.otlpEndpoint -}}
+{{- .Values.tracing.otlpEndpoint -}}
+{{- else if .Values.tracing.collector.enabled -}}
+{{- include "meshserve.address" (dict "root" . "component" "otel-collector") -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "meshserve.redisUrl" -}}
+{{- if .Values.redis.url -}}
+{{- .Values.redis.url -}}
+{{- else -}}
+{{- printf "redis://%s/0" (include "meshserve.address" (dict "root" . "component" "redis")) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The flags every meshserve service takes (ServerConfig). */}}
+{{- define "meshserve.serverArgs" -}}
+- --host
+- 0.0.0.0
+- --port
+- {{ include "meshserve.grpcPort" . | quote }}
+- --metrics-port
+- {{ include "meshserve.metricsPort" . | quote }}
+- --log-level
+- {{ .root.Values.logLevel }}
+- --otlp-endpoint
+- {{ include "meshserve.otlpEndpoint" .root | quote }}
+- --trace-sampling-ratio
+- {{ .root.Values.tracing.samplingRatio | quote }}
+{{- end -}}
+
+{{- define "meshserve.podAnnotations" -}}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ include "meshserve.metricsPort" . | quote }}
+prometheus.io/path: /metrics
+{{- end -}}
+
+{{/* Pod spec parts every component shares. */}}
+{{- define "meshserve.podCommon" -}}
+securityContext:
+  {{- toYaml .root.Values.podSecurityContext | nindent 2 }}
+{{- with .root.Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .root.Values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .root.Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- if .root.Values.topologySpread }}
+topologySpreadConstraints:
+  - maxSkew: 1
+    topologyKey: kubernetes.io/hostname
+    whenUnsatisfiable: ScheduleAnyway
+    labelSelector:
+      matchLabels:
+        {{- include "meshserve.selectorLabels" . | nindent 8 }}
+{{- end }}
+{{- end -}}
+
+{{/* gRPC probes on the service's own health service (services/server.py sets it SERVING). */}}
+{{- define "meshserve.grpcProbes" -}}
+startupProbe:
+  grpc: {port: {{ include "meshserve.grpcPort" . }}}
+  periodSeconds: 5
+  failureThreshold: {{ .startupFailures | default 60 }}
+readinessProbe:
+  grpc: {port: {{ include "meshserve.grpcPort" . }}}
+  periodSeconds: 5
+  failureThreshold: 2
+livenessProbe:
+  grpc: {port: {{ include "meshserve.grpcPort" . }}}
+  periodSeconds: 10
+  timeoutSeconds: 5
+  failureThreshold: 6
+{{- end -}}
+
+{{- define "meshserve.containerPorts" -}}
+ports:
+  - name: grpc
+    containerPort: {{ include "meshserve.grpcPort" . }}
+  {{- if ne (include "meshserve.metricsPort" .) "0" }}
+  - name: metrics
+    containerPort: {{ include "meshserve.metricsPort" . }}
+  {{- end }}
+{{- end -}}
+
+{{- define "meshserve.pdb" -}}
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata:
+  name: {{ include "meshserve.name" . }}
+  labels:
+    {{- include "meshserve.labels" . | nindent 4 }}
+spec:
+  maxUnavailable: 1
+  selector:
+    matchLabels:
+      {{- include "meshserve.selectorLabels" . | nindent 6 }}
+{{- end -}}
+
+{{- define "meshserve.service" -}}
+apiVersion: v1
+kind: Service
+metadata:
+  name: {{ include "meshserve.name" . }}
+  labels:
+    {{- include "meshserve.labels" . | nindent 4 }}
+spec:
+  {{- if .headless }}
+  clusterIP: None
+  {{- end }}
+  selector:
+    {{- include "meshserve.selectorLabels" . | nindent 4 }}
+  ports:
+    - name: grpc
+      port: {{ include "meshserve.grpcPort" . }}
+      targetPort: grpc
+      appProtocol: grpc
+{{- end -}}
+
+{{/* apiKeys.keys as MESHSERVE_API_KEYS reads them: KEY=TENANT,KEY=TENANT. */}}
+{{- define "meshserve.apiKeys" -}}
+{{- $pairs := list -}}
+{{- range $key, $tenant := .Values.apiKeys.keys -}}
+{{- $pairs = append $pairs (printf "%s=%s" $key $tenant) -}}
+{{- end -}}
+{{- join "," $pairs -}}
+{{- end -}}

@@ -1,0 +1,34 @@
+"""``meshserve health``: ask a service's standard gRPC health service whether it serves; exit 0
+if it does, 1 if not. The container image's HEALTHCHECK and the compose file run it (Kubernetes
+uses its own gRPC probes)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+ADDRESS_ENV = "MESHSERVE_HEALTH_ADDRESS"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("address", nargs="?", default=os.environ.get(ADDRESS_ENV, "127.0.0.1:50051"),
+                        help=f"HOST:PORT of the service (default: ${ADDRESS_ENV}, else 127.0.0.1:50051)")
+    parser.add_argument("--service", default="", help="the gRPC service to ask about ('': the whole server)")
+    parser.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the answer")
+
+
+def main(args: argparse.Namespace) -> int:
+    with grpc.insecure_channel(args.address) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout)
+        except grpc.RpcError as e:
+            print(f"{args.address}: {e.code().name}: {e.details()}", file=sys.stderr)
+            return 1
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    print(f"{args.address}: {status}")
+    return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
