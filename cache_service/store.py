@@ -117,6 +117,7 @@ class ExactStore:
                     text=chunk.text,
                     token_ids=chunk.token_ids,
                     logprobs=chunk.logprobs,  # asked for: part of the key, and of the answer
+                    tool_calls=chunk.tool_calls,  # parse_tool_calls: likewise
                     finish_reason=chunk.finish_reason,
                     usage=chunk.usage if chunk.HasField("usage") else None,
                     cached=True,

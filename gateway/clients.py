@@ -4,6 +4,7 @@ worker share)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 import grpc
@@ -18,8 +19,9 @@ from services.server import insecure_channel, stall_options
 class Clients:
     """Opens the router and cache channels once and keeps one channel per worker address.
 
-    The worker pool is not evicted: its size is the number of workers the router ever named,
-    and closing a channel would cancel the streams still on it.
+    A worker whose session closed (it died, or left: Kubernetes scales the workers in and out)
+    and holds none of this gateway's requests loses its channel when a new session opens, so
+    the pool follows the fleet instead of growing with every address the router ever named.
 
     While the router is unreachable, ``fallback`` picks from the workers it named before.
     """
@@ -34,6 +36,7 @@ class Clients:
         self._sessions: dict[str, WorkerSession] = {}
         self._worker_options = stall_options(stall_timeout_s) if stall_timeout_s > 0 else []
         self._named: dict[str, str] = {}  # worker id -> address, of every worker the router picked
+        self._closing: set[asyncio.Task[None]] = set()  # channels of gone workers, closing
 
     def worker(self, address: str) -> pb_grpc.WorkerStub:
         if address not in self._workers:
@@ -72,8 +75,27 @@ class Clients:
         """The open Session stream to the worker at ``address`` (a new one if it has none)."""
         session = self._sessions.get(address)
         if session is None or session.closed:
+            self._sweep(keep=address)
             session = self._sessions[address] = WorkerSession(self.worker(address), address)
         return session
+
+    def addresses(self) -> list[str]:
+        """The workers this gateway holds a channel to."""
+        return list(self._workers)
+
+    def _sweep(self, keep: str) -> None:
+        """Closes the channels of workers whose session is closed and idle (none of this
+        gateway's requests is on it), and forgets them as fallback candidates."""
+        gone = [a for a, s in self._sessions.items() if a != keep and s.closed and not s.in_flight]
+        for address in gone:
+            del self._sessions[address]
+            channel, _ = self._workers.pop(address, (None, None))
+            if channel is not None:
+                task = asyncio.get_running_loop().create_task(channel.close())
+                self._closing.add(task)
+                task.add_done_callback(self._closing.discard)
+        if gone:
+            self._named = {w: a for w, a in self._named.items() if a not in gone}
 
     async def close(self) -> None:
         await self.picks.close()
@@ -86,3 +108,4 @@ class Clients:
         self._workers.clear()
         for channel in channels:
             await channel.close()
+        await asyncio.gather(*self._closing, return_exceptions=True)

@@ -247,9 +247,8 @@ def _tools(req: pb.ChatCompletionRequest, out: pb.GenerateRequest) -> None:
                                                            "parameters": parameters[t.function.name]}}
                             for t in req.tools])
     if kind == AUTO:
-        raise InvalidRequest("'tool_choice' \"auto\" (the default with 'tools') needs a tool-call parser, and this "
-                             "mesh has none configured: ask for \"required\", a named function "
-                             "({\"type\": \"function\", \"function\": {\"name\": ...}}) or \"none\"")
+        out.parse_tool_calls = True  # the worker's tool-call parser finds the calls (it refuses without one)
+        return
     if kind == NONE:
         return
     if out.HasField("structured_outputs"):
@@ -297,6 +296,10 @@ def _message(r: pb.CompleteResponse, tools: tuple[str, str]) -> tuple[pb.ChatCom
             message.tool_calls.add(id=call_id(), type=FUNCTION, function=pb.FunctionCall(name=fname, arguments=arguments))
         # As vLLM: "tool_calls" for a required call that completed, "stop" for a named one.
         return message, "tool_calls" if r.finish_reason == "stop" else r.finish_reason
+    elif kind == AUTO:  # the calls the worker's parser found, whole ("tool_calls" if any)
+        for call in r.tool_calls:
+            message.tool_calls.add(id=call.id or call_id(), type=FUNCTION,
+                                   function=pb.FunctionCall(name=call.name, arguments=call.arguments))
     return message, r.finish_reason
 
 
@@ -474,6 +477,16 @@ def chat_chunk(chunk: pb.GenerateResponse, index: int, first: bool, response_id:
             finish_reason = "tool_calls" if chunk.finish_reason == "stop" else chunk.finish_reason
         elif chunk.finish_reason:
             delta.content = so_far + chunk.text  # not a list of calls after all: the text as it is
+    elif kind == AUTO:  # the parser's pieces: content, and calls as they are found
+        if chunk.text or not chunk.tool_calls:
+            delta.content = chunk.text
+        for piece in chunk.tool_calls:
+            call = delta.tool_calls.add(index=piece.index)
+            if piece.id:
+                call.id, call.type = piece.id, FUNCTION
+            if piece.name:
+                call.function.name = piece.name
+            call.function.arguments = piece.arguments
     else:
         delta.content = chunk.text
     if first:

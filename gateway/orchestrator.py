@@ -141,11 +141,16 @@ class Orchestrator:
         """The same pipeline as ``generate``, aggregated into one message."""
         out = pb.CompleteResponse(request_id=request.request_id)
         texts: list[str] = []
+        calls: dict[int, pb.ToolCall] = {}  # by index, from their pieces
         async with aclosing(self.generate(request, tenant)) as stream:
             async for chunk in stream:
                 texts.append(chunk.text)
                 out.token_ids.extend(chunk.token_ids)
                 out.logprobs.extend(chunk.logprobs)
+                for piece in chunk.tool_calls:
+                    call = calls.setdefault(piece.index, pb.ToolCall())
+                    call.id, call.name = call.id or piece.id, call.name or piece.name
+                    call.arguments += piece.arguments
                 out.request_id, out.cached, out.worker = chunk.request_id, chunk.cached, chunk.worker
                 out.cache_kind, out.cache_age_s = chunk.cache_kind, chunk.cache_age_s
                 out.cache_similarity = chunk.cache_similarity
@@ -154,6 +159,7 @@ class Orchestrator:
                 if chunk.HasField("usage"):
                     out.usage.CopyFrom(chunk.usage)
         out.text = "".join(texts)
+        out.tool_calls.extend(calls[i] for i in sorted(calls))
         return out
 
     async def close(self) -> None:
@@ -439,6 +445,10 @@ class Orchestrator:
             what = f"worker lost mid-stream ({lost}: {error.code.name}: {error.detail}) after {len(streamed)} tokens"
             if error.code in CLIENT_ERRORS:
                 raise GatewayError(error.code, error.detail) from None
+            if req.parse_tool_calls:  # its tool-call parser's state was in the lost worker
+                metrics.MIGRATIONS.labels("failed").inc()
+                raise GatewayError(grpc.StatusCode.UNAVAILABLE,
+                                   f"{what}; a stream whose tool calls a worker parses cannot move to another")
             if migrations == self._cfg.migrations:
                 metrics.MIGRATIONS.labels("failed").inc()
                 raise GatewayError(grpc.StatusCode.UNAVAILABLE,

@@ -17,6 +17,7 @@ import contextlib
 import logging
 
 import grpc
+from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
@@ -40,8 +41,8 @@ class WorkerFailed(StreamFailed):
 
 
 def merge(chunks: list[pb.GenerateResponse]) -> pb.GenerateResponse:
-    """Consecutive deltas of one request as one: texts, token ids and logprobs joined; request id, worker,
-    finish reason and usage from the last."""
+    """Consecutive deltas of one request as one: texts, token ids, logprobs and tool-call pieces
+    joined; request id, worker, finish reason and usage from the last."""
     if len(chunks) == 1:
         return chunks[0]
     last = chunks[-1]
@@ -50,9 +51,22 @@ def merge(chunks: list[pb.GenerateResponse]) -> pb.GenerateResponse:
     for c in chunks:
         out.token_ids.extend(c.token_ids)
         out.logprobs.extend(c.logprobs)
+        for piece in c.tool_calls:
+            add_tool_call_piece(out.tool_calls, piece)
     if last.HasField("usage"):
         out.usage.CopyFrom(last.usage)
     return out
+
+
+def add_tool_call_piece(calls: RepeatedCompositeFieldContainer[pb.ToolCallDelta], piece: pb.ToolCallDelta) -> None:
+    """Appends ``piece`` to ``calls`` (a repeated ToolCallDelta), joined with the last one if it
+    is the same call's."""
+    if calls and calls[-1].index == piece.index:
+        joined = calls[-1]
+        joined.id, joined.name = joined.id or piece.id, joined.name or piece.name
+        joined.arguments += piece.arguments
+    else:
+        calls.add().CopyFrom(piece)
 
 
 class RequestStream:

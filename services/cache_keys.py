@@ -49,6 +49,7 @@ def canonical(req: pb.GenerateRequest, tenant: str) -> bytes:
         "structured_outputs": json_format.MessageToDict(req.structured_outputs)
         if req.HasField("structured_outputs") else None,
         "tools": req.tools,
+        "parse_tool_calls": req.parse_tool_calls,
     }
     return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 

@@ -89,6 +89,9 @@ class WorkerConfig(ServerConfig):
         True, "stream the engine's KV-cache events (blocks cached / evicted) to the router, for "
         "kv-aware routing (vLLM: its KV-event publisher; sim: its block pool)",
     )
+    tool_call_parser: str = _f(
+        "", "vLLM's tool-call parser for tool_choice \"auto\", as `vllm serve --tool-call-parser` names them "
+        "(hermes, llama3_json, pythonic, deepseek_v3, ...; the vllm engine only); '': none, \"auto\" is refused")
     swap_space_gib: float = _f(0.0, "CPU swap space for preempted sequences, GiB (GPU only)")
     dtype: str = _f("auto", "model dtype (auto, float32, bfloat16, float16)")
     enforce_eager: bool = _f(False, "vLLM without torch.compile/CUDA graphs: starts ~2x faster, decodes ~25% slower")

@@ -5,12 +5,14 @@ reflection services, a Prometheus endpoint, and SIGTERM -> drain -> close.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
 import signal
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 import prometheus_client
@@ -107,6 +109,38 @@ class Running:
         gc.unfreeze()  # a stopped service gives what it froze at start back to the collector
 
 
+class CancellableStreams(grpc.aio.ServerInterceptor):
+    """Runs each server-streaming handler of our services (not gRPC's own: health, reflection)
+    as a coroutine that writes with ``context.write``, not as the async generator it is written
+    as: grpc.aio does not close a generator handler whose RPC is cancelled while it waits in a
+    write, so the servicer's cleanup (cancel the worker call, abort the engine request) would
+    wait for garbage collection. Here the end of the RPC (a client that went away included)
+    cancels the handler wherever it waits, and the cancellation unwinds through ``aclosing``,
+    which closes the servicer's stream."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None or handler.unary_stream is None or details.method.startswith("/grpc."):
+            return handler
+        return handler._replace(unary_stream=_write_loop(handler.unary_stream))
+
+
+def _write_loop(inner: Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]]) -> Any:
+    async def behavior(request: Any, context: grpc.aio.ServicerContext) -> None:
+        task = asyncio.current_task()
+        if task is not None:  # after a normal finish this is a no-op
+            context.add_done_callback(lambda _: task.cancel())
+        async with contextlib.aclosing(inner(request, context)) as stream:
+            async for response in stream:
+                await context.write(response)
+
+    return behavior
+
+
 async def start(
     name: str,
     cfg: ServerConfig,
@@ -118,7 +152,8 @@ async def start(
     # No SO_REUSEPORT: a second server on a busy port must fail, not share it silently.
     server = grpc.aio.server(
         options=[*CHANNEL_OPTIONS, *SERVER_OPTIONS, ("grpc.so_reuseport", 0)],
-        interceptors=[telemetry.TracingInterceptor()]
+        # Outermost first: the streams it runs are the traced ones.
+        interceptors=[CancellableStreams(), telemetry.TracingInterceptor()]
     )
     service_names = list(register(server))
     health_servicer = health.aio.HealthServicer()

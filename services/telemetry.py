@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from typing import Any
 
@@ -177,7 +177,8 @@ def mark_failed(span: trace.Span, error: BaseException) -> None:
 class TracingInterceptor(grpc.aio.ServerInterceptor):
     """Continues the caller's trace (or starts one) with a SERVER span around each call, and
     returns the trace id: ``x-trace-id`` in the initial metadata with the first response, and
-    in the trailing metadata of calls that fail before any."""
+    in the trailing metadata of calls that fail before any. (How a stream's handler is run, and
+    cancelled, is services.server.CancellableStreams's job.)"""
 
     async def intercept_service(
         self,
@@ -223,16 +224,7 @@ def _traced_unary(inner: Any, name: str, parent: otel_context.Context, attribute
 
 
 def _traced_stream(inner: Any, name: str, parent: otel_context.Context, attributes: dict[str, str]) -> Any:
-    # A coroutine that writes with context.write, not an async generator: grpc.aio does not close
-    # a generator handler whose RPC is cancelled while it waits in a write, so the servicer's
-    # cleanup (cancel the worker call, abort the engine request) would wait for garbage
-    # collection. Here cancellation unwinds through `aclosing`, which closes the servicer's stream.
-    async def behavior(request: Any, context: grpc.aio.ServicerContext) -> None:
-        # Belt and braces: when the RPC ends (a client that went away included), make sure this
-        # handler is cancelled too, wherever it waits; after a normal finish this is a no-op.
-        task = asyncio.current_task()
-        if task is not None:
-            context.add_done_callback(lambda _: task.cancel())
+    async def behavior(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         with server_span(name, parent, attributes) as span:
             context.set_trailing_metadata(trace_metadata())
             first = True
@@ -242,7 +234,7 @@ def _traced_stream(inner: Any, name: str, parent: otel_context.Context, attribut
                         if first:
                             await context.send_initial_metadata(trace_metadata())
                             first = False
-                        await context.write(response)
+                        yield response
             except BaseException as e:
                 mark_failed(span, e)
                 raise

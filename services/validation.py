@@ -21,8 +21,9 @@ MAX_TEMPERATURE = 2.0
 MAX_PENALTY = 2.0          # |presence_penalty|, |frequency_penalty|
 MAX_LOGIT_BIAS = 100.0     # OpenAI's range for logit_bias values
 MAX_LOGPROBS = 20          # vLLM's default --max-logprobs
-# The finish reasons of a completed generation (an aborted one ends "abort", and is not kept).
-FINISHED = frozenset({"stop", "length"})
+# The finish reasons of a completed generation (an aborted one ends "abort", and is not kept);
+# "tool_calls": it stopped after calls a worker's tool-call parser found (parse_tool_calls).
+FINISHED = frozenset({"stop", "length", "tool_calls"})
 VALID_ROLES = {"system", "user", "assistant", "tool", "developer"}
 # GenerateRequest.cache: "" leaves it to the gateway's --cache-mode.
 CACHE_OFF, CACHE_EXACT, CACHE_SEMANTIC = "off", "exact", "semantic"
@@ -62,6 +63,8 @@ def validate(req: pb.GenerateRequest, max_model_len: int | None = None) -> None:
         raise InvalidRequest(f"'continue_token_ids' has {len(req.continue_token_ids)} tokens: no room left "
                              f"under max_tokens ({max_tokens(req)})")
     _validate_sampling(req)
+    if req.parse_tool_calls and not (req.tools and req.messages):
+        raise InvalidRequest("'parse_tool_calls' needs chat 'messages' and the 'tools' the model may call")
     if req.cache and req.cache not in CACHE_MODES:
         raise InvalidRequest(f"'cache' must be one of {list(CACHE_MODES)} (or empty: the gateway's default), got {req.cache!r}")
 
@@ -162,11 +165,12 @@ def cache_mode(req: pb.GenerateRequest, default: str) -> str:
     """How the response cache serves ``req``: "off" (skip_cache, cache "off", or sampled
     output: nothing to share), else its own ``cache`` or ``default``. A request asking for
     logprobs is answered by exact matches only: a similar prompt's answer would carry the log
-    probabilities of another prompt."""
+    probabilities of another prompt; so is one whose tool calls are parsed (a similar question's
+    calls would carry the other question's arguments)."""
     if req.skip_cache or req.cache == CACHE_OFF or not is_deterministic(req):
         return CACHE_OFF
     mode = req.cache or default
-    if mode == CACHE_SEMANTIC and req.HasField("logprobs"):
+    if mode == CACHE_SEMANTIC and (req.HasField("logprobs") or req.parse_tool_calls):
         return CACHE_EXACT
     return mode
 

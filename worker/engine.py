@@ -51,6 +51,7 @@ class Request:
     # Constrained decoding: vLLM's StructuredOutputsParams fields ({"json": schema text}, ...).
     structured_outputs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None       # OpenAI's tools, for the chat template
+    parse_tool_calls: bool = False                  # tool_choice "auto": find the calls in the output
 
     def non_default(self, *names: str) -> list[str]:
         """Those of the fields ``names`` this request sets to other than their default."""
@@ -69,23 +70,72 @@ class TokenLogprob:
 
 
 @dataclass(frozen=True)
+class ToolCallDelta:
+    """A piece of call ``index``: its first piece has the id and name, any piece may add to its
+    arguments (JSON text)."""
+
+    index: int
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+
+@dataclass(frozen=True)
 class Delta:
     """New output of one request since the previous Delta."""
 
     text: str
     token_ids: list[int]
-    finish_reason: str | None = None   # None while running; "stop", "length" or "abort" at the end
+    finish_reason: str | None = None   # None while running; then "stop", "length", "tool_calls" or "abort"
     prompt_tokens: int = 0
     completion_tokens: int = 0         # total so far
     cached_prompt_tokens: int = 0
     logprobs: list[TokenLogprob] | None = None  # one per token id, when the request asked
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)  # parse_tool_calls: calls found
 
     def then(self, later: Delta) -> Delta:
         """This Delta and the ``later`` one as one (the later one's status and counts)."""
         logprobs = None if self.logprobs is None and later.logprobs is None else \
             [*(self.logprobs or []), *(later.logprobs or [])]
         return replace(later, text=self.text + later.text, token_ids=[*self.token_ids, *later.token_ids],
-                       logprobs=logprobs)
+                       logprobs=logprobs, tool_calls=merge_tool_calls([*self.tool_calls, *later.tool_calls]))
+
+
+class Chunker:
+    """Groups an engine's Deltas into the chunks a worker sends: the first token at once, then a
+    chunk per ``interval`` tokens (the engine may have grouped some already), and the end."""
+
+    def __init__(self, interval: int) -> None:
+        self._interval = interval
+        self._held: Delta | None = None  # output not sent yet
+        self._tokens_sent = False
+
+    def add(self, delta: Delta) -> Delta | None:
+        """The chunk to send now, if any."""
+        held = delta if self._held is None else self._held.then(delta)
+        if self._tokens_sent and len(held.token_ids) < self._interval and delta.finish_reason is None:
+            self._held = held
+            return None
+        self._held = None
+        self._tokens_sent = self._tokens_sent or bool(held.token_ids)
+        return held
+
+    def rest(self) -> Delta | None:
+        """What is still held when the engine stopped without a finish reason."""
+        held, self._held = self._held, None
+        return held
+
+
+def merge_tool_calls(deltas: list[ToolCallDelta]) -> list[ToolCallDelta]:
+    """Consecutive pieces of the same call as one (its arguments joined in order)."""
+    out: list[ToolCallDelta] = []
+    for d in deltas:
+        if out and out[-1].index == d.index:
+            last = out[-1]
+            out[-1] = ToolCallDelta(d.index, last.id or d.id, last.name or d.name, last.arguments + d.arguments)
+        else:
+            out.append(d)
+    return out
 
 
 @dataclass(frozen=True)
@@ -107,6 +157,7 @@ class EngineInfo:
     block_size: int
     max_num_seqs: int
     tokenizer: str = ""   # what the router tokenizes prompts with ("sim", a path or a name)
+    tool_call_parser: str = ""  # vLLM's tool parser for tool_choice "auto"; "" none
 
 
 _DEFAULT_REQUEST = Request(request_id="")

@@ -24,7 +24,7 @@ from services.config import WorkerConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.prompts import chat_turns
-from worker.engine import Delta, Engine, Request
+from worker.engine import Chunker, Delta, Engine, Request
 from worker.session import Session
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,8 @@ def make_engine(cfg: WorkerConfig) -> Engine:
         module, _, cls = ENGINES[cfg.engine].partition(":")
     except KeyError:
         raise ValueError(f"unknown engine {cfg.engine!r}; choose one of {sorted(ENGINES)}") from None
+    if cfg.tool_call_parser and cfg.engine != "vllm":
+        raise ValueError(f"--tool-call-parser is vLLM's: the {cfg.engine!r} engine has no tool parsers")
     return getattr(importlib.import_module(module), cls)(cfg)
 
 
@@ -155,6 +157,7 @@ def to_engine_request(req: pb.GenerateRequest, min_stream_interval: int = 1) -> 
         logprobs=req.logprobs if req.HasField("logprobs") else None,
         structured_outputs=structured_outputs(req),
         tools=json.loads(req.tools) if req.tools else None,
+        parse_tool_calls=req.parse_tool_calls,
     )
 
 
@@ -205,6 +208,7 @@ class WorkerServicer(pb_grpc.WorkerServicer):
         self.requests_received += 1  # refused ones too: the router's pick has arrived either way
         try:
             validation.validate(request, max_model_len=self.engine.info.max_model_len)
+            self._check_tool_parsing(request)
         except validation.InvalidRequest as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         if self.draining:
@@ -242,6 +246,18 @@ class WorkerServicer(pb_grpc.WorkerServicer):
         finally:
             self._sessions.discard(session)
 
+    def _check_tool_parsing(self, request: pb.GenerateRequest) -> None:
+        if not request.parse_tool_calls:
+            return
+        if not self.engine.info.tool_call_parser:
+            raise validation.InvalidRequest(
+                f"'tool_choice' \"auto\" needs a tool-call parser, and worker {self.worker_id} has none: start the "
+                "workers with --tool-call-parser NAME (vLLM's parsers, e.g. hermes, llama3_json, pythonic; "
+                "the vllm engine), or name the function to call, or use \"required\"")
+        if request.continue_token_ids:
+            raise validation.InvalidRequest("'parse_tool_calls' cannot continue a stream another worker began "
+                                            "(its parser's state stayed there)")
+
     async def _stream(self, req: Request) -> AsyncIterator[pb.GenerateResponse]:
         metrics = self.metrics
         assert metrics is not None, "bind() not called"
@@ -250,8 +266,7 @@ class WorkerServicer(pb_grpc.WorkerServicer):
         start = last = time.monotonic()
         ttft = 0.0
         last_delta: Delta | None = None
-        held: Delta | None = None  # output not sent yet: chunks of stream_interval tokens
-        tokens_sent = False
+        chunks = Chunker(req.stream_interval)
         try:
             async with contextlib.aclosing(self.engine.generate(req)) as stream:
                 async for delta in stream:
@@ -266,17 +281,11 @@ class WorkerServicer(pb_grpc.WorkerServicer):
                         else:
                             metrics.observe(metrics.itl, (now - last) / len(delta.token_ids))
                         last = now
-                    # The first token goes at once; then a chunk per stream_interval tokens
-                    # (the engine may have grouped them already) and the end.
-                    held = delta if held is None else held.then(delta)
-                    if (not tokens_sent or len(held.token_ids) >= req.stream_interval
-                            or delta.finish_reason is not None):
-                        tokens_sent = tokens_sent or bool(held.token_ids)
-                        yield self._to_pb(req.request_id, held)
-                        held = None
+                    if (chunk := chunks.add(delta)) is not None:
+                        yield self._to_pb(req.request_id, chunk)
                     last_delta = delta
-            if held is not None:  # the engine stopped without a finish reason
-                yield self._to_pb(req.request_id, held)
+            if (chunk := chunks.rest()) is not None:  # the engine stopped without a finish reason
+                yield self._to_pb(req.request_id, chunk)
         except validation.InvalidRequest as e:
             metrics.finished("rejected")
             log.info("request %s rejected: %s", req.request_id, e)
@@ -312,6 +321,8 @@ class WorkerServicer(pb_grpc.WorkerServicer):
     def _to_pb(self, request_id: str, delta: Delta) -> pb.GenerateResponse:
         chunk = pb.GenerateResponse(request_id=request_id, text=delta.text, token_ids=delta.token_ids,
                                     worker=self.worker_id)
+        for call in delta.tool_calls:
+            chunk.tool_calls.add(index=call.index, id=call.id, name=call.name, arguments=call.arguments)
         for lp in delta.logprobs or ():
             chunk.logprobs.add(token_id=lp.token_id, token=lp.token, logprob=lp.logprob,
                                top=[pb.TopLogprob(token_id=t, token=text, logprob=v) for t, text, v in lp.top])
@@ -354,6 +365,7 @@ class WorkerServicer(pb_grpc.WorkerServicer):
             tensor_parallel_size=info.tensor_parallel_size, max_model_len=info.max_model_len,
             block_size=info.block_size, max_num_seqs=info.max_num_seqs,
             tokenizer=info.tokenizer, kv_events=self.engine.kv_cache is not None,
+            tool_call_parser=info.tool_call_parser,
         )
 
     async def Tokenize(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:

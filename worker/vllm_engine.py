@@ -15,8 +15,19 @@ import psutil
 from services.config import DEFAULT_MODEL, WorkerConfig
 from services.prompts import hf_prompt_ids
 from services.validation import InvalidRequest
-from worker.engine import Delta, Engine, EngineInfo, Load, LoadSignal, PromptTooLong, Request, TokenLogprob
+from worker.engine import (
+    Delta,
+    Engine,
+    EngineInfo,
+    Load,
+    LoadSignal,
+    PromptTooLong,
+    Request,
+    TokenLogprob,
+    merge_tool_calls,
+)
 from worker.kv_events import KvCacheView
+from worker.vllm_tools import ToolCallStream, check_parser
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +163,8 @@ class VllmEngine(Engine):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         cfg = self.cfg
+        if cfg.tool_call_parser:
+            check_parser(cfg.tool_call_parser)  # before minutes of model loading
         self._model_path, served_name = resolve_model(cfg)
         on_cpu = current_platform.is_cpu()
         extra: dict[str, Any] = {}
@@ -217,6 +230,7 @@ class VllmEngine(Engine):
             block_size=self._llm.vllm_config.cache_config.block_size,
             max_num_seqs=self._llm.vllm_config.scheduler_config.max_num_seqs,
             tokenizer=self._model_path,
+            tool_call_parser=cfg.tool_call_parser,
         )
         if self._kv_events is not None:
             self.kv_cache.block_size = self.info.block_size
@@ -254,6 +268,10 @@ class VllmEngine(Engine):
         continued = request.continue_token_ids  # a migrated stream: its output so far follows the prompt
         with _refusals_as_invalid():
             params = self._sampling_params(request)
+        # tool_choice "auto": the output goes through the parser (the worker refused the request
+        # if it has none); a migrated stream never asks (the parser's state stayed behind).
+        tools = ToolCallStream(self.cfg.tool_call_parser, self._tokenizer, request.tools or []) \
+            if request.parse_tool_calls else None
         completion_tokens = len(continued)
         finished = False
         self._active.add(request.request_id)
@@ -265,10 +283,20 @@ class VllmEngine(Engine):
                     completion = out.outputs[0]
                     completion_tokens += len(completion.token_ids)
                     finished = out.finished
+                    text, calls = completion.text, []
+                    finish_reason = completion.finish_reason if finished else None
+                    if tools is not None:
+                        text, calls = tools.feed(text, list(completion.token_ids))
+                        if finished:
+                            held, rest = tools.finish()
+                            text, calls = text + held, merge_tool_calls([*calls, *rest])
+                            if tools.called and finish_reason == "stop":
+                                finish_reason = "tool_calls"  # as vLLM's server says it
                     yield Delta(
-                        text=completion.text,
+                        text=text,
                         token_ids=list(completion.token_ids),
-                        finish_reason=completion.finish_reason if finished else None,
+                        finish_reason=finish_reason,
+                        tool_calls=calls,
                         prompt_tokens=len(prompt_ids),
                         completion_tokens=completion_tokens,
                         cached_prompt_tokens=min(out.num_cached_tokens or 0, len(prompt_ids)),

@@ -70,7 +70,7 @@ def mesh(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator
         "--gateway-port", str(ports["gw"]), "--router-port", str(ports["router"]),
         "--cache-port", str(ports["cache"]), "--worker-port", str(ports["worker"]),
         "--redis-port", str(ports["redis"]), "--run-dir", str(run_dir), "--enforce-eager",
-        "--routing", "kv-aware",
+        "--routing", "kv-aware", "--tool-call-parser", "pythonic",
     ]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ})
     lines: queue.Queue[str | None] = queue.Queue()
@@ -441,9 +441,37 @@ async def test_openai_tool_choice_yields_parseable_tool_calls(mesh: UpMesh) -> N
         jsonschema.validate(json.loads(made.function.arguments), tool["function"]["parameters"])
     else:
         assert choice.finish_reason == "length" and not choice.message.tool_calls
-    with pytest.raises(openai.BadRequestError) as err:
-        await client.chat.completions.create(**{**ask, "tool_choice": "auto"})
-    assert err.value.body["param"] == "tool_choice" and "parser" in err.value.message
+
+
+# What a model served with vLLM's pythonic parser writes for a call (Llama 3.2's style); the random
+# tiny model writes it when a regex makes it.
+PYTHONIC_CALL = r"\[lookup\(order=[1-9][0-9]{0,3}, urgent=(True|False)\)\]"
+
+
+async def test_openai_tool_choice_auto_finds_the_calls_with_vllms_parser(mesh: UpMesh) -> None:
+    """tool_choice "auto" (the default with tools) on a worker started with --tool-call-parser
+    pythonic: vLLM's own parser finds the call in the output and the answer carries it as
+    tool_calls, streamed and not; output with no call stays content."""
+    client = openai_client(mesh)
+    ask = dict(model=DEFAULT_MODEL, messages=[{"role": "user", "content": "Where is order 12?"}], max_tokens=40,
+               temperature=0, tools=[LOOKUP, NOTE])
+    resp = await client.chat.completions.create(**ask, extra_body={"structured_outputs": {"regex": PYTHONIC_CALL}})
+    choice = resp.choices[0]
+    (call,) = choice.message.tool_calls
+    assert choice.finish_reason == "tool_calls" and not choice.message.content
+    assert call.type == "function" and call.function.name == "lookup" and call.id
+    jsonschema.validate(json.loads(call.function.arguments), LOOKUP["function"]["parameters"])
+    stream = await client.chat.completions.create(**ask, stream=True, extra_body={
+        "structured_outputs": {"regex": PYTHONIC_CALL}, "skip_cache": True})
+    chunks = [c async for c in stream]
+    pieces = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
+    assert pieces[0].id and pieces[0].function.name == "lookup"
+    assert json.loads("".join(p.function.arguments or "" for p in pieces)) == json.loads(call.function.arguments)
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    plain = await client.chat.completions.create(**ask, tool_choice="auto",
+                                                 extra_body={"structured_outputs": {"regex": "Order 12 is on its way"}})
+    assert plain.choices[0].message.content == "Order 12 is on its way" and not plain.choices[0].message.tool_calls
+    assert plain.choices[0].finish_reason == "stop"
 
 
 @pytest.mark.parametrize(("body", "param"), [

@@ -476,3 +476,19 @@ async def test_health_needs_no_api_key(mesh: Mesh) -> None:
         models = await http.get("/v1/models")  # every other path still needs one
     assert probe.status_code == 200 and probe.json() == {"status": "ok", "workers": 1}, probe.text
     assert models.status_code == 401
+
+
+async def test_tool_choice_auto_without_a_tool_parser_is_a_400_saying_how_to_get_one(mesh: Mesh) -> None:
+    """The sim workers have no tool-call parser: "auto" (the default with tools) is refused by
+    the worker, by name, and the worker goes on serving."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    async with httpx.AsyncClient(base_url=f"http://{mesh.envoy_address}", timeout=30, headers=auth(ALICE)) as http:
+        for extra in ({}, {"tool_choice": "auto"}, {"tool_choice": "auto", "stream": True}):
+            reply = await http.post("/v1/chat/completions", json={
+                "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "tools": tools, **extra})
+            assert reply.status_code == 400, reply.text
+            error = reply.json()["error"]
+            assert error["param"] == "tool_choice" and "--tool-call-parser" in error["message"], error
+        served = await http.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "tools": tools, "tool_choice": "none"})
+    assert served.status_code == 200 and served.json()["choices"][0]["finish_reason"] == "length"

@@ -184,6 +184,10 @@ async def test_watch_load_reports_periodically_with_increasing_sequence(
     # The transformers baseline leaves constrained decoding to vLLM, and says so.
     ({"prompt": "hi", "structured_outputs": pb.StructuredOutputs(json_object=True)},
      "'structured_outputs' is not supported by the 'transformers' engine"),
+    # tool_choice "auto" needs vLLM's tool parser, which this worker was not given
+    ({"messages": [pb.ChatMessage(role="user", content="x")], "parse_tool_calls": True,
+      "tools": '[{"type": "function", "function": {"name": "f"}}]'}, "'tool_choice' \"auto\" needs a tool-call parser"),
+    ({"messages": [pb.ChatMessage(role="user", content="x")], "parse_tool_calls": True}, "'parse_tool_calls' needs"),
 ])
 async def test_bad_requests_are_invalid_argument_naming_the_field(
     stub: pb_grpc.WorkerStub, fields: dict, named: str
@@ -291,3 +295,10 @@ async def _rest(call: grpc.aio.UnaryStreamCall) -> list:
     while (message := await call.read()) is not grpc.aio.EOF:
         messages.append(message)
     return messages
+
+
+def test_a_tool_parser_is_refused_at_start_by_engines_that_have_none(tiny_model: Path) -> None:
+    from worker.server import make_engine
+
+    with pytest.raises(ValueError, match="--tool-call-parser is vLLM's"):
+        make_engine(worker_config(tiny_model, tool_call_parser="pythonic"))

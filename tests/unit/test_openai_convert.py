@@ -236,8 +236,6 @@ def test_required_is_a_list_of_calls_and_none_passes_the_tools_only() -> None:
 
 
 @pytest.mark.parametrize(("body", "field"), [
-    ({"tools": [WEATHER]}, "'tool_choice' \"auto\""),  # the default: needs a tool-call parser
-    ({"tools": [WEATHER], "tool_choice": "auto"}, "'tool_choice' \"auto\""),
     ({"tool_choice": "required"}, "'tool_choice'"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "'tool_choice'"),
     ({"tools": [WEATHER], "tool_choice": "sometimes"}, "'tool_choice'"),
@@ -279,3 +277,35 @@ def test_a_named_call_streams_its_arguments() -> None:
     assert head.id and head.type == "function" and head.function.name == "weather" and head.function.arguments == '{"ci'
     assert not tail.HasField("id") and not tail.function.HasField("name") and tail.function.arguments == 'ty": "Oslo"}'
     assert not first.choices[0].delta.HasField("content") and last.choices[0].finish_reason == "stop"
+
+
+def test_auto_asks_the_worker_to_parse_the_calls_and_answers_with_what_it_found() -> None:
+    for body in ({"tools": [WEATHER]}, {"tools": [WEATHER], "tool_choice": "auto"}):  # auto: the default
+        req = convert.chat_request(chat(**body))
+        assert req.parse_tool_calls and req.tools and not req.HasField("structured_outputs")
+    assert not convert.chat_request(chat(tools=[WEATHER], tool_choice="none")).parse_tool_calls
+    auto = (convert.AUTO, "")
+    done = pb.CompleteResponse(text="", finish_reason="tool_calls",
+                               tool_calls=[pb.ToolCall(id="chatcmpl-tool-1", name="weather", arguments='{"city": "Oslo"}')])
+    choice = convert.chat_completion([done], "x", False, "m", 1, auto).choices[0]
+    (call,) = choice.message.tool_calls
+    assert (call.id, call.type, call.function.name, call.function.arguments) == (
+        "chatcmpl-tool-1", "function", "weather", '{"city": "Oslo"}')
+    assert choice.finish_reason == "tool_calls"
+    plain = convert.chat_completion([pb.CompleteResponse(text="Sunny.", finish_reason="stop")], "x", False, "m", 1, auto)
+    assert plain.choices[0].message.content == "Sunny." and not plain.choices[0].message.tool_calls
+    # Streamed: content as it comes; a call's first piece has its id, type and name.
+    first = convert.chat_chunk(pb.GenerateResponse(tool_calls=[pb.ToolCallDelta(index=0, id="c1", name="weather",
+                                                                               arguments='{"ci')]),
+                               0, True, "r", False, "m", 1, auto)
+    (piece,) = first.choices[0].delta.tool_calls
+    assert (piece.index, piece.id, piece.type, piece.function.name, piece.function.arguments) == (
+        0, "c1", "function", "weather", '{"ci')
+    assert not first.choices[0].delta.HasField("content")
+    later = convert.chat_chunk(pb.GenerateResponse(tool_calls=[pb.ToolCallDelta(index=0, arguments='ty": "Oslo"}')],
+                                                   finish_reason="tool_calls"), 0, False, "r", False, "m", 1, auto)
+    (piece,) = later.choices[0].delta.tool_calls
+    assert not piece.HasField("id") and not piece.function.HasField("name") and piece.function.arguments == 'ty": "Oslo"}'
+    assert later.choices[0].finish_reason == "tool_calls"
+    text = convert.chat_chunk(pb.GenerateResponse(text="Sun"), 0, False, "r", False, "m", 1, auto)
+    assert text.choices[0].delta.content == "Sun" and not text.choices[0].delta.tool_calls

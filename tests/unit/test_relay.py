@@ -45,6 +45,16 @@ def test_merge_joins_text_and_tokens_and_keeps_the_last_status() -> None:
     assert merge([one]) is one  # nothing to merge: no copy
 
 
+def test_merge_joins_the_pieces_of_each_tool_call() -> None:
+    pieces = [pb.GenerateResponse(tool_calls=[pb.ToolCallDelta(index=0, id="a", name="f", arguments='{"x"')]),
+              pb.GenerateResponse(tool_calls=[pb.ToolCallDelta(index=0, arguments=": 1}"),
+                                              pb.ToolCallDelta(index=1, id="b", name="g")]),
+              pb.GenerateResponse(tool_calls=[pb.ToolCallDelta(index=1, arguments="{}")])]
+    merged = merge(pieces)
+    assert [(c.index, c.id, c.name, c.arguments) for c in merged.tool_calls] == [
+        (0, "a", "f", '{"x": 1}'), (1, "b", "g", "{}")]
+
+
 async def test_a_consumer_that_keeps_up_gets_every_delta_alone() -> None:
     s, _ = stream()
     s.push(delta("a", 1))
