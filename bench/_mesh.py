@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-CLI = [sys.executable, "-m", "services.cli"]
+CLI = [sys.executable, "-m", "commands.cli"]
 
 
 def tree_env(tree: Path) -> dict[str, str]:

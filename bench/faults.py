@@ -38,7 +38,8 @@ sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO))
 from _mesh import CLI, meshserve_up, tree_env  # noqa: E402
 
-from services.bench import save_result  # noqa: E402
+from commands.bench import save_result  # noqa: E402
+
 PORT = 8080
 # fault -> (the signal, the process of the mesh that gets it)
 FAULTS = {"kill": (signal.SIGKILL, "worker-1"), "stop": (signal.SIGSTOP, "worker-1"),

@@ -44,6 +44,7 @@ VENV_BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from services.config import DEFAULT_MODEL as MODEL_NAME  # noqa: E402
+
 VLLM_PORT, ROUTER_PORT, MESH_PORT = 8100, 8200, 8080
 # The engine every stack runs: meshserve's worker defaults, spelled as `vllm serve` flags.
 ENGINE_FLAGS = ["--max-num-seqs", "256", "--max-model-len", "2048", "--block-size", "32",
@@ -157,7 +158,9 @@ class Stack:
             wait_http(f"http://127.0.0.1:{ROUTER_PORT}/v1/models", router, "vllm-router")
             return ROUTER_PORT
         run_dir = self.log_dir / f"{self.name}-run"
-        up = self._spawn("up", [sys.executable, "-m", "services.cli", "up", "--engine", "vllm", "--workers",
+        # The command line moved from services/ to commands/: a tree from before runs its own.
+        cli = "commands.cli" if self.src is None or (self.src / "commands" / "cli.py").exists() else "services.cli"
+        up = self._spawn("up", [sys.executable, "-m", cli, "up", "--engine", "vllm", "--workers",
                                 "1", "--model", self.model, "--enforce-eager", "--run-dir", str(run_dir),
                                 "--port", str(MESH_PORT), *self.up_args], src=self.src)
         wait_http(f"http://127.0.0.1:{MESH_PORT}/v1/models", up, "meshserve up")
@@ -190,10 +193,11 @@ class Stack:
                 c = " ".join(p.cmdline())
             except psutil.Error:
                 continue
-            if "services.cli serve worker" in c:
+            c = c.replace("services.cli serve", "commands.cli serve")  # a tree from before the move
+            if "commands.cli serve worker" in c:
                 return "worker serving" if p.pid == proc.pid else "engine"
             for service in ("gateway", "router", "cache", "traces"):
-                if f"services.cli serve {service}" in c:
+                if f"commands.cli serve {service}" in c:
                     return service
             if "valkey-server" in c:
                 return "valkey"

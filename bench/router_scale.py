@@ -33,7 +33,7 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from services.bench import prefix_repetition_requests  # noqa: E402
+from commands.bench import prefix_repetition_requests  # noqa: E402
 from services.gen import meshserve_pb2 as pb  # noqa: E402
 from services.gen import meshserve_pb2_grpc as pb_grpc  # noqa: E402
 from services.prompts import block_hashes, sim_tokenize  # noqa: E402
@@ -106,7 +106,7 @@ async def main() -> int:
 
     router_port = free_port()
     router = subprocess.Popen(
-        ["taskset", "-c", str(args.router_cpu), sys.executable, "-m", "services.cli", "serve", "router",
+        ["taskset", "-c", str(args.router_cpu), sys.executable, "-m", "commands.cli", "serve", "router",
          "--port", str(router_port), "--metrics-port", "-1", "--routing", args.routing, "--log-level", "WARNING",
          "--workers", *addresses],
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},

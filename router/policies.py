@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import abc
 import hashlib
+import itertools
 import math
 import random
-import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 

@@ -1,6 +1,6 @@
 """How a gRPC status reads as an OpenAI error object: one table, used by the gateway (an error
 that ends an OpenAI stream after its first chunk) and by Envoy's Lua filter (an error before any
-answer), whose table ``deploy/envoy.py`` renders from this one."""
+answer), whose table ``deploy/envoy_config.py`` renders from this one."""
 
 from __future__ import annotations
 

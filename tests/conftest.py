@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from services.launcher import CHILD_ENV
+from commands.launcher import CHILD_ENV
 
 # Offline and quiet, for every process the tests start: what the launcher gives its children.
 for _name, _value in CHILD_ENV.items():

@@ -9,7 +9,7 @@
 --    that API's shape (local_reply_config), and reshapes gRPC errors on OpenAI paths into
 --    OpenAI's {"error": {...}} body.
 -- SCHEMAS, STREAM_PATHS, OPENAI_ROOT (OpenAI paths outside /v1/), NATIVE_PREFIX and API_HEADER
--- are prepended by deploy/envoy.py.
+-- are prepended by deploy/envoy_config.py.
 
 local function skip_ws(s, i)
   return s:find("[^ \t\r\n]", i) or #s + 1
@@ -124,7 +124,7 @@ function envoy_on_request(handle)
 end
 
 -- ERROR_TYPES (gRPC status code -> OpenAI error type and code) is rendered from
--- services/openai_errors.py by deploy/envoy.py, as SCHEMAS is.
+-- services/openai_errors.py by deploy/envoy_config.py, as SCHEMAS is.
 
 -- The raw (still JSON-escaped) string value of `key` in a flat JSON object, or nil.
 local function raw_string(s, key)

@@ -1,1 +1,1 @@
-"""Generated from protos/ by `python -m services.codegen`; do not edit."""
+"""Generated from protos/ by `python -m commands.codegen`; do not edit."""

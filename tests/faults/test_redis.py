@@ -15,10 +15,10 @@ from pathlib import Path
 import grpc
 import pytest
 
+from commands.launcher import Mesh
 from services.config import CacheConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.launcher import Mesh
 from services.server import insecure_channel
 from tests.conftest import free_port
 from tests.integration.helpers import mesh_spec, metric_sum, scrape, wait_until

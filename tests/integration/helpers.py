@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import subprocess
 import time
@@ -13,15 +14,13 @@ from pathlib import Path
 
 import grpc
 
-from deploy import envoy
-import dataclasses
-
+from commands.launcher import MeshSpec
+from deploy import envoy_config as envoy
 from services.config import CacheConfig, EnvoyConfig, GatewayConfig, RouterConfig, TracesConfig, WorkerConfig
-from services.launcher import MeshSpec
-from tests.conftest import free_port, free_port_block
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.server import insecure_channel
+from tests.conftest import free_port, free_port_block
 
 
 def mesh_spec(run_dir: Path, engine: str, *, workers: int = 1, grace_seconds: float = 2,

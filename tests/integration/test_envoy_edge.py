@@ -12,7 +12,7 @@ import grpc
 import httpx
 import pytest
 
-from deploy import envoy
+from deploy import envoy_config as envoy
 from services.config import EnvoyConfig, ServerConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from commands.launcher import Mesh
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.launcher import Mesh
 from services.server import insecure_channel
 from tests.integration.helpers import mesh_spec, wait_until
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from commands.launcher import Mesh, StartupError
 from services.config import EnvoyConfig
-from services.launcher import Mesh, StartupError
 from tests.conftest import free_port
 from tests.integration.helpers import mesh_spec, run_envoy
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from services import bench
+from commands import bench
+from commands.launcher import Mesh
 from services.config import WorkerConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.launcher import Mesh
 from services.server import insecure_channel
 from tests.integration.helpers import generate, mesh_spec, text
 

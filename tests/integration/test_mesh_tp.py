@@ -13,8 +13,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from commands.launcher import Mesh
 from services.config import WorkerConfig
-from services.launcher import Mesh
 from tests.integration.helpers import generate, mesh_spec, token_ids, worker_generate
 from worker.server import start_worker
 from worker.tiny_model import ensure_model

@@ -65,7 +65,7 @@ def mesh(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator
     run_dir = tmp_path_factory.mktemp("up")
     ports = {name: free_port() for name in ("port", "admin", "gw", "router", "cache", "worker", "redis")}
     argv = [
-        sys.executable, "-m", "services.cli", "up", "--engine", "vllm", "--workers", "1",
+        sys.executable, "-m", "commands.cli", "up", "--engine", "vllm", "--workers", "1",
         "--port", str(ports["port"]), "--admin-port", str(ports["admin"]),
         "--gateway-port", str(ports["gw"]), "--router-port", str(ports["router"]),
         "--cache-port", str(ports["cache"]), "--worker-port", str(ports["worker"]),

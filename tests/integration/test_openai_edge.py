@@ -18,11 +18,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deploy import envoy
+from commands.launcher import Mesh
+from deploy import envoy_config as envoy
 from services.config import DEFAULT_MODEL, EnvoyConfig, GatewayConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.launcher import Mesh
 from services.prompts import sim_tokenize
 from services.server import insecure_channel
 from tests.conftest import free_port

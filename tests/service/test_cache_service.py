@@ -15,8 +15,8 @@ import grpc
 import pytest
 import redis.asyncio as aioredis
 
-from services.cache_keys import exact_key
 from services import config
+from services.cache_keys import exact_key
 from services.config import CacheConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
@@ -59,7 +59,7 @@ async def replica(redis_url: str, prefix: str, tmp_path: Path) -> AsyncIterator[
         settings: dict[str, object] = {"redis_url": redis_url, "ttl_seconds": TTL, "key_prefix": prefix, **fields}
         cfg = CacheConfig(port=free_port(), metrics_port=0, grace_seconds=1, ready_file=str(ready), **settings)
         log = open(tmp_path / f"cache-{len(started)}.log", "wb")  # noqa: SIM115 (the process writes it)
-        proc = subprocess.Popen([sys.executable, "-m", "services.cli", "serve", "cache", *config.to_argv(cfg)],
+        proc = subprocess.Popen([sys.executable, "-m", "commands.cli", "serve", "cache", *config.to_argv(cfg)],
                                 stdout=log, stderr=subprocess.STDOUT)
         channel = insecure_channel(f"127.0.0.1:{cfg.port}")
         started.append((proc, channel))

@@ -118,7 +118,7 @@ async def test_meshserve_health_exits_0_while_serving_and_1_once_draining() -> N
     address = f"127.0.0.1:{running.port}"
 
     def health(*extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "services.cli", "health", address, *extra],
+        return subprocess.run([sys.executable, "-m", "commands.cli", "health", address, *extra],
                               capture_output=True, text=True, timeout=60)
 
     try:

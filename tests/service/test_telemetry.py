@@ -80,9 +80,9 @@ async def test_the_exporter_sends_batches_from_its_thread_over_the_loop_and_drop
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SpanExportResult
 
-    from services import traces
     from services.config import TracesConfig
     from tests.conftest import free_port
+    from trace_service import server as traces
 
     receiver = await traces.start_traces(TracesConfig(port=free_port(), metrics_port=-1, grace_seconds=0))
     address = f"127.0.0.1:{receiver.port}"

@@ -15,8 +15,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from services import bench
-from services.bench import RequestResult, arrival_offsets, measure, random_requests, summarize
+from commands import bench
+from commands.bench import RequestResult, arrival_offsets, measure, random_requests, summarize
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 

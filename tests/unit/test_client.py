@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
-from services import client
+from commands import client
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.telemetry import TRACE_ID_METADATA

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from services import cli, compare
-from services.bench import RequestResult, save_result, summarize
+from commands import cli, compare
+from commands.bench import RequestResult, save_result, summarize
 
 
 def requests(n: int, ttft: float, gap: float, failed: int = 0) -> list[RequestResult]:

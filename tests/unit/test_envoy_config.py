@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy import envoy
+from deploy import envoy_config as envoy
 from services.config import EnvoyConfig
 
 

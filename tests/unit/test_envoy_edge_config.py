@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy import envoy
+from deploy import envoy_config as envoy
 from services.config import EnvoyConfig
 
 KEYS = {"sk-one-12345678": "one", "sk-two-12345678": "two"}

@@ -18,8 +18,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from deploy import envoy
-from services import cli
+from commands import cli
+from deploy import envoy_config as envoy
 from services.config import EnvoyConfig
 from tests import chart
 

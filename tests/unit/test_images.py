@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
-from deploy import envoy
-from services import cli, config
+from commands import cli
+from deploy import envoy_config as envoy
+from services import config
 from tests import chart
 
 ROOT = Path(__file__).resolve().parents[2]

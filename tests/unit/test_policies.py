@@ -13,6 +13,7 @@ from router.policies import (
     ExcludeFilter,
     Filter,
     HealthyFilter,
+    KvAwareScorer,
     LeastLoadScorer,
     MaxScorePicker,
     NotDrainingFilter,
@@ -20,7 +21,6 @@ from router.policies import (
     PickContext,
     PowerOfTwoPicker,
     PrefixAffinityScorer,
-    KvAwareScorer,
     RandomPicker,
     RoundRobinPicker,
     SessionAffinityScorer,
@@ -314,7 +314,7 @@ def test_bad_weights_are_refused_naming_the_knob(knobs: dict, named: str) -> Non
 @pytest.mark.parametrize("argv", [["up", "--routing", "fastest"], ["serve", "router", "--routing", "fastest"],
                                   ["serve", "router", "--load-bound", "0.5"], ["up", "--kv-load-weight", "-1"]])
 def test_the_command_line_refuses_an_unknown_policy_or_bad_weight(argv: list[str], capsys: pytest.CaptureFixture) -> None:
-    from services.cli import build_parser
+    from commands.cli import build_parser
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(argv)

@@ -12,7 +12,7 @@ import prometheus_client
 import pytest
 from rich.console import Console
 
-from services import top
+from commands import top
 from services.gen import meshserve_pb2 as pb
 
 INF = math.inf

@@ -8,8 +8,9 @@ import dataclasses
 
 import pytest
 
-from services import config, launcher
-from services.cli import SERVICES, build_parser
+from commands import launcher
+from commands.cli import SERVICES, build_parser
+from services import config
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

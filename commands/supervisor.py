@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from services.launcher import Mesh, Proc
+    from commands.launcher import Mesh, Proc
 
 log = logging.getLogger(__name__)
 

@@ -933,7 +933,7 @@ async def run(args: argparse.Namespace) -> int:
         save_result(result, path, detailed=args.save_detailed, timings=args.plot is not None)
         print(f"Result saved to {path}", file=sys.stderr)
     if args.plot:
-        from services import plot  # imports matplotlib: only when asked
+        from commands import plot  # imports matplotlib: only when asked
 
         plot.plot_runs([(args.label or args.plot.stem, result)], args.plot)
         print(f"Plot saved to {args.plot}", file=sys.stderr)

@@ -1,6 +1,6 @@
 """Regenerates the Python stubs and the Envoy descriptor set from protos/ (one command).
 
-Run ``python -m services.codegen`` (``make proto``); ``--check`` fails if the committed files
+Run ``python -m commands.codegen`` (``make proto``); ``--check`` fails if the committed files
 differ from what protos/ generates (CI's drift check).
 """
 
@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PROTOS = ROOT / "protos"
 GEN = ROOT / "services" / "gen"
 DESCRIPTOR = ROOT / "deploy" / "envoy" / "meshserve.pb"
-PROTO_FILES = ["meshserve.proto"]
+PROTO_FILES = ["meshserve.proto"]  # the mesh's services: the stubs and Envoy's descriptor set
+INTERNAL_PROTO_FILES = ["traces.proto"]  # stubs only: nothing of it passes Envoy
 
 
 def _include_dirs() -> list[str]:
@@ -45,11 +46,15 @@ def generate(out_dir: Path, descriptor: Path) -> None:
     ]
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
+    internal = ["protoc", *(f"-I{d}" for d in _include_dirs()), f"--python_out={out_dir}", f"--pyi_out={out_dir}",
+                f"--grpc_python_out={out_dir}", *INTERNAL_PROTO_FILES]
+    if protoc.main(internal) != 0:
+        raise SystemExit("protoc failed")
     # protoc writes top-level imports ("import meshserve_pb2"); make them package-relative.
     for grpc_file in out_dir.glob("*_pb2_grpc.py"):
         text = grpc_file.read_text()
         grpc_file.write_text(re.sub(r"^import (\w+_pb2) as", r"from . import \1 as", text, flags=re.M))
-    (out_dir / "__init__.py").write_text('"""Generated from protos/ by `python -m services.codegen`; do not edit."""\n')
+    (out_dir / "__init__.py").write_text('"""Generated from protos/ by `python -m commands.codegen`; do not edit."""\n')
 
 
 def main(argv: list[str] | None = None) -> int:

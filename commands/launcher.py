@@ -5,7 +5,7 @@ gateway -> Envoy); each step waits until the process reports ready (gRPC health 
 Envoy /ready) before the next. Stopping goes in reverse, SIGTERM first so every service drains,
 then SIGKILL for whatever outlived its grace period. Tests use ``Mesh`` the same way. With
 ``MeshSpec.supervise`` (``meshserve up``), a process that exits is started again the same way
-(services/supervisor.py).
+(commands/supervisor.py).
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from commands.supervisor import RestartPolicy, Supervisor
 from services import config
 from services.config import CacheConfig, EnvoyConfig, GatewayConfig, RouterConfig, TracesConfig, WorkerConfig
-from services.supervisor import RestartPolicy, Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -244,7 +244,7 @@ class Mesh:
             cfg, ready_file=str(ready_file), trace_sampling_ratio=self.spec.trace_sampling_ratio,
             otlp_endpoint=self.otlp_endpoint if service != "traces" else "",  # the receiver never traces itself
         )
-        argv = [sys.executable, "-m", "services.cli", "serve", service, *config.to_argv(cfg)]
+        argv = [sys.executable, "-m", "commands.cli", "serve", service, *config.to_argv(cfg)]
 
         def ready(proc: Proc) -> None:
             wait_grpc_serving(proc, f"{cfg.host}:{cfg.port}", time.monotonic() + self.spec.ready_timeout_s)
@@ -284,7 +284,7 @@ class Mesh:
 
     def _ensure_model(self) -> str:
         out = subprocess.run(
-            [sys.executable, "-m", "services.cli", "make-model"],
+            [sys.executable, "-m", "commands.cli", "make-model"],
             capture_output=True, text=True, env={**os.environ, **CHILD_ENV}, check=False,
         )
         if out.returncode != 0:
@@ -369,7 +369,7 @@ class Mesh:
         (self.run_dir / "prometheus-targets.json").write_text(json.dumps(groups, indent=2) + "\n")
 
     def _start_envoy(self) -> None:
-        from deploy import envoy
+        from deploy import envoy_config as envoy
 
         gateways = self.gateway_addresses
         # Envoy refuses what the gateways would refuse anyway, before it reaches them.

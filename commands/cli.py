@@ -15,22 +15,22 @@ SERVICES: dict[str, tuple[type, str]] = {
     "router": (config.RouterConfig, "router.server"),
     "cache": (config.CacheConfig, "cache_service.server"),
     "worker": (config.WorkerConfig, "worker.server"),
-    "traces": (config.TracesConfig, "services.traces"),
+    "traces": (config.TracesConfig, "trace_service.server"),
 }
 
 # Other subcommands live in their own modules, each with `add_arguments(parser)` and `main(args)`.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "up": ("services.launcher", "start the whole mesh locally (Valkey, cache, router, workers, gateway, Envoy)"),
-    "generate": ("services.client", "stream a completion through Envoy"),
-    "bench": ("services.bench", "load-test the mesh or one worker (like `vllm bench serve`)"),
-    "plot": ("services.plot", "plot saved bench results side by side (TTFT/ITL CDFs, throughput, in flight)"),
-    "compare": ("services.compare", "tabulate saved bench results' headline figures and ratios to the first"),
+    "up": ("commands.launcher", "start the whole mesh locally (Valkey, cache, router, workers, gateway, Envoy)"),
+    "generate": ("commands.client", "stream a completion through Envoy"),
+    "bench": ("commands.bench", "load-test the mesh or one worker (like `vllm bench serve`)"),
+    "plot": ("commands.plot", "plot saved bench results side by side (TTFT/ITL CDFs, throughput, in flight)"),
+    "compare": ("commands.compare", "tabulate saved bench results' headline figures and ratios to the first"),
     "make-model": ("worker.tiny_model", "build the project's tiny LLaMA model and tokenizer"),
-    "envoy-config": ("deploy.envoy", "print the generated Envoy config (or write it and run Envoy on it)"),
-    "health": ("services.health_cmd", "ask a service's gRPC health service whether it serves (exit 0 if so)"),
-    "trace": ("services.trace_cmd", "print one trace from the local trace receiver as a waterfall"),
-    "traces": ("services.traces_cmd", "list the slowest recent traces in the local trace receiver"),
-    "top": ("services.top", "a live terminal view of a running mesh (workers, gateway, router, cache, Envoy)"),
+    "envoy-config": ("deploy.envoy_config", "print the generated Envoy config (or write it and run Envoy on it)"),
+    "health": ("commands.health_cmd", "ask a service's gRPC health service whether it serves (exit 0 if so)"),
+    "trace": ("commands.trace_cmd", "print one trace from the local trace receiver as a waterfall"),
+    "traces": ("commands.traces_cmd", "list the slowest recent traces in the local trace receiver"),
+    "top": ("commands.top", "a live terminal view of a running mesh (workers, gateway, router, cache, Envoy)"),
 }
 
 

@@ -15,18 +15,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import grpc
-from google.protobuf import wrappers_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.resource.v1 import resource_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from services.config import TracesConfig
+from services.gen import traces_pb2, traces_pb2_grpc
 
 DEFAULT_ADDRESS = "127.0.0.1:4317"
-QUERY_SERVICE = "meshserve.traces.v1.TraceQuery"
-GET_METHOD = f"/{QUERY_SERVICE}/Get"          # StringValue (trace id, hex) -> TracesData
-SLOWEST_METHOD = f"/{QUERY_SERVICE}/Slowest"  # UInt32Value (N) -> TracesData of the N slowest
 
 
 # -- the store --------------------------------------------------------------------------------
@@ -120,36 +117,40 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
         return trace_service_pb2.ExportTraceServiceResponse()
 
 
-def _query_handler(store: TraceStore) -> grpc.GenericRpcHandler:
-    async def get(request: wrappers_pb2.StringValue, context: grpc.aio.ServicerContext) -> trace_pb2.TracesData:
+class Query(traces_pb2_grpc.TraceQueryServicer):
+    """protos/traces.proto's TraceQuery over the store."""
+
+    def __init__(self, store: TraceStore) -> None:
+        self._store = store
+
+    async def Get(self, request: traces_pb2.GetTraceRequest, context: grpc.aio.ServicerContext) -> traces_pb2.Traces:
         try:
-            trace_id = bytes.fromhex(request.value)
+            trace_id = bytes.fromhex(request.trace_id)
         except ValueError:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"'trace_id' is not hex: {request.value!r}")
-        found = store.get(trace_id)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"'trace_id' is not hex: {request.trace_id!r}")
+        found = self._store.get(trace_id)
         if found is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"trace {request.value} not found (or already dropped)")
-        return found
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"trace {request.trace_id} not found (or already dropped)")
+        return _as_traces(found)
 
-    async def slowest(request: wrappers_pb2.UInt32Value, context: grpc.aio.ServicerContext) -> trace_pb2.TracesData:
-        return store.slowest(request.value or 10)
+    async def Slowest(self, request: traces_pb2.SlowestRequest, context: grpc.aio.ServicerContext) -> traces_pb2.Traces:
+        return _as_traces(self._store.slowest(request.count or 10))
 
-    def handler(fn: Callable, request_type: type) -> grpc.RpcMethodHandler:  # type: ignore[type-arg]
-        return grpc.unary_unary_rpc_method_handler(
-            fn, request_deserializer=request_type.FromString, response_serializer=trace_pb2.TracesData.SerializeToString
-        )
 
-    return grpc.method_handlers_generic_handler(QUERY_SERVICE, {
-        "Get": handler(get, wrappers_pb2.StringValue),
-        "Slowest": handler(slowest, wrappers_pb2.UInt32Value),
-    })
+def _as_traces(data: trace_pb2.TracesData) -> traces_pb2.Traces:
+    return traces_pb2.Traces(resource_spans=[rs.SerializeToString() for rs in data.resource_spans])
+
+
+def _as_traces_data(traces: traces_pb2.Traces) -> trace_pb2.TracesData:
+    return trace_pb2.TracesData(resource_spans=[trace_pb2.ResourceSpans.FromString(b) for b in traces.resource_spans])
 
 
 def _register(store: TraceStore) -> Callable[[grpc.aio.Server], list[str]]:
     def register(server: grpc.aio.Server) -> list[str]:
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Receiver(store), server)
-        server.add_generic_rpc_handlers([_query_handler(store)])
-        return [trace_service_pb2.DESCRIPTOR.services_by_name["TraceService"].full_name]
+        traces_pb2_grpc.add_TraceQueryServicer_to_server(Query(store), server)
+        return [trace_service_pb2.DESCRIPTOR.services_by_name["TraceService"].full_name,
+                traces_pb2.DESCRIPTOR.services_by_name["TraceQuery"].full_name]
 
     return register
 
@@ -216,15 +217,15 @@ def spans_of(data: trace_pb2.TracesData) -> list[Span]:
 async def fetch_trace(address: str, trace_id: str) -> list[Span]:
     """The spans of one trace; raises grpc.aio.AioRpcError (NOT_FOUND) if the receiver has none."""
     async with grpc.aio.insecure_channel(address) as channel:
-        call = channel.unary_unary(GET_METHOD, wrappers_pb2.StringValue.SerializeToString, trace_pb2.TracesData.FromString)
-        return spans_of(await call(wrappers_pb2.StringValue(value=trace_id), timeout=5))
+        reply = await traces_pb2_grpc.TraceQueryStub(channel).Get(traces_pb2.GetTraceRequest(trace_id=trace_id), timeout=5)
+        return spans_of(_as_traces_data(reply))
 
 
 async def fetch_slowest(address: str, n: int) -> dict[str, list[Span]]:
     """The N slowest traces: trace id -> spans, slowest first."""
     async with grpc.aio.insecure_channel(address) as channel:
-        call = channel.unary_unary(SLOWEST_METHOD, wrappers_pb2.UInt32Value.SerializeToString, trace_pb2.TracesData.FromString)
-        data = await call(wrappers_pb2.UInt32Value(value=n), timeout=5)
+        reply = await traces_pb2_grpc.TraceQueryStub(channel).Slowest(traces_pb2.SlowestRequest(count=n), timeout=5)
+        data = _as_traces_data(reply)
     traces: dict[str, list[Span]] = {}
     for span in spans_of(data):
         traces.setdefault(span.trace_id, []).append(span)

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from services.bench import TIMINGS
-from services.compare import LABELS_HELP, load_runs
+from commands.bench import TIMINGS
+from commands.compare import LABELS_HELP, load_runs
 
 # Fixed so every PNG is 1200 x 800 pixels.
 FIGSIZE_IN = (12.0, 8.0)
