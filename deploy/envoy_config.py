@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from services import config, openai_errors
+from services import config, openai_errors, validation
 from services.config import EnvoyConfig
 
 DESCRIPTOR = Path(__file__).resolve().parent / "envoy" / "meshserve.pb"
@@ -149,6 +149,7 @@ def _lua_schemas(schemas: dict[str, dict[str, list[str]]]) -> str:
     return (
         f"SCHEMAS = {{{paths}}}\nSTREAM_PATHS = {{{streams}}}\nOPENAI_ROOT = {{{root}}}\n"
         f'NATIVE_PREFIX = "{NATIVE_JSON_PREFIX}"\nAPI_HEADER = "{API_HEADER}"\n'
+        f'PARAM_HEADER = "{validation.PARAM_METADATA}"\n'
         + openai_errors.lua_table()
     )
 

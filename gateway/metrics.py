@@ -60,6 +60,10 @@ COALESCED = prometheus_client.Counter(
     "meshserve_gateway_coalesced_total",
     "Requests that streamed the answer of an identical request in flight instead of generating their own",
 )
+FLIGHTS = prometheus_client.Gauge(
+    "meshserve_gateway_flights",
+    "Answers open to identical requests: being generated, or finished and being stored in the cache",
+)
 CACHE_SKIPPED = prometheus_client.Counter(
     "meshserve_gateway_cache_skipped_total", "Cache calls not made because the cache breaker was open"
 )

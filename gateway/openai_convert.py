@@ -38,10 +38,10 @@ def _text_parts(value: struct_pb2.Value, name: str) -> str:
             fields = part.struct_value.fields if part.WhichOneof("kind") == "struct_value" else {}
             kind_ok = "type" in fields and fields["type"].string_value == "text"
             if not kind_ok or "text" not in fields or fields["text"].WhichOneof("kind") != "string_value":
-                raise InvalidRequest(f"'{name}[{i}]' must be a text part {{\"type\": \"text\", \"text\": \"...\"}}")
+                raise InvalidRequest(f"'{name}[{i}]' must be a text part {{\"type\": \"text\", \"text\": \"...\"}}", param=f"{name}[{i}]")
             texts.append(fields["text"].string_value)
         return "".join(texts)
-    raise InvalidRequest(f"'{name}' must be a string or a list of text parts")
+    raise InvalidRequest(f"'{name}' must be a string or a list of text parts", param=name)
 
 
 def _stop(value: struct_pb2.Value) -> list[str]:
@@ -52,7 +52,7 @@ def _stop(value: struct_pb2.Value) -> list[str]:
         return [value.string_value]
     if kind == "list_value" and all(v.WhichOneof("kind") == "string_value" for v in value.list_value.values):
         return [v.string_value for v in value.list_value.values]
-    raise InvalidRequest("'stop' must be a string or a list of strings")
+    raise InvalidRequest("'stop' must be a string or a list of strings", param="stop")
 
 
 MAX_N = 128  # choices per request: each is a generation of its own
@@ -62,7 +62,7 @@ def choices(req: pb.ChatCompletionRequest | pb.CompletionRequest) -> int:
     """How many choices ``req`` asks for (``n``), checked."""
     n = req.n if req.HasField("n") else 1
     if not 1 <= n <= MAX_N:
-        raise InvalidRequest(f"'n' must be in [1, {MAX_N}], got {n}")
+        raise InvalidRequest(f"'n' must be in [1, {MAX_N}], got {n}", param="n")
     return n
 
 
@@ -75,7 +75,7 @@ def _sampling(req: pb.ChatCompletionRequest | pb.CompletionRequest, out: pb.Gene
     n = choices(req)
     if n > 1 and req.HasField("temperature") and req.temperature == 0:
         raise InvalidRequest(f"'n' must be 1 when sampling is greedy ('temperature' 0): the {n} choices would "
-                             "be the same answer (as vLLM)")
+                             "be the same answer (as vLLM)", param="n")
     for name in _OPTIONAL:
         if req.HasField(name):
             setattr(out, name, getattr(req, name))
@@ -96,17 +96,17 @@ def _structured(req: pb.ChatCompletionRequest | pb.CompletionRequest, out: pb.Ge
     so = out.structured_outputs
     if req.HasField("response_format") and req.response_format.type not in ("", "text"):
         if req.HasField("structured_outputs"):
-            raise InvalidRequest("give 'response_format' or 'structured_outputs', not both")
+            raise InvalidRequest("give 'response_format' or 'structured_outputs', not both", param="structured_outputs")
         fmt = req.response_format
         if fmt.type == "json_object":
             so.json_object = True
         elif fmt.type == "json_schema":
             if not fmt.json_schema.HasField("schema"):
-                raise InvalidRequest("'response_format.json_schema.schema' is missing")
+                raise InvalidRequest("'response_format.json_schema.schema' is missing", param="response_format.json_schema.schema")
             so.json = json.dumps(_schema(fmt.json_schema.schema, "response_format.json_schema.schema"))
         else:
             raise InvalidRequest(f"'response_format.type' must be 'text', 'json_object' or 'json_schema', "
-                                 f"got {fmt.type!r}")
+                                 f"got {fmt.type!r}", param="response_format.type")
         return
     if not req.HasField("structured_outputs"):
         return
@@ -116,7 +116,7 @@ def _structured(req: pb.ChatCompletionRequest | pb.CompletionRequest, out: pb.Ge
                                      ("json_object", given.HasField("json_object"))) if set_]
     if len(kinds) != 1:
         raise InvalidRequest(f"'structured_outputs' must set exactly one of json, regex, choice, grammar or "
-                             f"json_object, got {kinds or 'none'}")
+                             f"json_object, got {kinds or 'none'}", param="structured_outputs")
     if kinds == ["json"]:
         so.json = json.dumps(_schema(given.json, "structured_outputs.json"))
     elif kinds == ["regex"]:
@@ -136,7 +136,7 @@ def _schema(value: struct_pb2.Struct | struct_pb2.Value, field: str) -> Any:
         try:
             schema = json.loads(schema)
         except json.JSONDecodeError as e:
-            raise InvalidRequest(f"'{field}' is not JSON: {e}") from None
+            raise InvalidRequest(f"'{field}' is not JSON: {e}", param=field) from None
     schema = _plain(schema)
     validation.check_schema(schema, field)
     return schema
@@ -157,7 +157,7 @@ def _plain(value: Any) -> Any:
 def chat_request(req: pb.ChatCompletionRequest) -> pb.GenerateRequest:
     """The GenerateRequest a chat completion asks for; raises InvalidRequest naming the field."""
     if not req.messages:
-        raise InvalidRequest("'messages' is empty: give at least one message")
+        raise InvalidRequest("'messages' is empty: give at least one message", param="messages")
     out = pb.GenerateRequest()
     for i, m in enumerate(req.messages):
         turn = out.messages.add(role=m.role, content=_text_parts(m.content, f"messages[{i}].content"),
@@ -170,9 +170,9 @@ def chat_request(req: pb.ChatCompletionRequest) -> pb.GenerateRequest:
         out.max_tokens = req.max_tokens
     if req.HasField("top_logprobs"):
         if not req.logprobs:
-            raise InvalidRequest("'top_logprobs' needs 'logprobs': true")
+            raise InvalidRequest("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
         if not 0 <= req.top_logprobs <= validation.MAX_LOGPROBS:
-            raise InvalidRequest(f"'top_logprobs' must be in [0, {validation.MAX_LOGPROBS}], got {req.top_logprobs}")
+            raise InvalidRequest(f"'top_logprobs' must be in [0, {validation.MAX_LOGPROBS}], got {req.top_logprobs}", param="top_logprobs")
     if req.logprobs:
         out.logprobs = req.top_logprobs
     _sampling(req, out)
@@ -187,7 +187,7 @@ def tokenize_request(req: pb.TokenizeRequest) -> pb.GenerateRequest:
         raise InvalidRequest("give either 'prompt' or 'messages', not both")
     if not req.messages:
         if not req.prompt:
-            raise InvalidRequest("'prompt' is empty: give a prompt or chat 'messages'")
+            raise InvalidRequest("'prompt' is empty: give a prompt or chat 'messages'", param="prompt")
         return pb.GenerateRequest(prompt=req.prompt, model=req.model)
     as_chat = pb.ChatCompletionRequest(model=req.model, messages=req.messages, tools=req.tools)
     if req.tools:
@@ -219,7 +219,7 @@ def tool_choice(req: pb.ChatCompletionRequest) -> tuple[str, str]:
         if "type" in fields and fields["type"].string_value == FUNCTION and name:
             return FUNCTION, name
     raise InvalidRequest("'tool_choice' must be \"none\", \"auto\", \"required\" or "
-                         "{\"type\": \"function\", \"function\": {\"name\": ...}}")
+                         "{\"type\": \"function\", \"function\": {\"name\": ...}}", param="tool_choice")
 
 
 def _tools(req: pb.ChatCompletionRequest, out: pb.GenerateRequest) -> None:
@@ -227,16 +227,16 @@ def _tools(req: pb.ChatCompletionRequest, out: pb.GenerateRequest) -> None:
     JSON schema the output must match, as vLLM builds it (vllm/tool_parsers/utils.py)."""
     kind, name = tool_choice(req)
     if kind != NONE and not req.tools:
-        raise InvalidRequest(f"'tool_choice' is {kind!r} but the request has no 'tools'")
+        raise InvalidRequest(f"'tool_choice' is {kind!r} but the request has no 'tools'", param="tool_choice")
     parameters: dict[str, dict[str, Any]] = {}
     for i, tool in enumerate(req.tools):
         if tool.type not in ("", FUNCTION):
-            raise InvalidRequest(f"'tools[{i}].type' must be 'function', got {tool.type!r}")
+            raise InvalidRequest(f"'tools[{i}].type' must be 'function', got {tool.type!r}", param=f"tools[{i}].type")
         fname = tool.function.name
         if not fname:
-            raise InvalidRequest(f"'tools[{i}].function.name' is missing")
+            raise InvalidRequest(f"'tools[{i}].function.name' is missing", param=f"tools[{i}].function.name")
         if fname in parameters:
-            raise InvalidRequest(f"'tools[{i}].function.name' {fname!r} is given twice")
+            raise InvalidRequest(f"'tools[{i}].function.name' {fname!r} is given twice", param=f"tools[{i}].function.name")
         params = EMPTY_PARAMETERS
         if tool.function.HasField("parameters"):
             params = _schema(tool.function.parameters, f"tools[{i}].function.parameters") or EMPTY_PARAMETERS
@@ -253,10 +253,10 @@ def _tools(req: pb.ChatCompletionRequest, out: pb.GenerateRequest) -> None:
         return
     if out.HasField("structured_outputs"):
         raise InvalidRequest(f"'tool_choice' {kind!r} forces a call: it cannot be combined with 'response_format' "
-                             "or 'structured_outputs'")
+                             "or 'structured_outputs'", param="tool_choice")
     if kind == FUNCTION:
         if name not in parameters:
-            raise InvalidRequest(f"'tool_choice' names {name!r}, which is not one of the 'tools'")
+            raise InvalidRequest(f"'tool_choice' names {name!r}, which is not one of the 'tools'", param="tool_choice")
         out.structured_outputs.json = json.dumps(parameters[name])
         return
     calls: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": [
@@ -306,9 +306,9 @@ def _message(r: pb.CompleteResponse, tools: tuple[str, str]) -> tuple[pb.ChatCom
 def completion_request(req: pb.CompletionRequest) -> pb.GenerateRequest:
     """The GenerateRequest a text completion asks for; raises InvalidRequest naming the field."""
     if req.HasField("best_of") and req.best_of != choices(req):
-        raise InvalidRequest(f"'best_of' must equal 'n' ({choices(req)}): vLLM's engine has no best_of, got {req.best_of}")
+        raise InvalidRequest(f"'best_of' must equal 'n' ({choices(req)}): vLLM's engine has no best_of, got {req.best_of}", param="best_of")
     if req.echo and req.HasField("logprobs"):
-        raise InvalidRequest("'echo' with 'logprobs' is not supported (it would need the prompt's logprobs)")
+        raise InvalidRequest("'echo' with 'logprobs' is not supported (it would need the prompt's logprobs)", param="echo")
     kind = req.prompt.WhichOneof("kind")
     if kind == "string_value":
         prompt = req.prompt.string_value
@@ -319,9 +319,9 @@ def completion_request(req: pb.CompletionRequest) -> pb.GenerateRequest:
     ):
         prompt = req.prompt.list_value.values[0].string_value
     elif kind in (None, "null_value"):
-        raise InvalidRequest("'prompt' is missing")
+        raise InvalidRequest("'prompt' is missing", param="prompt")
     else:
-        raise InvalidRequest("'prompt' must be a string (batches and token-id prompts are not supported)")
+        raise InvalidRequest("'prompt' must be a string (batches and token-id prompts are not supported)", param="prompt")
     out = pb.GenerateRequest(prompt=prompt)
     out.max_tokens = req.max_tokens if req.HasField("max_tokens") else COMPLETIONS_DEFAULT_MAX_TOKENS
     if req.HasField("logprobs"):
@@ -512,7 +512,8 @@ def completion_chunk(chunk: pb.GenerateResponse, index: int, text_before: str, o
                          choices=[choice], system_fingerprint=FINGERPRINT, cache=cache_info(chunk) if chunk.finish_reason else None)
 
 
-def error(code: grpc.StatusCode, message: str) -> pb.OpenAIError:
-    """The error object that ends a stream which failed after its first chunk."""
+def error(code: grpc.StatusCode, message: str, trailers: tuple[tuple[str, str], ...] = ()) -> pb.OpenAIError:
+    """The error object that ends a stream which failed after its first chunk (``trailers``:
+    the status's, which may name the field at fault)."""
     kind, name = openai_errors.error_type(code)
-    return pb.OpenAIError(message=message, type=kind, code=name)
+    return pb.OpenAIError(message=message, type=kind, code=name, param=validation.param_of(trailers))

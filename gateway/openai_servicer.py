@@ -19,9 +19,10 @@ import grpc
 
 from gateway import openai_convert as convert
 from gateway.orchestrator import GatewayError, Orchestrator
+from services import telemetry
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.validation import InvalidRequest
+from services.validation import InvalidRequest, param_metadata
 
 OWNED_BY = "meshserve"
 
@@ -90,7 +91,7 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
             return pb.ChatCompletionChunk(**head, usage=convert.usage(u))
 
         def failed(e: GatewayError) -> pb.ChatCompletionChunk:
-            return pb.ChatCompletionChunk(**head, error=convert.error(e.code, e.message))
+            return pb.ChatCompletionChunk(**head, error=convert.error(e.code, e.message, e.trailers))
 
         async for out in self._stream(reqs, context, chunk, usage if request.stream_options.include_usage else None,
                                       failed):
@@ -117,7 +118,7 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
             return pb.Completion(**head, usage=convert.usage(u))
 
         def failed(e: GatewayError) -> pb.Completion:
-            return pb.Completion(**head, error=convert.error(e.code, e.message))
+            return pb.Completion(**head, error=convert.error(e.code, e.message, e.trailers))
 
         async for out in self._stream(reqs, context, chunk, usage if request.stream_options.include_usage else None,
                                       failed):
@@ -161,18 +162,19 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
         try:
             return fn(request)
         except InvalidRequest as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e), _trailers(param_metadata(e.param)))
             raise  # unreachable: abort raises
 
     async def _on_a_worker(self, model: str, call: Callable[[], Awaitable[T]], context: grpc.aio.ServicerContext) -> T:
         """``call`` (a worker's answer) for a request naming ``model``, or the status it failed with."""
         if model and model != self._model:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"'model' must be {self._model!r} (the served model), got {model!r}")
+                                f"'model' must be {self._model!r} (the served model), got {model!r}",
+                                _trailers(param_metadata("model")))
         try:
             return await call()
         except GatewayError as e:
-            await context.abort(e.code, e.message)
+            await context.abort(e.code, e.message, _trailers(e.trailers))
             raise  # unreachable: abort raises
 
     @staticmethod
@@ -233,6 +235,14 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
                 return
         if usage is not None:
             yield usage(convert.total_usage([usages[i] for i in sorted(usages)]))
+
+
+def _trailers(extra: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """Trailing metadata for an abort: ``extra`` and the trace id (trailers given to abort
+    replace the x-trace-id the tracing interceptor set)."""
+    if any(k == telemetry.TRACE_ID_METADATA for k, _ in extra):
+        return extra
+    return (*extra, *telemetry.trace_metadata())
 
 
 async def interleave(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:

@@ -87,6 +87,7 @@ class Orchestrator:
         self._clock = clock
         self._in_flight = 0
         self._flights = Flights()
+        metrics.FLIGHTS.set_function(lambda: len(self._flights))
         self._cache_ok = True  # warn once when the cache starts failing, not on every request
         self._router_ok = True  # the same for the router
         self._max_model_len: int | None = None  # the workers' context length, once one said it
@@ -173,16 +174,18 @@ class Orchestrator:
         try:
             validation.validate(request)
         except validation.InvalidRequest as e:
-            raise GatewayError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+            raise GatewayError(grpc.StatusCode.INVALID_ARGUMENT, str(e), validation.param_metadata(e.param)) from None
         if request.continue_token_ids:
             raise GatewayError(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 "'continue_token_ids' is set by the gateway when it migrates a stream; clients may not set it",
+                validation.param_metadata("continue_token_ids"),
             )
         if request.model and request.model != self._cfg.model:
             raise GatewayError(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"'model' must be {self._cfg.model!r} (the served model), got {request.model!r}",
+                validation.param_metadata("model"),
             )
         req = pb.GenerateRequest()
         req.CopyFrom(request)
@@ -343,7 +346,8 @@ class Orchestrator:
         try:
             return await call(worker)
         except grpc.aio.AioRpcError as e:
-            raise GatewayError(e.code(), e.details() or e.code().name) from None
+            param = validation.param_of(e.trailing_metadata())
+            raise GatewayError(e.code(), e.details() or e.code().name, validation.param_metadata(param)) from None
 
     async def _any_worker(self) -> pb_grpc.WorkerStub:
         """A healthy worker, from the router's list or, while the router is away, one this
@@ -418,7 +422,7 @@ class Orchestrator:
                             yield chunk
                     return
                 if e.code in CLIENT_ERRORS:
-                    raise GatewayError(e.code, e.detail) from None
+                    raise GatewayError(e.code, e.detail, validation.param_metadata(e.param)) from None
                 if attempt == MAX_ATTEMPTS:
                     what = (
                         f"worker {pick.worker_id} failed before the first token, after a failover: {e.detail}"
@@ -444,7 +448,7 @@ class Orchestrator:
         while True:
             what = f"worker lost mid-stream ({lost}: {error.code.name}: {error.detail}) after {len(streamed)} tokens"
             if error.code in CLIENT_ERRORS:
-                raise GatewayError(error.code, error.detail) from None
+                raise GatewayError(error.code, error.detail, validation.param_metadata(error.param)) from None
             if req.parse_tool_calls:  # its tool-call parser's state was in the lost worker
                 metrics.MIGRATIONS.labels("failed").inc()
                 raise GatewayError(grpc.StatusCode.UNAVAILABLE,

@@ -30,10 +30,11 @@ STATUS_BY_VALUE = {code.value[0]: code for code in grpc.StatusCode}  # a status 
 class StreamFailed(Exception):
     """What a long-lived stream reported for one request, or why it could not: a status."""
 
-    def __init__(self, code: grpc.StatusCode, detail: str) -> None:
+    def __init__(self, code: grpc.StatusCode, detail: str, param: str | None = None) -> None:
         super().__init__(detail)
         self.code = code
         self.detail = detail
+        self.param = param  # INVALID_ARGUMENT: the request field at fault
 
 
 class WorkerFailed(StreamFailed):
@@ -201,7 +202,8 @@ class WorkerSession:
             stream.end(WorkerFailed(grpc.StatusCode.UNAVAILABLE, "session to the worker is closed"))
         elif request.request_id in self._requests:
             stream.end(WorkerFailed(grpc.StatusCode.INVALID_ARGUMENT,
-                                    f"request id {request.request_id!r} is already running on this worker"))
+                                    f"request id {request.request_id!r} is already running on this worker",
+                                    "request_id"))
         else:
             self._requests[request.request_id] = stream
             self._outbox.send(pb.SessionRequest(generate=request, trace_context=trace_context))
@@ -232,7 +234,7 @@ class WorkerSession:
                     stream = self._requests.pop(failed.request_id, None)
                     if stream is not None:
                         code = STATUS_BY_VALUE.get(failed.code, grpc.StatusCode.UNKNOWN)
-                        stream.end(WorkerFailed(code, failed.message or code.name))
+                        stream.end(WorkerFailed(code, failed.message or code.name, failed.param or None))
         except grpc.aio.AioRpcError as e:
             error = WorkerFailed(e.code(), e.details() or e.code().name)
         except asyncio.CancelledError:

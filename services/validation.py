@@ -30,8 +30,30 @@ CACHE_OFF, CACHE_EXACT, CACHE_SEMANTIC = "off", "exact", "semantic"
 CACHE_MODES = (CACHE_OFF, CACHE_EXACT, CACHE_SEMANTIC)
 
 
+# Trailing metadata of an INVALID_ARGUMENT: the request field at fault (OpenAI's error `param`).
+PARAM_METADATA = "x-meshserve-param"
+
+
 class InvalidRequest(ValueError):
-    """A request the caller must fix (gRPC INVALID_ARGUMENT, HTTP 400)."""
+    """A request the caller must fix (gRPC INVALID_ARGUMENT, HTTP 400); ``param`` names the field
+    at fault (``messages[2].role``), None when no one field is."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def param_metadata(param: str | None) -> tuple[tuple[str, str], ...]:
+    """The trailing metadata that carries ``param`` with the status (none without one)."""
+    return ((PARAM_METADATA, param),) if param else ()
+
+
+def param_of(metadata: object) -> str | None:
+    """The ``param`` a call's trailing metadata carries, if any."""
+    for key, value in metadata or ():  # type: ignore[attr-defined]
+        if key == PARAM_METADATA:
+            return value if isinstance(value, str) else value.decode()
+    return None
 
 
 def validate(req: pb.GenerateRequest, max_model_len: int | None = None) -> None:
@@ -39,34 +61,34 @@ def validate(req: pb.GenerateRequest, max_model_len: int | None = None) -> None:
     if req.prompt and req.messages:
         raise InvalidRequest("give either 'prompt' or 'messages', not both")
     if not req.prompt.strip() and not req.messages:
-        raise InvalidRequest("'prompt' is empty: give a prompt or chat 'messages'")
+        raise InvalidRequest("'prompt' is empty: give a prompt or chat 'messages'", param="prompt")
     for i, m in enumerate(req.messages):
         if m.role not in VALID_ROLES:
-            raise InvalidRequest(f"'messages[{i}].role' must be one of {sorted(VALID_ROLES)}, got {m.role!r}")
+            raise InvalidRequest(f"'messages[{i}].role' must be one of {sorted(VALID_ROLES)}, got {m.role!r}", param=f"messages[{i}].role")
     if req.HasField("max_tokens"):
         if req.max_tokens <= 0:
-            raise InvalidRequest(f"'max_tokens' must be at least 1, got {req.max_tokens}")
+            raise InvalidRequest(f"'max_tokens' must be at least 1, got {req.max_tokens}", param="max_tokens")
         if max_model_len is not None and req.max_tokens >= max_model_len:
             raise InvalidRequest(
-                f"'max_tokens' is {req.max_tokens} but the model's context is {max_model_len} tokens"
-            )
+                f"'max_tokens' is {req.max_tokens} but the model's context is {max_model_len} tokens",
+                param="max_tokens")
     if req.HasField("temperature") and not (0 <= req.temperature <= MAX_TEMPERATURE):
-        raise InvalidRequest(f"'temperature' must be in [0, {MAX_TEMPERATURE:g}], got {req.temperature:g}")
+        raise InvalidRequest(f"'temperature' must be in [0, {MAX_TEMPERATURE:g}], got {req.temperature:g}", param="temperature")
     if req.HasField("top_p") and not (0 < req.top_p <= 1):
-        raise InvalidRequest(f"'top_p' must be in (0, 1], got {req.top_p}")
+        raise InvalidRequest(f"'top_p' must be in (0, 1], got {req.top_p}", param="top_p")
     for i, s in enumerate(req.stop):
         if not s:
-            raise InvalidRequest(f"'stop[{i}]' is an empty string")
+            raise InvalidRequest(f"'stop[{i}]' is an empty string", param=f"stop[{i}]")
     if req.HasField("stream_interval") and req.stream_interval < 1:
-        raise InvalidRequest(f"'stream_interval' must be at least 1 (tokens per chunk), got {req.stream_interval}")
+        raise InvalidRequest(f"'stream_interval' must be at least 1 (tokens per chunk), got {req.stream_interval}", param="stream_interval")
     if len(req.continue_token_ids) >= max_tokens(req):
         raise InvalidRequest(f"'continue_token_ids' has {len(req.continue_token_ids)} tokens: no room left "
-                             f"under max_tokens ({max_tokens(req)})")
+                             f"under max_tokens ({max_tokens(req)})", param="continue_token_ids")
     _validate_sampling(req)
     if req.parse_tool_calls and not (req.tools and req.messages):
-        raise InvalidRequest("'parse_tool_calls' needs chat 'messages' and the 'tools' the model may call")
+        raise InvalidRequest("'parse_tool_calls' needs chat 'messages' and the 'tools' the model may call", param="parse_tool_calls")
     if req.cache and req.cache not in CACHE_MODES:
-        raise InvalidRequest(f"'cache' must be one of {list(CACHE_MODES)} (or empty: the gateway's default), got {req.cache!r}")
+        raise InvalidRequest(f"'cache' must be one of {list(CACHE_MODES)} (or empty: the gateway's default), got {req.cache!r}", param="cache")
 
 
 def _validate_sampling(req: pb.GenerateRequest) -> None:
@@ -75,29 +97,29 @@ def _validate_sampling(req: pb.GenerateRequest) -> None:
     for name in ("presence_penalty", "frequency_penalty"):
         value = getattr(req, name)
         if req.HasField(name) and not (-MAX_PENALTY <= value <= MAX_PENALTY):
-            raise InvalidRequest(f"'{name}' must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {value:g}")
+            raise InvalidRequest(f"'{name}' must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {value:g}", param=name)
     if req.HasField("repetition_penalty") and not (0 < req.repetition_penalty < math.inf):
-        raise InvalidRequest(f"'repetition_penalty' must be > 0 (1 is off), got {req.repetition_penalty:g}")
+        raise InvalidRequest(f"'repetition_penalty' must be > 0 (1 is off), got {req.repetition_penalty:g}", param="repetition_penalty")
     if req.HasField("top_k") and req.top_k < -1:
-        raise InvalidRequest(f"'top_k' must be 0 or -1 (off) or at least 1, got {req.top_k}")
+        raise InvalidRequest(f"'top_k' must be 0 or -1 (off) or at least 1, got {req.top_k}", param="top_k")
     if req.HasField("min_p") and not (0 <= req.min_p <= 1):
-        raise InvalidRequest(f"'min_p' must be in [0, 1], got {req.min_p:g}")
+        raise InvalidRequest(f"'min_p' must be in [0, 1], got {req.min_p:g}", param="min_p")
     if req.HasField("min_tokens"):
         if req.min_tokens < 0:
-            raise InvalidRequest(f"'min_tokens' must be >= 0, got {req.min_tokens}")
+            raise InvalidRequest(f"'min_tokens' must be >= 0, got {req.min_tokens}", param="min_tokens")
         if req.min_tokens > max_tokens(req):
-            raise InvalidRequest(f"'min_tokens' ({req.min_tokens}) must be at most 'max_tokens' ({max_tokens(req)})")
+            raise InvalidRequest(f"'min_tokens' ({req.min_tokens}) must be at most 'max_tokens' ({max_tokens(req)})", param="min_tokens")
     for i, token in enumerate(req.stop_token_ids):
         if token < 0:
-            raise InvalidRequest(f"'stop_token_ids[{i}]' must be a token id (>= 0), got {token}")
+            raise InvalidRequest(f"'stop_token_ids[{i}]' must be a token id (>= 0), got {token}", param=f"stop_token_ids[{i}]")
     for token, bias in req.logit_bias.items():
         if token < 0:
-            raise InvalidRequest(f"'logit_bias' keys must be token ids (>= 0), got {token}")
+            raise InvalidRequest(f"'logit_bias' keys must be token ids (>= 0), got {token}", param="logit_bias")
         if not (-MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS):
             raise InvalidRequest(f"'logit_bias' of token {token} must be in [-{MAX_LOGIT_BIAS:g}, "
-                                 f"{MAX_LOGIT_BIAS:g}], got {bias:g}")
+                                 f"{MAX_LOGIT_BIAS:g}], got {bias:g}", param="logit_bias")
     if req.HasField("logprobs") and not (0 <= req.logprobs <= MAX_LOGPROBS):
-        raise InvalidRequest(f"'logprobs' must be in [0, {MAX_LOGPROBS}] (alternatives per token), got {req.logprobs}")
+        raise InvalidRequest(f"'logprobs' must be in [0, {MAX_LOGPROBS}] (alternatives per token), got {req.logprobs}", param="logprobs")
     if req.HasField("structured_outputs"):
         _validate_structured(req.structured_outputs)
 
@@ -107,24 +129,24 @@ def _validate_structured(so: pb.StructuredOutputs) -> None:
     compiles, a non-empty choice. (A grammar is the backend's to compile.)"""
     kind = so.WhichOneof("kind")
     if kind is None:
-        raise InvalidRequest("'structured_outputs' sets no constraint: give json, json_object, regex, choice or grammar")
+        raise InvalidRequest("'structured_outputs' sets no constraint: give json, json_object, regex, choice or grammar", param="structured_outputs")
     if kind == "json":
         try:
             schema = json.loads(so.json)
         except json.JSONDecodeError as e:
-            raise InvalidRequest(f"'structured_outputs.json' is not JSON: {e}") from None
+            raise InvalidRequest(f"'structured_outputs.json' is not JSON: {e}", param="structured_outputs.json") from None
         check_schema(schema, "structured_outputs.json")
     elif kind == "json_object" and not so.json_object:
-        raise InvalidRequest("'structured_outputs.json_object' must be true when given")
+        raise InvalidRequest("'structured_outputs.json_object' must be true when given", param="structured_outputs.json_object")
     elif kind == "regex":
         try:
             re.compile(so.regex)
         except re.error as e:
-            raise InvalidRequest(f"'structured_outputs.regex' is not a regular expression: {e}") from None
+            raise InvalidRequest(f"'structured_outputs.regex' is not a regular expression: {e}", param="structured_outputs.regex") from None
     elif kind == "choice" and (not so.choice.values or not all(so.choice.values)):
-        raise InvalidRequest("'structured_outputs.choice' must list at least one non-empty string")
+        raise InvalidRequest("'structured_outputs.choice' must list at least one non-empty string", param="structured_outputs.choice")
     elif kind == "grammar" and not so.grammar.strip():
-        raise InvalidRequest("'structured_outputs.grammar' is empty")
+        raise InvalidRequest("'structured_outputs.grammar' is empty", param="structured_outputs.grammar")
 
 
 def check_schema(schema: object, field: str) -> None:
@@ -133,12 +155,12 @@ def check_schema(schema: object, field: str) -> None:
     import jsonschema
 
     if not isinstance(schema, dict | bool):
-        raise InvalidRequest(f"'{field}' must be a JSON schema (an object), got {type(schema).__name__}")
+        raise InvalidRequest(f"'{field}' must be a JSON schema (an object), got {type(schema).__name__}", param=field)
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as e:
         where = "/".join(str(p) for p in e.absolute_path) or "the top level"
-        raise InvalidRequest(f"'{field}' is not a valid JSON schema (at {where}): {e.message}") from None
+        raise InvalidRequest(f"'{field}' is not a valid JSON schema (at {where}): {e.message}", param=field) from None
 
 
 def max_tokens(req: pb.GenerateRequest) -> int:

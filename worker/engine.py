@@ -171,7 +171,7 @@ def refuse_unsupported(request: Request, engine: str, *names: str) -> None:
     """Raises InvalidRequest naming the first of the fields ``names`` that ``request`` sets and
     the engine ``engine`` cannot honour."""
     if unsupported := request.non_default(*names):
-        raise InvalidRequest(f"'{unsupported[0]}' is not supported by the {engine!r} engine of this worker")
+        raise InvalidRequest(f"'{unsupported[0]}' is not supported by the {engine!r} engine of this worker", param=unsupported[0])
 
 
 class LoadSignal:

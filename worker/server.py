@@ -210,7 +210,7 @@ class WorkerServicer(pb_grpc.WorkerServicer):
             validation.validate(request, max_model_len=self.engine.info.max_model_len)
             self._check_tool_parsing(request)
         except validation.InvalidRequest as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e), validation.param_metadata(e.param))
         if self.draining:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"worker {self.worker_id} is draining")
         if self.in_flight >= self.cfg.max_queue:
@@ -225,7 +225,7 @@ class WorkerServicer(pb_grpc.WorkerServicer):
             async for chunk in self._stream(req):
                 yield chunk
         except validation.InvalidRequest as e:  # found by the engine (prompt too long, token ids, ...)
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e), validation.param_metadata(e.param))
         except (asyncio.CancelledError, GeneratorExit, grpc.aio.AbortError):
             raise
         except Exception as e:
@@ -253,10 +253,10 @@ class WorkerServicer(pb_grpc.WorkerServicer):
             raise validation.InvalidRequest(
                 f"'tool_choice' \"auto\" needs a tool-call parser, and worker {self.worker_id} has none: start the "
                 "workers with --tool-call-parser NAME (vLLM's parsers, e.g. hermes, llama3_json, pythonic; "
-                "the vllm engine), or name the function to call, or use \"required\"")
+                "the vllm engine), or name the function to call, or use \"required\"", param="tool_choice")
         if request.continue_token_ids:
             raise validation.InvalidRequest("'parse_tool_calls' cannot continue a stream another worker began "
-                                            "(its parser's state stayed there)")
+                                            "(its parser's state stayed there)", param="parse_tool_calls")
 
     async def _stream(self, req: Request) -> AsyncIterator[pb.GenerateResponse]:
         metrics = self.metrics
@@ -371,10 +371,10 @@ class WorkerServicer(pb_grpc.WorkerServicer):
     async def Tokenize(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:
         try:
             if not request.prompt and not request.messages:
-                raise validation.InvalidRequest("'prompt' is empty: give a prompt or chat 'messages'")
+                raise validation.InvalidRequest("'prompt' is empty: give a prompt or chat 'messages'", param="prompt")
             tokens = await asyncio.to_thread(self.engine.tokenize, to_engine_request(request))
         except validation.InvalidRequest as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e), validation.param_metadata(e.param))
         return pb.TokenizeResponse(count=len(tokens), max_model_len=self.engine.info.max_model_len, tokens=tokens)
 
     async def Detokenize(self, request: pb.DetokenizeRequest, context: grpc.aio.ServicerContext
@@ -382,7 +382,7 @@ class WorkerServicer(pb_grpc.WorkerServicer):
         try:
             return pb.DetokenizeResponse(prompt=await asyncio.to_thread(self.engine.detokenize, list(request.tokens)))
         except validation.InvalidRequest as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e), validation.param_metadata(e.param))
             raise  # unreachable: abort raises
 
     async def WatchKvEvents(self, request: pb.WatchKvEventsRequest, context: grpc.aio.ServicerContext

@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 from opentelemetry import trace
 
-from services import telemetry
+from services import telemetry, validation
 from services.gen import meshserve_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -30,17 +30,18 @@ Generate = Callable[[pb.GenerateRequest, Any], AsyncIterator[pb.GenerateResponse
 class RequestAborted(grpc.aio.AbortError):
     """A session request ended by ``context.abort``: reported to the gateway, the session goes on."""
 
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+    def __init__(self, code: grpc.StatusCode, details: str, trailing_metadata: Any = ()) -> None:
         super().__init__(details)
         self.code = code
         self.details = details
+        self.param = validation.param_of(trailing_metadata)
 
 
 class RequestContext:
     """What a Generate handler uses of its ServicerContext, for one request of a session."""
 
     async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: Any = ()) -> None:
-        raise RequestAborted(code, details)
+        raise RequestAborted(code, details, trailing_metadata)
 
 
 class Session:
@@ -98,7 +99,7 @@ class Session:
         request_id = request.request_id
         if not request_id or request_id in self._tasks:
             self._fail(request_id, grpc.StatusCode.INVALID_ARGUMENT,
-                       f"request id {request_id!r} is empty or already running on this session")
+                       f"request id {request_id!r} is empty or already running on this session", "request_id")
             return
         parent = telemetry.incoming_context(trace_context.items())
         self._tasks[request_id] = asyncio.create_task(self._run(request, parent), name=f"session {request_id}")
@@ -116,7 +117,7 @@ class Session:
                 except RequestAborted as e:
                     span.set_attribute("rpc.grpc.status_code", e.code.value[0])
                     span.set_status(trace.Status(trace.StatusCode.ERROR, f"{e.code.name}: {e.details}"))
-                    self._fail(request_id, e.code, e.details)
+                    self._fail(request_id, e.code, e.details, e.param)
                 except asyncio.CancelledError as e:  # by the gateway: no one to tell
                     telemetry.mark_failed(span, e)
                     raise
@@ -128,6 +129,7 @@ class Session:
             del self._tasks[request_id]
             self.wake()
 
-    def _fail(self, request_id: str, code: grpc.StatusCode, message: str) -> None:
-        self._errors.append(pb.SessionError(request_id=request_id, code=code.value[0], message=message))
+    def _fail(self, request_id: str, code: grpc.StatusCode, message: str, param: str | None = None) -> None:
+        self._errors.append(pb.SessionError(request_id=request_id, code=code.value[0], message=message,
+                                            param=param or ""))
         self.wake()

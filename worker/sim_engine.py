@@ -304,7 +304,7 @@ class SimEngine(Engine):
 
     def detokenize(self, token_ids: list[int]) -> str:
         raise InvalidRequest("'tokens': the sim engine's token ids are hashes of text pieces, not a vocabulary: "
-                             "they cannot be turned back into text")
+                             "they cannot be turned back into text", param="tokens")
 
     def load(self) -> Load:
         return Load(

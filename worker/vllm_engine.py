@@ -51,7 +51,7 @@ def render_prompt(tokenizer: Any, request: Request) -> list[int]:
 def decode(tokenizer: Any, token_ids: list[int]) -> str:
     """The text of ``token_ids`` (special tokens kept, as vLLM's /detokenize)."""
     if bad := [t for t in token_ids if not 0 <= t < len(tokenizer)]:
-        raise InvalidRequest(f"'tokens' holds ids outside the vocabulary of {len(tokenizer)} tokens: {bad[:5]}")
+        raise InvalidRequest(f"'tokens' holds ids outside the vocabulary of {len(tokenizer)} tokens: {bad[:5]}", param="tokens")
     return tokenizer.decode(token_ids)
 
 
@@ -374,11 +374,11 @@ def _refusals_as_invalid(structured: bool = False) -> Iterator[None]:
         yield
     except VLLMValidationError as e:
         field = getattr(e, "parameter", None) or ("structured_outputs" if structured else None)
-        raise InvalidRequest(f"'{field}': {e}" if field else str(e)) from None
+        raise InvalidRequest(f"'{field}': {e}" if field else str(e), param=field) from None
     except ValueError as e:
         if not structured:
             raise
-        raise InvalidRequest(f"'structured_outputs': the engine's structured-output backend refused it: {e}") from None
+        raise InvalidRequest(f"'structured_outputs': the engine's structured-output backend refused it: {e}", param="structured_outputs") from None
 
 
 LOGPROB_FLOOR = -9999.0  # vLLM's serving layer prints -inf as this (JSON has no -inf)

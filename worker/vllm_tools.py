@@ -34,7 +34,7 @@ class ToolCallStream:
             # The parsers read the tools (and the tool choice) from the request they are given.
             self._request = ChatCompletionRequest(model="", messages=[], tools=tools, tool_choice="auto")
         except ValueError as e:
-            raise InvalidRequest(f"'tools': {e}") from None
+            raise InvalidRequest(f"'tools': {e}", param="tools") from None
         self._parser = ToolParserManager.get_tool_parser(parser_name)(tokenizer, self._request.tools)
         self._text = ""
         self._token_ids: list[int] = []

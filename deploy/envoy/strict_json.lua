@@ -8,8 +8,8 @@
 -- 3. Marks the request's API (API_HEADER: "openai" or "json") so Envoy's own error replies get
 --    that API's shape (local_reply_config), and reshapes gRPC errors on OpenAI paths into
 --    OpenAI's {"error": {...}} body.
--- SCHEMAS, STREAM_PATHS, OPENAI_ROOT (OpenAI paths outside /v1/), NATIVE_PREFIX and API_HEADER
--- are prepended by deploy/envoy_config.py.
+-- SCHEMAS, STREAM_PATHS, OPENAI_ROOT (OpenAI paths outside /v1/), NATIVE_PREFIX, API_HEADER and
+-- PARAM_HEADER are prepended by deploy/envoy_config.py.
 
 local function skip_ws(s, i)
   return s:find("[^ \t\r\n]", i) or #s + 1
@@ -154,12 +154,16 @@ function envoy_on_response(handle)
   if not code then return end
   local message = raw_string(s, "message") or ""
   local kind = ERROR_TYPES[code] or { "server_error", "internal" }
-  local param = message:match("^'([%w_%.%[%]]+)'") or message:match("'([%w_%.%[%]]+)'")
+  -- The field at fault, as the service named it (trailing metadata of the status; a trailers-only
+  -- gRPC answer brings it with the headers).
+  local param = handle:headers():get(PARAM_HEADER) -- again: body() may have yielded
+  if param and not param:match("^[%w_%.%[%]]+$") then param = nil end
   local out = '{"error":{"message":"' .. message .. '","type":"' .. kind[1] .. '","param":'
     .. (param and ('"' .. param .. '"') or "null") .. ',"code":"' .. kind[2] .. '"}}'
   body:setBytes(out)
   headers = handle:headers() -- again: body() may have yielded
   headers:remove("grpc-status")
   headers:remove("grpc-message")
+  headers:remove(PARAM_HEADER)
   if code == 8 and not headers:get("retry-after") then headers:replace("retry-after", "1") end
 end

@@ -889,14 +889,16 @@ class SessionResponse(_message.Message):
     def __init__(self, deltas: _Optional[_Iterable[_Union[GenerateResponse, _Mapping]]] = ..., errors: _Optional[_Iterable[_Union[SessionError, _Mapping]]] = ...) -> None: ...
 
 class SessionError(_message.Message):
-    __slots__ = ("request_id", "code", "message")
+    __slots__ = ("request_id", "code", "message", "param")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    PARAM_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     code: int
     message: str
-    def __init__(self, request_id: _Optional[str] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+    param: str
+    def __init__(self, request_id: _Optional[str] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., param: _Optional[str] = ...) -> None: ...
 
 class PickRequest(_message.Message):
     __slots__ = ("request_id", "prompt", "exclude", "pick_id", "trace_context", "messages", "session_key")

@@ -256,6 +256,7 @@ async def test_tokenize_on_the_sim_and_a_clear_no_to_detokenize(mesh: Mesh) -> N
     assert chat.status_code == 200 and chat.json()["count"] > 1
     assert refused.status_code == 400 and "cannot be turned back into text" in refused.json()["error"]["message"]
     assert both.status_code == 400 and both.json()["error"]["message"].startswith("give either")
+    assert both.json()["error"]["param"] is None  # no one field is at fault; the wording is not parsed
     assert anonymous.status_code == 401  # an API route like the others
     assert other_model.status_code == 400 and other_model.json()["error"]["param"] == "model"
 

@@ -23,6 +23,7 @@ from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.server import insecure_channel
 from tests.conftest import free_port
+from tests.integration.helpers import wait_until
 from worker.session import Session
 
 WAIT_S = 10.0   # upper bound on any wait; a healthy run takes milliseconds
@@ -268,13 +269,20 @@ async def test_client_request_id_is_kept(mesh: MeshFactory) -> None:
     assert m.a.requests[0].request_id == "mine" and {c.request_id for c in chunks} == {"mine"}
 
 
+async def stored_and_landed(cache: ObservedCache) -> None:
+    """The cache stored the answer, and the gateway's flight that held it is closed: until then
+    an identical request is answered from the flight (coalesced), not from the cache."""
+    async with asyncio.timeout(WAIT_S):
+        assert (await cache.stores.get()).stored
+    await wait_until(lambda: sample("meshserve_gateway_flights") == 0, WAIT_S, "the flight to close")
+
+
 async def test_second_identical_greedy_request_is_a_cache_hit(mesh: MeshFactory) -> None:
     m = await mesh()
     assert m.cache is not None
     hits_before = sample("meshserve_cache_hits_total", {"kind": "exact"})
     first = await collect(m.stub.Generate(greedy()))
-    async with asyncio.timeout(WAIT_S):
-        assert (await m.cache.stores.get()).stored
+    await stored_and_landed(m.cache)
 
     second = await collect(m.stub.Generate(greedy(request_id="again")))
 
@@ -296,8 +304,7 @@ async def test_complete_can_be_a_cache_hit_and_explicit_model_shares_the_entry(m
     m = await mesh()
     assert m.cache is not None
     await m.stub.Complete(greedy(), timeout=WAIT_S)
-    async with asyncio.timeout(WAIT_S):
-        assert (await m.cache.stores.get()).stored
+    await stored_and_landed(m.cache)
     resp = await m.stub.Complete(greedy(model=DEFAULT_MODEL), timeout=WAIT_S)
     assert resp.cached and resp.text == "".join(PIECES) and m.a.calls == 1
 

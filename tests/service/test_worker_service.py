@@ -11,6 +11,7 @@ import grpc
 import pytest
 from prometheus_client import REGISTRY
 
+from services import validation
 from services.config import WorkerConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
@@ -197,6 +198,8 @@ async def test_bad_requests_are_invalid_argument_naming_the_field(
             pass
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert named in err.value.details()
+    # The field at fault travels as metadata, not only in the wording (OpenAI's `param`).
+    assert validation.param_of(err.value.trailing_metadata()) == named.split("'")[1]
 
 
 async def test_client_cancel_aborts_the_request_and_frees_the_engine(

@@ -247,7 +247,7 @@ def test_required_is_a_list_of_calls_and_none_passes_the_tools_only() -> None:
 def test_tool_requests_that_cannot_be_served_are_refused(body: dict, field: str) -> None:
     with pytest.raises(InvalidRequest) as err:
         convert.chat_request(chat(**body))
-    assert str(err.value).startswith(field)
+    assert str(err.value).startswith(field) and err.value.param == field.strip("'")
 
 
 def test_a_forced_call_is_answered_as_tool_calls() -> None:
