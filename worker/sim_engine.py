@@ -335,10 +335,11 @@ class SimEngine(Engine):
         if total > self.info.max_model_len:
             raise PromptTooLong(
                 f"prompt ({len(prompt_ids)} tokens) + max_tokens ({request.max_tokens}) exceeds "
-                f"the model's context of {self.info.max_model_len} tokens"
+                f"the model's context of {self.info.max_model_len} tokens",
+                param="max_tokens",
             )
         if math.ceil(total / self._block_size) > self._pool.num_blocks:
-            raise PromptTooLong(f"prompt + max_tokens ({total} tokens) exceeds the KV cache")
+            raise PromptTooLong(f"prompt + max_tokens ({total} tokens) exceeds the KV cache", param="max_tokens")
         if request.temperature == 0 or request.seed is not None:
             seed = "greedy" if request.temperature == 0 else str(request.seed)
             rng = random.Random(f"{self._cfg.sim_seed}\0{seed}\0{prompt}")

@@ -59,7 +59,8 @@ def check_fits(num_prompt_tokens: int, max_tokens: int, max_model_len: int) -> N
     if num_prompt_tokens + max_tokens > max_model_len:
         raise PromptTooLong(
             f"the prompt has {num_prompt_tokens} tokens and 'max_tokens' is {max_tokens}, "
-            f"more than the model's context of {max_model_len} tokens"
+            f"more than the model's context of {max_model_len} tokens",
+            param="max_tokens",
         )
 
 
