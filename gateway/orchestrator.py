@@ -24,7 +24,7 @@ from gateway.breaker import Breaker
 from gateway.clients import Clients
 from gateway.flights import Flight, Flights
 from gateway.picks import PickFailed, PickRefused
-from gateway.relay import WorkerFailed, merge
+from gateway.relay import WorkerFailed, add_tool_call_piece, merge
 from services import cache_keys, telemetry, validation
 from services.config import GatewayConfig
 from services.gen import meshserve_pb2 as pb
@@ -142,16 +142,14 @@ class Orchestrator:
         """The same pipeline as ``generate``, aggregated into one message."""
         out = pb.CompleteResponse(request_id=request.request_id)
         texts: list[str] = []
-        calls: dict[int, pb.ToolCall] = {}  # by index, from their pieces
+        joined = pb.GenerateResponse()  # its tool_calls: the pieces joined, one per call
         async with aclosing(self.generate(request, tenant)) as stream:
             async for chunk in stream:
                 texts.append(chunk.text)
                 out.token_ids.extend(chunk.token_ids)
                 out.logprobs.extend(chunk.logprobs)
                 for piece in chunk.tool_calls:
-                    call = calls.setdefault(piece.index, pb.ToolCall())
-                    call.id, call.name = call.id or piece.id, call.name or piece.name
-                    call.arguments += piece.arguments
+                    add_tool_call_piece(joined.tool_calls, piece)
                 out.request_id, out.cached, out.worker = chunk.request_id, chunk.cached, chunk.worker
                 out.cache_kind, out.cache_age_s = chunk.cache_kind, chunk.cache_age_s
                 out.cache_similarity = chunk.cache_similarity
@@ -160,7 +158,8 @@ class Orchestrator:
                 if chunk.HasField("usage"):
                     out.usage.CopyFrom(chunk.usage)
         out.text = "".join(texts)
-        out.tool_calls.extend(calls[i] for i in sorted(calls))
+        out.tool_calls.extend(pb.ToolCall(id=c.id, name=c.name, arguments=c.arguments)
+                              for c in sorted(joined.tool_calls, key=lambda c: c.index))
         return out
 
     async def close(self) -> None:

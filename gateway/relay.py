@@ -60,14 +60,15 @@ def merge(chunks: list[pb.GenerateResponse]) -> pb.GenerateResponse:
 
 
 def add_tool_call_piece(calls: RepeatedCompositeFieldContainer[pb.ToolCallDelta], piece: pb.ToolCallDelta) -> None:
-    """Appends ``piece`` to ``calls`` (a repeated ToolCallDelta), joined with the last one if it
-    is the same call's."""
-    if calls and calls[-1].index == piece.index:
-        joined = calls[-1]
-        joined.id, joined.name = joined.id or piece.id, joined.name or piece.name
-        joined.arguments += piece.arguments
-    else:
-        calls.add().CopyFrom(piece)
+    """Adds ``piece`` to ``calls`` (a repeated ToolCallDelta): joined with the call of its index
+    when ``calls`` has it (its id and name, the first given; its arguments, appended), else as a
+    new call. Deltas merged this way stay deltas; all of a stream's pieces joined are its calls."""
+    for call in reversed(calls):
+        if call.index == piece.index:
+            call.id, call.name = call.id or piece.id, call.name or piece.name
+            call.arguments += piece.arguments
+            return
+    calls.add().CopyFrom(piece)
 
 
 class RequestStream:

@@ -109,14 +109,15 @@ class Running:
         gc.unfreeze()  # a stopped service gives what it froze at start back to the collector
 
 
-class CancellableStreams(grpc.aio.ServerInterceptor):
-    """Runs each server-streaming handler of our services (not gRPC's own: health, reflection)
-    as a coroutine that writes with ``context.write``, not as the async generator it is written
-    as: grpc.aio does not close a generator handler whose RPC is cancelled while it waits in a
-    write, so the servicer's cleanup (cancel the worker call, abort the engine request) would
-    wait for garbage collection. Here the end of the RPC (a client that went away included)
-    cancels the handler wherever it waits, and the cancellation unwinds through ``aclosing``,
-    which closes the servicer's stream."""
+class ServiceCalls(grpc.aio.ServerInterceptor):
+    """How every call to our services (not gRPC's own: health, reflection) runs: traced
+    (``telemetry.traced``), and each server-streaming handler as a coroutine that writes with
+    ``context.write``, not as the async generator it is written as: grpc.aio does not close a
+    generator handler whose RPC is cancelled while it waits in a write, so the servicer's cleanup
+    (cancel the worker call, abort the engine request) would wait for garbage collection. Here the
+    end of the RPC (a client that went away included) cancels the handler wherever it waits, and
+    the cancellation unwinds through ``aclosing``, which closes the servicer's stream. One
+    interceptor, so a call pays for one."""
 
     async def intercept_service(
         self,
@@ -124,7 +125,10 @@ class CancellableStreams(grpc.aio.ServerInterceptor):
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(details)
-        if handler is None or handler.unary_stream is None or details.method.startswith("/grpc."):
+        if handler is None or details.method.startswith("/grpc."):
+            return handler
+        handler = telemetry.traced(handler, details)
+        if handler.unary_stream is None:
             return handler
         return handler._replace(unary_stream=_write_loop(handler.unary_stream))
 
@@ -152,8 +156,7 @@ async def start(
     # No SO_REUSEPORT: a second server on a busy port must fail, not share it silently.
     server = grpc.aio.server(
         options=[*CHANNEL_OPTIONS, *SERVER_OPTIONS, ("grpc.so_reuseport", 0)],
-        # Outermost first: the streams it runs are the traced ones.
-        interceptors=[CancellableStreams(), telemetry.TracingInterceptor()]
+        interceptors=[ServiceCalls()],
     )
     service_names = list(register(server))
     health_servicer = health.aio.HealthServicer()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 from typing import Any
 
@@ -174,29 +174,22 @@ def mark_failed(span: trace.Span, error: BaseException) -> None:
     span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
 
 
-class TracingInterceptor(grpc.aio.ServerInterceptor):
-    """Continues the caller's trace (or starts one) with a SERVER span around each call, and
-    returns the trace id: ``x-trace-id`` in the initial metadata with the first response, and
-    in the trailing metadata of calls that fail before any. (How a stream's handler is run, and
-    cancelled, is services.server.CancellableStreams's job.)"""
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(details)
-        method = details.method
-        if handler is None or method.startswith(UNTRACED_PREFIXES):
-            return handler
-        parent = incoming_context(details.invocation_metadata)
-        name = method.lstrip("/").removeprefix("meshserve.v1.")
-        attributes = {"rpc.system": "grpc", "rpc.method": method}
-        if handler.unary_unary is not None:
-            return handler._replace(unary_unary=_traced_unary(handler.unary_unary, name, parent, attributes))
-        if handler.unary_stream is not None:
-            return handler._replace(unary_stream=_traced_stream(handler.unary_stream, name, parent, attributes))
+def traced(handler: grpc.RpcMethodHandler, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+    """``handler`` with a SERVER span around each call, continuing the caller's trace (or starting
+    one), and the trace id returned: ``x-trace-id`` in the initial metadata with the first
+    response, and in the trailing metadata of calls that fail before any. Applied to every call by
+    services.server's interceptor, which also runs the streams."""
+    method = details.method
+    if method.startswith(UNTRACED_PREFIXES):
         return handler
+    parent = incoming_context(details.invocation_metadata)
+    name = method.lstrip("/").removeprefix("meshserve.v1.")
+    attributes = {"rpc.system": "grpc", "rpc.method": method}
+    if handler.unary_unary is not None:
+        return handler._replace(unary_unary=_traced_unary(handler.unary_unary, name, parent, attributes))
+    if handler.unary_stream is not None:
+        return handler._replace(unary_stream=_traced_stream(handler.unary_stream, name, parent, attributes))
+    return handler
 
 
 def server_span(name: str, parent: otel_context.Context, attributes: dict[str, Any]) -> Any:
