@@ -20,8 +20,9 @@ import redis.exceptions
 from opentelemetry import trace
 
 from cache_service.semantic import SemanticStore
-from cache_service.store import ExactStore, connect
+from cache_service.store import ExactStore
 from services import validation
+from services.cache_keys import connect
 from services.config import CacheConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
@@ -80,7 +81,8 @@ class CacheServicer(pb_grpc.CacheServicer):
 
     async def _lookup(self, request: pb.LookupRequest, mode: str) -> pb.LookupResponse:
         req, tenant = request.request, request.tenant
-        entry = await self._exact.lookup(req, tenant)
+        # The gateway that reads exact entries from Redis itself asks only for a semantic match.
+        entry = None if request.exact_missed else await self._exact.lookup(req, tenant)
         similarity = 1.0
         kind = self._exact.kind
         if entry is None and mode == validation.CACHE_SEMANTIC and self._semantic is not None:

@@ -12,36 +12,18 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import google.protobuf.message
 import prometheus_client
 import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 
 from services import validation
-from services.cache_keys import KIND_EXACT, exact_key
+from services.cache_keys import KIND_EXACT, exact_key, parse_entry
 from services.gen import meshserve_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-# A cache must fail fast: a slow or absent Redis costs a request this long at most, and the
-# gateway's breaker stops asking while Redis is down.
-SOCKET_TIMEOUT_S = 0.25
-CONNECT_TIMEOUT_S = 0.25
-
 CORRUPT = prometheus_client.Counter(
     "meshserve_cache_corrupt_entries_total", "Entries that did not parse: deleted and treated as a miss"
 )
-
-
-def connect(url: str, socket_timeout_s: float = SOCKET_TIMEOUT_S) -> aioredis.Redis:
-    """A redis.asyncio client that retries a broken connection once, without backoff."""
-    return aioredis.from_url(
-        url,
-        socket_timeout=socket_timeout_s,
-        socket_connect_timeout=CONNECT_TIMEOUT_S,
-        retry=Retry(NoBackoff(), 1),
-    )
 
 
 @dataclass(frozen=True)
@@ -92,10 +74,8 @@ class ExactStore:
         if raw is None:
             return None
         try:
-            entry = pb.CacheEntry.FromString(raw)
-            if not entry.chunks or entry.chunks[-1].finish_reason not in validation.FINISHED:
-                raise ValueError("no finished stream in it")
-        except (google.protobuf.message.DecodeError, ValueError) as e:
+            entry = parse_entry(raw)
+        except ValueError as e:
             CORRUPT.inc()
             log.warning("cache entry %s is corrupt (%s): deleted", key, e)
             await self._redis.delete(key)

@@ -1,5 +1,5 @@
 """The gateway's channels: one to the router (with one Picks stream on it for every pick), one to
-the cache, one per worker address (with one Session stream on it that all requests to that
+the cache (and a Redis client for its exact entries), one per worker address (with one Session stream on it that all requests to that
 worker share)."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import grpc
 
+from gateway.entries import ExactEntries
 from gateway.picks import PickStream
 from gateway.relay import WorkerSession
 from services.gen import meshserve_pb2 as pb
@@ -26,12 +27,15 @@ class Clients:
     While the router is unreachable, ``fallback`` picks from the workers it named before.
     """
 
-    def __init__(self, router: str, cache: str, stall_timeout_s: float = 0.0) -> None:
+    def __init__(
+        self, router: str, cache: str, stall_timeout_s: float = 0.0, entries: ExactEntries | None = None
+    ) -> None:
         self._router_channel = insecure_channel(router)
         self.router = pb_grpc.RouterStub(self._router_channel)
         self.picks = PickStream(self.router)
         self._cache_channel: grpc.aio.Channel | None = insecure_channel(cache) if cache else None
         self.cache = pb_grpc.CacheStub(self._cache_channel) if self._cache_channel else None
+        self.entries = entries  # exact entries read from the cache's Redis, when the gateway has its URL
         self._workers: dict[str, tuple[grpc.aio.Channel, pb_grpc.WorkerStub]] = {}
         self._sessions: dict[str, WorkerSession] = {}
         self._worker_options = stall_options(stall_timeout_s) if stall_timeout_s > 0 else []
@@ -108,4 +112,6 @@ class Clients:
         self._workers.clear()
         for channel in channels:
             await channel.close()
+        if self.entries is not None:
+            await self.entries.close()
         await asyncio.gather(*self._closing, return_exceptions=True)

@@ -73,3 +73,16 @@ CACHE_BREAKER_OPEN = prometheus_client.Gauge(
 CACHE_ERRORS = prometheus_client.Counter(
     "meshserve_gateway_cache_errors_total", "Cache calls that failed or timed out (served uncached)", ["op"]
 )
+CACHE_READS = prometheus_client.Counter(
+    "meshserve_gateway_cache_reads_total",
+    "Exact cache entries the gateway read from Redis itself (--redis-url), by result: hit, miss, error",
+    ["result"],
+)
+CACHE_READ_SECONDS = prometheus_client.Histogram(
+    "meshserve_gateway_cache_read_seconds", "Time of the gateway's own read of an exact entry from Redis",
+    buckets=[0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32],
+)
+CACHE_CORRUPT = prometheus_client.Counter(
+    "meshserve_gateway_cache_corrupt_entries_total",
+    "Entries the gateway read that did not parse: deleted and treated as a miss",
+)

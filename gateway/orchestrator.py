@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import grpc
+import redis.exceptions
 from opentelemetry import trace
 
 from gateway import metrics
@@ -206,11 +207,10 @@ class Orchestrator:
         # is a cache hit or one generation; the leader's flight stores what it generated. The
         # mode is part of the key: an "exact" request must not get a "semantic" one's hit.
         view = self._cache_view(req)  # the request as the cache keys it, for the key, lookup and store
-        if self._cfg.coalesce:
-            key = f"{cache_keys.exact_key(view, tenant)}/{mode}"
-        else:
-            key = req.request_id  # a flight of its own
-        flight, leader = self._flights.join(key, req.request_id, lambda f: self._fly(f, req, view, tenant, mode))
+        exact = cache_keys.exact_key(view, tenant, self._cfg.cache_key_prefix)  # its entry's Redis key
+        key = f"{exact}/{mode}" if self._cfg.coalesce else req.request_id  # else a flight of its own
+        flight, leader = self._flights.join(
+            key, req.request_id, lambda f: self._fly(f, req, view, tenant, mode, exact))
         if not leader:
             metrics.COALESCED.inc()
             trace.get_current_span().set_attribute("meshserve.coalesced_with", flight.leader_request_id)
@@ -246,12 +246,12 @@ class Orchestrator:
         return chunk
 
     async def _fly(
-        self, flight: Flight, req: pb.GenerateRequest, view: pb.GenerateRequest, tenant: str, mode: str
+        self, flight: Flight, req: pb.GenerateRequest, view: pb.GenerateRequest, tenant: str, mode: str, exact: str
     ) -> None:
         """A flight's task: the cache, else one generation, stored once it finished."""
         outcome = _Outcome(req.request_id)
         try:
-            hit = await self._lookup(view, tenant, mode)
+            hit = await self._lookup(view, tenant, mode, exact)
             if hit is not None:
                 metrics.CACHE_HITS.labels(hit.kind).inc()
                 flight.cache_kind, flight.cache_age_s, flight.cache_similarity = hit.kind, hit.age_s, hit.similarity
@@ -279,19 +279,46 @@ class Orchestrator:
         if flight.chunks[-1].finish_reason in validation.FINISHED:
             await self._store(view, tenant, flight.chunks)
 
-    async def _lookup(self, req: pb.GenerateRequest, tenant: str, mode: str) -> pb.LookupResponse | None:
-        if self._clients.cache is None or not self._breaker.allow():
+    async def _lookup(
+        self, req: pb.GenerateRequest, tenant: str, mode: str, exact: str
+    ) -> pb.LookupResponse | None:
+        """The cache's answer to ``req`` (None: a miss, or the cache failed): its exact entry
+        ``exact`` read from Redis when the gateway has its URL, else (or for a semantic lookup
+        after that miss) from the cache service."""
+        cache = self._clients.cache
+        if cache is None or not self._breaker.allow():
             return None
         with telemetry.tracer.start_as_current_span("cache lookup") as span:
+            exact_missed = False
+            if self._clients.entries is not None:
+                started = time.perf_counter()
+                try:
+                    entry = await self._clients.entries.get(exact)
+                except redis.exceptions.RedisError as e:
+                    metrics.CACHE_READS.labels("error").inc()
+                    span.set_attribute("meshserve.cache.result", "error")
+                    self._cache_failed("lookup", req, f"Redis: {type(e).__name__}: {e}")
+                    return None
+                metrics.CACHE_READ_SECONDS.observe(time.perf_counter() - started)
+                metrics.CACHE_READS.labels("miss" if entry is None else "hit").inc()
+                if entry is not None or mode != validation.CACHE_SEMANTIC:
+                    self._cache_worked()
+                    span.set_attributes({"meshserve.cache.result": "miss" if entry is None else "hit",
+                                         "meshserve.cache.kind": cache_keys.KIND_EXACT})
+                    if entry is None:
+                        return None
+                    return pb.LookupResponse(hit=True, kind=cache_keys.KIND_EXACT, chunks=entry.chunks,
+                                             age_s=max(0.0, time.time() - entry.stored_at))
+                exact_missed = True  # the cache service looks it up by meaning only
             try:
-                resp = await self._clients.cache.Lookup(
-                    pb.LookupRequest(request=req, tenant=tenant, mode=mode),
+                resp = await cache.Lookup(
+                    pb.LookupRequest(request=req, tenant=tenant, mode=mode, exact_missed=exact_missed),
                     timeout=self._cfg.cache_timeout_s,
                     metadata=telemetry.outgoing_metadata(),
                 )
             except grpc.aio.AioRpcError as e:
                 span.set_attribute("meshserve.cache.result", "error")
-                self._cache_failed("lookup", req, e)
+                self._cache_failed("lookup", req, f"{e.code().name} {e.details()}")
                 return None
             self._cache_worked()
             hit = resp.hit and bool(resp.chunks)
@@ -537,19 +564,18 @@ class Orchestrator:
                 )
             except grpc.aio.AioRpcError as e:
                 span.set_attribute("meshserve.cache.result", "error")
-                self._cache_failed("store", req, e)
+                self._cache_failed("store", req, f"{e.code().name} {e.details()}")
                 return
             span.set_attribute("meshserve.cache.result", "stored" if resp.stored else "refused")
         self._cache_worked()
         if not resp.stored:
             log.debug("request %s: not cached: %s", req.request_id, resp.reason)
 
-    def _cache_failed(self, op: str, req: pb.GenerateRequest, e: grpc.aio.AioRpcError) -> None:
+    def _cache_failed(self, op: str, req: pb.GenerateRequest, detail: str) -> None:
         metrics.CACHE_ERRORS.labels(op).inc()
         level = logging.WARNING if self._cache_ok else logging.DEBUG
         self._cache_ok = False
-        log.log(level, "request %s: cache %s failed, serving uncached: %s %s",
-                req.request_id, op, e.code().name, e.details())
+        log.log(level, "request %s: cache %s failed, serving uncached: %s", req.request_id, op, detail)
         if self._breaker.failed():
             log.warning("cache breaker open: %d cache calls failed in a row; not calling the cache for %gs",
                         self._cfg.cache_breaker_failures, self._cfg.cache_breaker_s)

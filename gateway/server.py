@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 
 from gateway.clients import Clients
+from gateway.entries import ExactEntries
 from gateway.openai_servicer import OpenAIServicer
 from gateway.orchestrator import GatewayError, Orchestrator
 from services.config import GatewayConfig
@@ -57,7 +58,8 @@ class InferenceServicer(pb_grpc.InferenceServicer):
 
 def _build(cfg: GatewayConfig) -> tuple[Callable[[grpc.aio.Server], list[str]], Lifecycle]:
     """Both public services share one orchestrator (one admission bound, one set of channels)."""
-    orchestrator = Orchestrator(cfg, Clients(cfg.router, cfg.cache, cfg.stall_timeout_s))
+    entries = ExactEntries(cfg.redis_url, cfg.cache_key_prefix, cfg.cache_timeout_s) if cfg.redis_url else None
+    orchestrator = Orchestrator(cfg, Clients(cfg.router, cfg.cache, cfg.stall_timeout_s, entries))
     inference = InferenceServicer(orchestrator)
     openai = OpenAIServicer(orchestrator, cfg.model, _tenant)
 

@@ -1,7 +1,8 @@
-"""Cache keys: one sha256 per (tenant, request) over every field that can change the output.
+"""Cache keys and entries: one sha256 per (tenant, request) over every field that can change the
+output, and the Redis client and entry format both sides use.
 
-Shared by the cache service (where entries live) and the gateway (which coalesces identical
-requests in flight under the same key)."""
+Shared by the cache service (which stores the entries) and the gateway (which coalesces identical
+requests in flight under the same key, and reads exact entries from Redis itself)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,42 @@ import hashlib
 import json
 from typing import Any
 
+import google.protobuf.message
+import redis.asyncio as aioredis
 from google.protobuf import json_format
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from services import validation
 from services.gen import meshserve_pb2 as pb
 
 KIND_EXACT = "exact"
+# A cache must fail fast: a slow or absent Redis costs a request this long at most, and the
+# gateway's breaker stops asking while Redis is down.
+SOCKET_TIMEOUT_S = 0.25
+CONNECT_TIMEOUT_S = 0.25
+
+
+def connect(url: str, socket_timeout_s: float = SOCKET_TIMEOUT_S) -> aioredis.Redis:
+    """A redis.asyncio client that retries a broken connection once, without backoff."""
+    return aioredis.from_url(
+        url,
+        socket_timeout=socket_timeout_s,
+        socket_connect_timeout=min(CONNECT_TIMEOUT_S, socket_timeout_s),
+        retry=Retry(NoBackoff(), 1),
+    )
+
+
+def parse_entry(raw: bytes) -> pb.CacheEntry:
+    """A stored entry from its bytes; ValueError when they are not a finished stream (a corrupt or
+    truncated entry, which its reader deletes and takes for a miss)."""
+    try:
+        entry = pb.CacheEntry.FromString(raw)
+    except google.protobuf.message.DecodeError as e:
+        raise ValueError(f"not a CacheEntry: {e}") from None
+    if not entry.chunks or entry.chunks[-1].finish_reason not in validation.FINISHED:
+        raise ValueError("no finished stream in it")
+    return entry
 
 
 def canonical(req: pb.GenerateRequest, tenant: str) -> bytes:

@@ -27,6 +27,7 @@ def _f(default: Any, help: str, **kw: Any) -> Any:
 
 # The name the project's own tiny model is served under (`meshserve make-model` builds it).
 DEFAULT_MODEL = "meshserve-tiny"
+CACHE_KEY_PREFIX = "meshserve:cache:"  # of every cache key: the cache service writes, the gateway reads
 # Inference engines (WorkerConfig.engine); worker/server.py defines them, under these names.
 WORKER_ENGINES = ("vllm", "sim", "transformers")
 # Where vLLM's engine-core process may run on CPU (WorkerConfig.engine_core_cpus).
@@ -187,7 +188,7 @@ class CacheConfig(ServerConfig):
     port: int = _f(50053, "gRPC port (0 picks a free port)")
     redis_url: str = _f("redis://127.0.0.1:6379/0", "Redis/Valkey URL")
     ttl_seconds: int = _f(3600, "how long a cached completion lives")
-    key_prefix: str = _f("meshserve:cache:", "prefix of every cache key")
+    key_prefix: str = _f(CACHE_KEY_PREFIX, "prefix of every cache key")
     max_entry_bytes: int = _f(1 << 20, "largest entry stored; larger completions are not cached (counted)")
     semantic: bool = _f(True, "also answer the same question asked in other words (embeddings + guards)")
     semantic_threshold: float = _f(
@@ -207,6 +208,10 @@ class GatewayConfig(ServerConfig):
     port: int = _f(50051, "gRPC port (0 picks a free port)")
     router: str = _f("127.0.0.1:50052", "router address host:port")
     cache: str = _f("127.0.0.1:50053", "cache address host:port ('' disables the cache)")
+    redis_url: str = _f(
+        "", "the cache's Redis/Valkey URL: the gateway reads exact entries there itself, one hop fewer per "
+            "lookup (the cache service still stores them and answers semantic lookups); '' asks the cache service")
+    cache_key_prefix: str = _f(CACHE_KEY_PREFIX, "the cache service's key prefix (its --key-prefix), for --redis-url")
     model: str = _f(DEFAULT_MODEL, "model name clients may send (requests naming another model are refused)")
     max_in_flight: int = _f(2048, "most streams the gateway serves at once; beyond: RESOURCE_EXHAUSTED")
     cache_timeout_s: float = _f(0.3, "give up on a cache call after this long (serve uncached)")
@@ -232,6 +237,11 @@ class GatewayConfig(ServerConfig):
         60.0, "a migrated stream fails unless its continuation's first token comes within this long of the loss "
               "(a fleet that lost a worker queues its streams on the others: on a busy fleet that takes seconds)"
     )
+
+    def __post_init__(self) -> None:
+        if self.redis_url and not self.cache:
+            raise ValueError("--redis-url is the cache's Redis: it needs the cache service (--cache), which "
+                             "stores the entries the gateway reads there")
 
 
 @dataclass

@@ -968,14 +968,16 @@ class ListWorkersResponse(_message.Message):
     def __init__(self, workers: _Optional[_Iterable[_Union[WorkerState, _Mapping]]] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
-    __slots__ = ("request", "tenant", "mode")
+    __slots__ = ("request", "tenant", "mode", "exact_missed")
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
+    EXACT_MISSED_FIELD_NUMBER: _ClassVar[int]
     request: GenerateRequest
     tenant: str
     mode: str
-    def __init__(self, request: _Optional[_Union[GenerateRequest, _Mapping]] = ..., tenant: _Optional[str] = ..., mode: _Optional[str] = ...) -> None: ...
+    exact_missed: bool
+    def __init__(self, request: _Optional[_Union[GenerateRequest, _Mapping]] = ..., tenant: _Optional[str] = ..., mode: _Optional[str] = ..., exact_missed: _Optional[bool] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
     __slots__ = ("hit", "kind", "chunks", "age_s", "similarity")

@@ -16,8 +16,9 @@ import pytest
 from prometheus_client import REGISTRY
 
 from cache_service.server import CacheServicer
-from cache_service.store import ExactStore, connect
+from cache_service.store import ExactStore
 from gateway.server import TENANT_METADATA, start_gateway
+from services.cache_keys import connect, exact_key, parse_entry
 from services.config import DEFAULT_MODEL, GatewayConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
@@ -126,11 +127,13 @@ class ObservedCache(CacheServicer):
         super().__init__(store)
         self.lookups = 0
         self.modes: list[str] = []
+        self.exact_missed: list[bool] = []
         self.stores: asyncio.Queue[pb.StoreResponse] = asyncio.Queue()
 
     async def Lookup(self, request: pb.LookupRequest, context: grpc.aio.ServicerContext) -> pb.LookupResponse:
         self.lookups += 1
         self.modes.append(request.mode)
+        self.exact_missed.append(request.exact_missed)
         return await super().Lookup(request, context)
 
     async def Store(self, request: pb.StoreRequest, context: grpc.aio.ServicerContext) -> pb.StoreResponse:
@@ -159,6 +162,8 @@ class Mesh:
     b: FakeWorker
     cache: ObservedCache | None
     router_server: grpc.aio.Server | None = None
+    redis_url: str = ""  # the cache's Redis, and the prefix of its keys
+    key_prefix: str = ""
 
 
 MeshFactory = Callable[..., Awaitable[Mesh]]
@@ -167,11 +172,13 @@ MeshFactory = Callable[..., Awaitable[Mesh]]
 @pytest.fixture
 async def mesh(redis_url: str) -> AsyncIterator[MeshFactory]:
     """Builds gateway + fake router + fake workers A, B + cache; ``cache`` is one of
-    'real', 'off', 'dead-port' (nothing listens) or 'dead-redis' (cache up, Redis down)."""
+    'real', 'off', 'dead-port' (nothing listens) or 'dead-redis' (cache up, Redis down);
+    ``reads_redis``: the gateway reads exact entries from the cache's Redis itself (--redis-url)."""
     async with AsyncExitStack() as stack:
 
         async def make(
-            a: str = "ok", b: str = "ok", cache: str = "real", router: str = "up", **cfg: Any
+            a: str = "ok", b: str = "ok", cache: str = "real", router: str = "up", reads_redis: bool = False,
+            **cfg: Any,
         ) -> Mesh:
             workers = {name: FakeWorker(name, mode) for name, mode in (("A", a), ("B", b))}
             addresses = {}
@@ -188,10 +195,11 @@ async def mesh(redis_url: str) -> AsyncIterator[MeshFactory]:
                 router_address = f"127.0.0.1:{free_port()}"
 
             observed: ObservedCache | None = None
-            cache_address = ""
+            cache_address = url = ""
+            prefix = f"test:{uuid.uuid4().hex}:"
             if cache in ("real", "dead-redis"):
                 url = redis_url if cache == "real" else f"redis://127.0.0.1:{free_port()}/0"
-                store = ExactStore(connect(url), ttl_seconds=60, key_prefix=f"test:{uuid.uuid4().hex}:")
+                store = ExactStore(connect(url), ttl_seconds=60, key_prefix=prefix)
                 stack.push_async_callback(store.close)
                 observed = ObservedCache(store)
                 cache_address = await _serve(
@@ -200,6 +208,8 @@ async def mesh(redis_url: str) -> AsyncIterator[MeshFactory]:
             elif cache == "dead-port":
                 cache_address = f"127.0.0.1:{free_port()}"
 
+            if reads_redis:
+                cfg.update(redis_url=url, cache_key_prefix=prefix)
             gateway_cfg = GatewayConfig(
                 port=0, metrics_port=-1, grace_seconds=1, router=router_address, cache=cache_address, **cfg
             )
@@ -208,7 +218,7 @@ async def mesh(redis_url: str) -> AsyncIterator[MeshFactory]:
             channel = insecure_channel(f"127.0.0.1:{running.port}")
             stack.push_async_callback(channel.close)
             return Mesh(pb_grpc.InferenceStub(channel), fake_router, workers["A"], workers["B"], observed,
-                        router_servers[0])
+                        router_servers[0], url, prefix)
 
         yield make
 
@@ -277,8 +287,9 @@ async def stored_and_landed(cache: ObservedCache) -> None:
     await wait_until(lambda: sample("meshserve_gateway_flights") == 0, WAIT_S, "the flight to close")
 
 
-async def test_second_identical_greedy_request_is_a_cache_hit(mesh: MeshFactory) -> None:
-    m = await mesh()
+@pytest.mark.parametrize("reads_redis", [False, True], ids=["via-cache-service", "gateway-reads-redis"])
+async def test_second_identical_greedy_request_is_a_cache_hit(mesh: MeshFactory, reads_redis: bool) -> None:
+    m = await mesh(reads_redis=reads_redis)
     assert m.cache is not None
     hits_before = sample("meshserve_cache_hits_total", {"kind": "exact"})
     first = await collect(m.stub.Generate(greedy()))
@@ -518,6 +529,64 @@ async def test_past_max_in_flight_is_resource_exhausted_fast(mesh: MeshFactory) 
         assert (await m.stub.Complete(greedy(), timeout=WAIT_S)).text == "".join(PIECES)
 
 
+async def redis_info(url: str, section: str) -> dict[str, Any]:
+    client = connect(url)
+    try:
+        return await client.info(section)
+    finally:
+        await client.aclose()
+
+
+async def test_a_gateway_with_the_redis_url_reads_exact_hits_there_not_through_the_cache_service(
+    mesh: MeshFactory,
+) -> None:
+    m = await mesh(reads_redis=True)
+    assert m.cache is not None
+    reads = {r: sample("meshserve_gateway_cache_reads_total", {"result": r}) for r in ("hit", "miss")}
+    exact = await collect(m.stub.Generate(greedy(prompt="exact one", cache="exact")))
+    semantic = await collect(m.stub.Generate(greedy(prompt="semantic one", cache="semantic")))
+    await stored_and_landed(m.cache)
+    await stored_and_landed(m.cache)
+    # The exact miss never reached the cache service; the semantic one asked it by meaning only.
+    assert m.cache.lookups == 1 and m.cache.modes == ["semantic"] and m.cache.exact_missed == [True]
+    assert sample("meshserve_gateway_cache_reads_total", {"result": "miss"}) == reads["miss"] + 2
+
+    redis_hits = (await redis_info(m.redis_url, "stats"))["keyspace_hits"]
+    again = [await collect(m.stub.Generate(greedy(prompt=p, cache=mode, request_id=f"again-{mode}")))
+             for p, mode in (("exact one", "exact"), ("semantic one", "semantic"))]
+
+    assert [joined(c) for c in again] == [joined(exact), joined(semantic)]
+    assert all(c.cached and c.cache_kind == "exact" for chunks in again for c in chunks)
+    assert m.cache.lookups == 1 and m.a.calls == 2  # both hits: Redis, read by the gateway
+    assert (await redis_info(m.redis_url, "stats"))["keyspace_hits"] == redis_hits + 2
+    assert sample("meshserve_gateway_cache_reads_total", {"result": "hit"}) == reads["hit"] + 2
+
+
+async def test_a_corrupt_entry_the_gateway_reads_is_deleted_and_a_miss(mesh: MeshFactory) -> None:
+    m = await mesh(reads_redis=True, cache_mode="exact")
+    assert m.cache is not None
+    key = exact_key(greedy(model=DEFAULT_MODEL), "", m.key_prefix)
+    client = connect(m.redis_url)
+    try:
+        await client.set(key, b"\x0a\xff not a CacheEntry")
+        corrupt = sample("meshserve_gateway_cache_corrupt_entries_total")
+        deletes = (await redis_info(m.redis_url, "commandstats")).get("cmdstat_del", {}).get("calls", 0)
+        chunks = await collect(m.stub.Generate(greedy()))
+        assert joined(chunks) == "".join(PIECES) and not any(c.cached for c in chunks) and m.a.calls == 1
+        assert sample("meshserve_gateway_cache_corrupt_entries_total") == corrupt + 1
+        # Deleted by the gateway that read it (Redis's own count of DEL calls; the store is a SET).
+        assert (await redis_info(m.redis_url, "commandstats"))["cmdstat_del"]["calls"] == deletes + 1
+        await stored_and_landed(m.cache)  # the generated answer replaced it
+        assert parse_entry(await client.get(key)).chunks[-1].finish_reason == "length"
+    finally:
+        await client.aclose()
+
+
+def test_a_redis_url_without_the_cache_service_is_refused() -> None:
+    with pytest.raises(ValueError, match="--redis-url is the cache's Redis: it needs the cache service"):
+        GatewayConfig(cache="", redis_url="redis://127.0.0.1:6379/0")
+
+
 async def test_the_cache_mode_is_the_requests_or_the_gateways(mesh: MeshFactory) -> None:
     m = await mesh(cache_mode="exact")
     assert m.cache is not None
@@ -539,9 +608,9 @@ async def test_an_open_breaker_stops_calling_a_failing_cache(mesh: MeshFactory) 
     assert sample("meshserve_gateway_cache_breaker_open") == 1
 
 
-@pytest.mark.parametrize("cache", ["dead-port", "dead-redis"])
-async def test_cache_down_request_is_still_served(mesh: MeshFactory, cache: str) -> None:
-    m = await mesh(cache=cache, cache_timeout_s=0.5)
+@pytest.mark.parametrize(("cache", "reads_redis"), [("dead-port", False), ("dead-redis", False), ("dead-redis", True)])
+async def test_cache_down_request_is_still_served(mesh: MeshFactory, cache: str, reads_redis: bool) -> None:
+    m = await mesh(cache=cache, cache_timeout_s=0.5, reads_redis=reads_redis)
     for i in range(2):
         # Two prompts: a second identical one could replay the first's answer from memory.
         chunks = await collect(m.stub.Generate(greedy(prompt=f"Hello {i}")))
