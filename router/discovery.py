@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -123,8 +124,15 @@ class EndpointSliceDiscovery:
             try:
                 if not self._version:
                     await self._list()
+                started = time.monotonic()
                 await self._watch()
-                problem = "the server ended the watch"
+                if self._delivered or time.monotonic() - started >= WATCH_TIMEOUT_S / 2:
+                    # The API server ends every watch after timeoutSeconds: resume at once, quietly.
+                    log.debug("EndpointSlices of %s: the watch ended; resuming from resourceVersion %s",
+                              self._what, self._version)
+                    backoff, self._delivered = self._initial_backoff_s, False
+                    continue
+                problem = "the server ended the watch at once, with no event"
             except Expired as e:
                 problem = f"resourceVersion {self._version} expired ({e}); relisting"
                 self._version = ""
