@@ -15,7 +15,10 @@ import pytest
 
 from commands.launcher import Mesh
 from services.config import WorkerConfig
-from tests.integration.helpers import generate, mesh_spec, token_ids, worker_generate
+from services.gen import meshserve_pb2 as pb
+from services.gen import meshserve_pb2_grpc as pb_grpc
+from services.server import insecure_channel
+from tests.integration.helpers import mesh_spec, token_ids, worker_generate
 from worker.server import start_worker
 from worker.tiny_model import ensure_model
 
@@ -42,11 +45,16 @@ def tp2_mesh(tmp_path_factory: pytest.TempPathFactory, decisive_model: Path) -> 
 
 async def test_tensor_parallel_2_through_envoy_equals_one_rank(tp2_mesh: Mesh, decisive_model: Path) -> None:
     through_mesh = []
-    for prompt in PROMPTS:
-        chunks = await generate(tp2_mesh.envoy_address, prompt=prompt, max_tokens=TOKENS, temperature=0,
-                                ignore_eos=True, skip_cache=True)
-        assert chunks[-1].usage.completion_tokens == TOKENS
-        through_mesh.append(token_ids(chunks))
+    # wait_for_ready: with two vLLM ranks busy on two cores, Envoy's first HTTP/2 handshake can
+    # miss gRPC's connect deadline (CI saw it once); the call waits for the connection instead.
+    async with insecure_channel(tp2_mesh.envoy_address) as channel:
+        stub = pb_grpc.InferenceStub(channel)
+        for prompt in PROMPTS:
+            request = pb.GenerateRequest(prompt=prompt, max_tokens=TOKENS, temperature=0, ignore_eos=True,
+                                         skip_cache=True)
+            chunks = [c async for c in stub.Generate(request, wait_for_ready=True, timeout=300)]
+            assert chunks[-1].usage.completion_tokens == TOKENS
+            through_mesh.append(token_ids(chunks))
     # Two model ranks really ran: vLLM's worker processes under the mesh's worker.
     (worker,) = [p for p in tp2_mesh.procs if p.name == "worker-0"]
     ranks = [p.name() for p in psutil.Process(worker.popen.pid).children(recursive=True)]
