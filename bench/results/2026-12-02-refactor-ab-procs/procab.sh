@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # procab.sh OUT TREE LABEL : one 300-user sim run on TREE, per-process CPU before/after the bench
 set -euo pipefail
-cd /work/main
-OUT=$(realpath -m "$1"); TREE=$(realpath "$2"); LABEL=$3; ROOT=$PWD
+HERE=$(cd "$(dirname "$0")" && pwd)
+OUT=$(realpath -m "$1"); TREE=$(realpath "$2"); LABEL=$3
+cd "$HERE/../../.."; ROOT=$PWD
 mkdir -p "$OUT"
 source bench/lib.sh
 cli=commands.cli; [[ -f $TREE/commands/cli.py ]] || cli=services.cli
@@ -13,9 +14,9 @@ until grep -q "meshserve is up" "$OUT/up-$LABEL.log"; do
   kill -0 "$UP_PID" 2>/dev/null || { cat "$OUT/up-$LABEL.log"; exit 1; }
   sleep 1
 done
-.venv/bin/python "$(dirname "$0")/cpu_by_proc.py" $UP_PID > "$OUT/cpu0-$LABEL.json"
+.venv/bin/python "$HERE/cpu_by_proc.py" $UP_PID > "$OUT/cpu0-$LABEL.json"
 "$MS" bench --disable-tqdm --label "$LABEL" --save-result "$OUT/$LABEL.json" --target 127.0.0.1:8080 --num-prompts 1200 --seed 0 "${USERS_300[@]}" > "$OUT/$LABEL.txt"
-.venv/bin/python "$(dirname "$0")/cpu_by_proc.py" $UP_PID > "$OUT/cpu1-$LABEL.json"
+.venv/bin/python "$HERE/cpu_by_proc.py" $UP_PID > "$OUT/cpu1-$LABEL.json"
 down
 .venv/bin/python - "$OUT" "$LABEL" <<'PY'
 import json, sys
