@@ -7,7 +7,6 @@ turns them into UNAVAILABLE so the gateway serves uncached.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,10 +15,8 @@ import prometheus_client
 import redis.asyncio as aioredis
 
 from services import validation
-from services.cache_keys import KIND_EXACT, exact_key, parse_entry
+from services.cache_keys import KIND_EXACT, entry_or_delete, exact_key
 from services.gen import meshserve_pb2 as pb
-
-log = logging.getLogger(__name__)
 
 CORRUPT = prometheus_client.Counter(
     "meshserve_cache_corrupt_entries_total", "Entries that did not parse: deleted and treated as a miss"
@@ -71,16 +68,7 @@ class ExactStore:
 
     async def parse(self, key: str, raw: bytes | None) -> pb.CacheEntry | None:
         """The entry stored under ``key`` from its bytes; a corrupt one is deleted (a miss)."""
-        if raw is None:
-            return None
-        try:
-            entry = parse_entry(raw)
-        except ValueError as e:
-            CORRUPT.inc()
-            log.warning("cache entry %s is corrupt (%s): deleted", key, e)
-            await self._redis.delete(key)
-            return None
-        return entry
+        return await entry_or_delete(self._redis, key, raw, CORRUPT)
 
     async def store(
         self, req: pb.GenerateRequest, tenant: str, chunks: Sequence[pb.GenerateResponse]

@@ -294,7 +294,7 @@ class Orchestrator:
                 started = time.perf_counter()
                 try:
                     entry = await self._clients.entries.get(exact)
-                except redis.exceptions.RedisError as e:
+                except (redis.exceptions.RedisError, TimeoutError) as e:
                     metrics.CACHE_READS.labels("error").inc()
                     span.set_attribute("meshserve.cache.result", "error")
                     self._cache_failed("lookup", req, f"Redis: {type(e).__name__}: {e}")

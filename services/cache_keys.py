@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from typing import Any
 
 import google.protobuf.message
+import prometheus_client
 import redis.asyncio as aioredis
 from google.protobuf import json_format
 from redis.asyncio.retry import Retry
@@ -18,6 +20,8 @@ from redis.backoff import NoBackoff
 
 from services import validation
 from services.gen import meshserve_pb2 as pb
+
+log = logging.getLogger(__name__)
 
 KIND_EXACT = "exact"
 # A cache must fail fast: a slow or absent Redis costs a request this long at most, and the
@@ -46,6 +50,22 @@ def parse_entry(raw: bytes) -> pb.CacheEntry:
     if not entry.chunks or entry.chunks[-1].finish_reason not in validation.FINISHED:
         raise ValueError("no finished stream in it")
     return entry
+
+
+async def entry_or_delete(
+    client: aioredis.Redis, key: str, raw: bytes | None, corrupt: prometheus_client.Counter
+) -> pb.CacheEntry | None:
+    """The entry stored under ``key`` from its bytes (None: there were none); a corrupt one is
+    deleted, counted in ``corrupt`` (each process has its own counter) and taken for a miss."""
+    if raw is None:
+        return None
+    try:
+        return parse_entry(raw)
+    except ValueError as e:
+        corrupt.inc()
+        log.warning("cache entry %s is corrupt (%s): deleted", key, e)
+        await client.delete(key)
+        return None
 
 
 def canonical(req: pb.GenerateRequest, tenant: str) -> bytes:
