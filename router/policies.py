@@ -30,6 +30,7 @@ class PickContext:
     # each worker holds (from the KV index the policy reads); None when the router has no view.
     block_hashes: tuple[int, ...] = ()
     cached_blocks: Mapping[str, int] | None = None
+    now: float = 0.0  # the clock time of the pick (the worker table's clock): how old reports are
 
 
 @dataclass(frozen=True)
@@ -84,8 +85,9 @@ class HealthyFilter(Filter):
         self.stale_after_s = stale_after_s
 
     def filter(self, ctx: PickContext, workers: list[WorkerView]) -> list[WorkerView]:
-        connected = [w for w in workers if w.connected and w.load is not None]
-        return [w for w in connected if w.is_healthy(self.stale_after_s)] or connected
+        connected = [w for w in workers if w.connected and w.reported_at is not None]
+        cutoff = ctx.now - self.stale_after_s
+        return [w for w in connected if w.reported_at >= cutoff] or connected
 
 
 class NotDrainingFilter(Filter):
@@ -103,6 +105,8 @@ class ExcludeFilter(Filter):
     empty_reason = "no healthy worker left: every healthy worker is excluded"
 
     def filter(self, ctx: PickContext, workers: list[WorkerView]) -> list[WorkerView]:
+        if not ctx.exclude:
+            return workers
         return [w for w in workers if w.worker_id not in ctx.exclude]
 
 
@@ -259,8 +263,7 @@ class Policy:
         for scorer, weight in self.scorers:
             if not weight:
                 continue  # switched off (a knob at 0): not worth a pass over every worker
-            for i, s in enumerate(scorer.score(ctx, candidates)):
-                totals[i] += weight * s
+            totals = [t + weight * s for t, s in zip(totals, scorer.score(ctx, candidates))]
         worker, score = self.picker.pick(list(zip(candidates, totals)), rng)
         return Choice(worker, score, len(candidates))
 

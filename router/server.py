@@ -103,7 +103,10 @@ class Router:
         now = self._clock()
         if view and self.prefix.ready:
             hashes = self.prefix.chain(ctx.prompt if not messages else "", messages)
-            ctx = replace(ctx, block_hashes=hashes, cached_blocks=self._cached(view, hashes, now))
+            ctx = replace(ctx, block_hashes=hashes, cached_blocks=self._cached(view, hashes, now),
+                          now=self.table.now())
+        else:
+            ctx = replace(ctx, now=self.table.now())
         try:
             choice = self.policy.pick(ctx, self.table.snapshot(), self._rng)
         except NoWorker:
@@ -117,7 +120,7 @@ class Router:
         elif view == "kv" and ctx.block_hashes:
             self.pending.stored(address, ctx.block_hashes, at=now)
         reason = "retry" if ctx.exclude else self.policy.name
-        if not choice.worker.is_healthy(self.stale_after_s):
+        if not choice.worker.is_healthy(self.stale_after_s, ctx.now):
             reason = "late"  # no worker was fresh: the last resort (HealthyFilter)
         PICKS.labels(worker=choice.worker.worker_id, reason=reason).inc()
         predicted = 0
@@ -139,8 +142,10 @@ class Router:
             cached[address] = max(n, cached.get(address, 0))
         return cached
 
-    def workers(self) -> list[WorkerView]:
-        return self.table.snapshot()
+    def workers(self) -> list[tuple[WorkerView, bool]]:
+        """Every worker's view, and whether it is healthy now."""
+        now = self.table.now()
+        return [(w, w.is_healthy(self.stale_after_s, now)) for w in self.table.snapshot()]
 
     def forget(self, address: str) -> None:
         """Forgets a worker that left: its view, its unsettled picks and the router's own record of
@@ -242,10 +247,7 @@ class RouterServicer(pb_grpc.RouterServicer):
     async def ListWorkers(
         self, request: pb.ListWorkersRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListWorkersResponse:
-        stale_after_s = self._router.stale_after_s
-        return pb.ListWorkersResponse(
-            workers=[_worker_state(w, w.is_healthy(stale_after_s)) for w in self._router.workers()]
-        )
+        return pb.ListWorkersResponse(workers=[_worker_state(w, healthy) for w, healthy in self._router.workers()])
 
 
 def _worker_state(view: WorkerView, healthy: bool) -> pb.WorkerState:

@@ -4,6 +4,7 @@ worker has not reported yet. Policies read immutable snapshots of it; watchers a
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -28,27 +29,33 @@ class WorkerLoad:
 
 class WorkerView(NamedTuple):
     """One worker as the policies see it at the moment of a pick (a tuple: a router with
-    hundreds of workers makes one per worker per pick)."""
+    hundreds of workers reads one per worker per pick). Views are made by ``WorkerView.of``
+    when the worker changes, not per pick: the table hands out the same objects until then."""
 
     worker_id: str
     address: str
     connected: bool = False              # its WatchLoad stream is open
     load: WorkerLoad | None = None       # the last report (None before the first)
-    report_age_s: float | None = None    # seconds since that report
+    reported_at: float | None = None     # when that report came (the table's clock)
     assigned_unreported: int = 0         # picks the worker has not reported receiving
+    # Requests the worker holds or is about to receive: the engine's running + waiting, or the
+    # streams it accepted if more (its engine has not queued them yet), plus the unreported picks.
+    outstanding: int = 0
 
-    @property
-    def outstanding(self) -> int:
-        """Requests the worker holds or is about to receive. Streams the worker accepted but its
-        engine has not queued yet count too (``num_in_flight``), so the larger figure wins."""
-        engine = 0
-        if self.load is not None:
-            engine = max(self.load.num_running + self.load.num_waiting, self.load.num_in_flight)
-        return engine + self.assigned_unreported
+    @classmethod
+    def of(cls, worker_id: str, address: str, connected: bool = False, load: WorkerLoad | None = None,
+           reported_at: float | None = None, assigned_unreported: int = 0) -> WorkerView:
+        engine = 0 if load is None else max(load.num_running + load.num_waiting, load.num_in_flight)
+        return cls(worker_id, address, connected, load, reported_at, assigned_unreported,
+                   engine + assigned_unreported)
 
-    def is_healthy(self, stale_after_s: float) -> bool:
-        """Connected, and its last report is fresh."""
-        return self.connected and self.report_age_s is not None and self.report_age_s <= stale_after_s
+    def report_age_s(self, now: float) -> float | None:
+        """Seconds since the last report at clock time ``now`` (None before the first)."""
+        return None if self.reported_at is None else now - self.reported_at
+
+    def is_healthy(self, stale_after_s: float, now: float) -> bool:
+        """Connected, and its last report is fresh at clock time ``now``."""
+        return self.connected and self.reported_at is not None and now - self.reported_at <= stale_after_s
 
 
 class WorkerTable:
@@ -57,44 +64,68 @@ class WorkerTable:
     Picks count against a worker until its reports show them arrived: each report carries the
     number of requests the worker has received, and every new one settles the oldest pick. A
     report sent before a pick arrived therefore leaves it counted. A pick that never arrives
-    (its caller gave up first) stops counting after ``pick_ttl_s``."""
+    (its caller gave up first) stops counting after ``pick_ttl_s``.
+
+    Each worker's view is remade when the worker changes (a report, a pick, its stream), so a
+    snapshot is a copy of a list, not a view made per worker per pick."""
 
     def __init__(
         self, addresses: list[str], clock: Callable[[], float] = time.monotonic, pick_ttl_s: float = 2.0
     ) -> None:
         self._clock = clock
         self._pick_ttl_s = pick_ttl_s
-        self._workers = {a: _Entry(WorkerView(worker_id=a, address=a)) for a in addresses}
+        self._workers: dict[str, _Entry] = {}
+        self._views: list[WorkerView] = []
+        self._next_expiry = math.inf  # no unsettled pick can expire before this clock time
+        for a in addresses:
+            self.add(a)
 
     def addresses(self) -> list[str]:
         return list(self._workers)
 
+    def now(self) -> float:
+        """The table's clock: the time its views' ``reported_at`` are on."""
+        return self._clock()
+
     def add(self, address: str) -> None:
         """A new worker: unconnected and unreported until its watcher says otherwise."""
         if address not in self._workers:
-            self._workers[address] = _Entry(WorkerView(worker_id=address, address=address))
+            entry = _Entry(WorkerView.of(address, address), len(self._views))
+            self._workers[address] = entry
+            self._views.append(entry.view)
 
     def remove(self, address: str) -> None:
         """Forgets the worker: its view and its unsettled picks."""
-        self._workers.pop(address, None)
+        if self._workers.pop(address, None) is not None:
+            for i, entry in enumerate(self._workers.values()):
+                entry.index = i
+            self._views = [e.view for e in self._workers.values()]
 
     def snapshot(self) -> list[WorkerView]:
         now = self._clock()
-        views = []
+        if now >= self._next_expiry:
+            self._expire(now)
+        return list(self._views)
+
+    def _expire(self, now: float) -> None:
+        """Stops counting the picks older than the TTL; notes when the next one is due."""
+        cutoff = now - self._pick_ttl_s
+        oldest = math.inf
         for e in self._workers.values():
-            while e.picks and e.picks[0] < now - self._pick_ttl_s:
-                e.picks.popleft()
-            v = e.view
-            views.append(WorkerView(
-                v.worker_id, v.address, v.connected, v.load,
-                None if e.reported_at is None else now - e.reported_at, len(e.picks),
-            ))
-        return views
+            if e.picks and e.picks[0] < cutoff:
+                while e.picks and e.picks[0] < cutoff:
+                    e.picks.popleft()
+                self._refresh(e)
+            if e.picks:
+                oldest = min(oldest, e.picks[0])
+        self._next_expiry = oldest + self._pick_ttl_s
 
     def on_connected(self, address: str, worker_id: str) -> None:
         entry = self._workers[address]
-        entry.view = entry.view._replace(worker_id=worker_id or address, connected=True)
+        entry.worker_id = worker_id or address
+        entry.connected = True
         entry.received = None  # the next report starts the count on this stream
+        self._refresh(entry)
 
     def on_report(self, address: str, load: WorkerLoad) -> None:
         entry = self._workers[address]
@@ -106,21 +137,36 @@ class WorkerTable:
             for _ in range(min(load.requests_received - entry.received, len(entry.picks))):
                 entry.picks.popleft()
         entry.received = load.requests_received
-        entry.view = entry.view._replace(load=load)
+        entry.load = load
+        self._refresh(entry)
 
     def on_disconnected(self, address: str) -> None:
         entry = self._workers[address]
-        entry.view = entry.view._replace(connected=False)
+        entry.connected = False
+        self._refresh(entry)
 
     def on_assigned(self, address: str) -> None:
-        self._workers[address].picks.append(self._clock())
+        entry = self._workers[address]
+        now = self._clock()
+        entry.picks.append(now)
+        self._next_expiry = min(self._next_expiry, now + self._pick_ttl_s)
+        self._refresh(entry)
+
+    def _refresh(self, entry: _Entry) -> None:
+        entry.view = WorkerView.of(entry.worker_id, entry.view.address, entry.connected, entry.load,
+                                   entry.reported_at, len(entry.picks))
+        self._views[entry.index] = entry.view
 
 
 class _Entry:
-    __slots__ = ("view", "reported_at", "received", "picks")
+    __slots__ = ("connected", "index", "load", "picks", "received", "reported_at", "view", "worker_id")
 
-    def __init__(self, view: WorkerView) -> None:
+    def __init__(self, view: WorkerView, index: int) -> None:
         self.view = view
+        self.index = index                          # its place in the table's list of views
+        self.worker_id = view.worker_id
+        self.connected = False
+        self.load: WorkerLoad | None = None
         self.reported_at: float | None = None
         self.received: int | None = None           # requests_received of the last report
         self.picks: deque[float] = deque()          # when each unsettled pick was made

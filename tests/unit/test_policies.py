@@ -42,10 +42,8 @@ def w(
     load = None if age is None else WorkerLoad(
         num_running=running, num_waiting=waiting, num_in_flight=in_flight, draining=draining
     )
-    return WorkerView(
-        worker_id=worker_id, address=f"{worker_id}:1", connected=connected, load=load,
-        report_age_s=age, assigned_unreported=assigned,
-    )
+    # Reports ``age`` seconds old at the default pick time (PickContext.now = 0).
+    return WorkerView.of(worker_id, f"{worker_id}:1", connected, load, None if age is None else -age, assigned)
 
 
 def ids(workers: list[WorkerView]) -> list[str]:
@@ -211,7 +209,7 @@ def test_a_burst_of_picks_spreads_through_assigned_unreported() -> None:
     table.on_report("a:1", WorkerLoad(num_running=3, requests_received=3))  # all three arrived
     assert [x.assigned_unreported for x in table.snapshot()] == [0, 3, 3]
     clock[0] = 5.0
-    assert not any(x.is_healthy(2.0) for x in table.snapshot())
+    assert not any(x.is_healthy(2.0, table.now()) for x in table.snapshot())
 
 
 def test_picks_count_until_a_report_shows_them_arrived() -> None:
@@ -243,6 +241,34 @@ def test_picks_count_until_a_report_shows_them_arrived() -> None:
     table.on_assigned("a:1")
     table.on_report("a:1", WorkerLoad(requests_received=0))
     assert unreported() == 0
+
+
+def test_each_worker_s_picks_expire_on_their_own_time() -> None:
+    """Unsettled picks stop counting pick_ttl_s after they were made, worker by worker, and a
+    view's outstanding is its engine's queue (or accepted streams, if more) plus those picks."""
+    clock = [0.0]
+    table = WorkerTable(["a:1", "b:1"], clock=lambda: clock[0], pick_ttl_s=2.0)
+    for address in table.addresses():
+        table.on_connected(address, address[0])
+    table.on_report("a:1", WorkerLoad(num_running=2, num_waiting=1))
+    table.on_report("b:1", WorkerLoad(num_running=1, num_in_flight=4))
+    table.on_assigned("a:1")
+    clock[0] = 1.0
+    table.on_assigned("b:1")
+    table.on_assigned("b:1")
+
+    def outstanding() -> list[int]:
+        return [v.outstanding for v in table.snapshot()]
+
+    assert outstanding() == [3 + 1, 4 + 2]
+    clock[0] = 2.5  # a's pick is 2.5 s old, b's 1.5 s
+    assert outstanding() == [3, 4 + 2]
+    clock[0] = 3.5
+    assert outstanding() == [3, 4]
+    table.on_assigned("a:1")  # a later pick counts again, and expires in its turn
+    assert outstanding() == [4, 4]
+    clock[0] = 5.6
+    assert outstanding() == [3, 4]
 
 
 def test_registry_builds_each_policy_by_name_and_rejects_unknown_names() -> None:
