@@ -121,11 +121,12 @@ class LoadSampler(threading.Thread):
         return max(means) / statistics.mean(means)
 
 
-def pick_p99_ms(router_metrics: str) -> float:
-    """The p99 of the router's own pick time (its histogram's bucket bound at 99%), in ms."""
+def pick_p99_ms(metrics_url: str, histogram: str = "meshserve_router_pick_seconds") -> float:
+    """The p99 of a pick-time histogram (the bucket bound at 99%), in ms: the router's own pick
+    time, or the gateway's wait for the router's answer (meshserve_gateway_pick_seconds)."""
     buckets = []
-    for line in urllib.request.urlopen(router_metrics, timeout=5).read().decode().splitlines():
-        if line.startswith("meshserve_router_pick_seconds_bucket"):
+    for line in urllib.request.urlopen(metrics_url, timeout=5).read().decode().splitlines():
+        if line.startswith(f"{histogram}_bucket"):
             bound = line.split('le="')[1].split('"')[0]
             buckets.append((float(bound), float(line.split()[-1])))
     if not buckets or not buckets[-1][1]:
@@ -141,6 +142,7 @@ def run_one(out: Path, scenario: Scenario, label: str, up_args: list[str], seed:
     with meshserve_up([*FLEET, *scenario.up, *up_args], logs, tree) as mesh:
         metrics = mesh.worker_metrics()
         router_metrics = mesh.metrics("router")
+        gateway_metrics = mesh.metrics("gateway")
         before = worker_prefix_stats(metrics)
         result_file = run_dir / "bench.json"
         sampler = LoadSampler(metrics)
@@ -156,6 +158,7 @@ def run_one(out: Path, scenario: Scenario, label: str, up_args: list[str], seed:
         result = json.loads(result_file.read_text())
         result["load_imbalance"] = sampler.imbalance()
         result["router_pick_p99_ms"] = pick_p99_ms(router_metrics)
+        result["gateway_pick_p99_ms"] = pick_p99_ms(gateway_metrics, "meshserve_gateway_pick_seconds")
         hits = after["prefix_cache_hits"] - before["prefix_cache_hits"]
         queries = after["prefix_cache_queries"] - before["prefix_cache_queries"]
         result["engine_prefix_hit_rate"] = hits / queries if queries else 0.0
@@ -193,7 +196,7 @@ def main() -> int:
                 print(f"round {r + 1} {scenario.name:<7} {policy:<16} "
                       + " ".join(f"{k} {result[k]:.1f}" for k in HEADLINE)
                       + f" hit {result['engine_prefix_hit_rate']:.2f} imbalance {result['load_imbalance']:.2f}"
-                      + f" pick p99 {result['router_pick_p99_ms']:.2f} ms"
+                      + f" pick p99 {result['router_pick_p99_ms']:.2f} ms (gateway {result['gateway_pick_p99_ms']:.2f})"
                       + f" ({time.monotonic() - started:.0f}s)",
                       flush=True)
     # The runs' summaries; their per-request timings stay in each run's own file.

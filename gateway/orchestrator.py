@@ -392,12 +392,14 @@ class Orchestrator:
         try:
             with telemetry.tracer.start_as_current_span("router pick") as span:
                 span.set_attribute("meshserve.router.excluded", len(exclude))
+                asked = time.perf_counter()
                 pick = await self._clients.picks.pick(
                     pb.PickRequest(request_id=req.request_id, prompt=req.prompt, messages=req.messages,
                                    exclude=exclude, session_key=req.user,
                                    trace_context=dict(telemetry.outgoing_metadata())),
                     PICK_TIMEOUT_S,
                 )
+                metrics.PICK_SECONDS.observe(time.perf_counter() - asked)
                 span.set_attributes({"meshserve.worker": pick.worker_id,
                                      "meshserve.router.reason": pick.reason,
                                      "meshserve.router.predicted_cached_tokens": pick.predicted_cached_tokens})

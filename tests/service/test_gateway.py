@@ -429,7 +429,10 @@ async def test_coalesced_readers_of_a_migrated_stream_all_get_the_whole_answer(m
 
 async def test_with_the_router_away_the_gateway_picks_from_the_workers_it_named(mesh: MeshFactory) -> None:
     m = await mesh(cache="off")
+    answered = sample("meshserve_gateway_pick_seconds_count")
     assert tokens(await collect(m.stub.Generate(greedy()))) == [10, 11, 12]  # the router named A
+    assert sample("meshserve_gateway_pick_seconds_count") == answered + 1  # its answer, timed
+    answered += 1
     assert m.router_server is not None
     await m.router_server.stop(0)  # the router dies
     before = sample("meshserve_gateway_fallback_picks_total")
@@ -437,6 +440,7 @@ async def test_with_the_router_away_the_gateway_picks_from_the_workers_it_named(
         chunks = await collect(m.stub.Generate(greedy()))
         assert tokens(chunks) == [10, 11, 12] and chunks[-1].worker == "A"
     assert sample("meshserve_gateway_fallback_picks_total") == before + 3
+    assert sample("meshserve_gateway_pick_seconds_count") == answered  # no answer was waited for
     assert m.a.calls == 4 and len(m.router.picks) == 1
 
 
