@@ -121,9 +121,9 @@ class LoadSampler(threading.Thread):
         return max(means) / statistics.mean(means)
 
 
-def pick_p99_ms(metrics_url: str, histogram: str = "meshserve_router_pick_seconds") -> float:
-    """The p99 of a pick-time histogram (the bucket bound at 99%), in ms: the router's own pick
-    time, or the gateway's wait for the router's answer (meshserve_gateway_pick_seconds)."""
+def pick_quantile_ms(metrics_url: str, histogram: str = "meshserve_router_pick_seconds", q: float = 0.99) -> float:
+    """A quantile of a pick-time histogram (the bound of the bucket holding it), in ms: the
+    router's own pick time, or the gateway's wait for its answer (meshserve_gateway_pick_seconds)."""
     buckets = []
     for line in urllib.request.urlopen(metrics_url, timeout=5).read().decode().splitlines():
         if line.startswith(f"{histogram}_bucket"):
@@ -132,7 +132,7 @@ def pick_p99_ms(metrics_url: str, histogram: str = "meshserve_router_pick_second
     if not buckets or not buckets[-1][1]:
         return 0.0
     total = buckets[-1][1]
-    return 1000 * next(bound for bound, count in buckets if count >= 0.99 * total)
+    return 1000 * next(bound for bound, count in buckets if count >= q * total)
 
 
 def run_one(out: Path, scenario: Scenario, label: str, up_args: list[str], seed: int, tree: Path) -> dict:
@@ -157,8 +157,9 @@ def run_one(out: Path, scenario: Scenario, label: str, up_args: list[str], seed:
         after = worker_prefix_stats(metrics)
         result = json.loads(result_file.read_text())
         result["load_imbalance"] = sampler.imbalance()
-        result["router_pick_p99_ms"] = pick_p99_ms(router_metrics)
-        result["gateway_pick_p99_ms"] = pick_p99_ms(gateway_metrics, "meshserve_gateway_pick_seconds")
+        result["router_pick_p99_ms"] = pick_quantile_ms(router_metrics)
+        for q in (50, 90, 99):
+            result[f"gateway_pick_p{q}_ms"] = pick_quantile_ms(gateway_metrics, "meshserve_gateway_pick_seconds", q / 100)
         hits = after["prefix_cache_hits"] - before["prefix_cache_hits"]
         queries = after["prefix_cache_queries"] - before["prefix_cache_queries"]
         result["engine_prefix_hit_rate"] = hits / queries if queries else 0.0
@@ -196,7 +197,8 @@ def main() -> int:
                 print(f"round {r + 1} {scenario.name:<7} {policy:<16} "
                       + " ".join(f"{k} {result[k]:.1f}" for k in HEADLINE)
                       + f" hit {result['engine_prefix_hit_rate']:.2f} imbalance {result['load_imbalance']:.2f}"
-                      + f" pick p99 {result['router_pick_p99_ms']:.2f} ms (gateway {result['gateway_pick_p99_ms']:.2f})"
+                      + f" pick p99 {result['router_pick_p99_ms']:.2f} ms (gateway p50 / p90 / p99 {result['gateway_pick_p50_ms']:.1f} / "
+                        f"{result['gateway_pick_p90_ms']:.1f} / {result['gateway_pick_p99_ms']:.1f})"
                       + f" ({time.monotonic() - started:.0f}s)",
                       flush=True)
     # The runs' summaries; their per-request timings stay in each run's own file.

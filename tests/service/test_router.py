@@ -283,6 +283,27 @@ async def test_a_router_without_workers_is_unavailable(start_mesh: StartMesh) ->
     assert "no healthy worker" in (err.value.details() or "")
 
 
+async def test_a_pick_stream_closed_by_the_gateway_gets_every_answer_first(start_mesh: StartMesh) -> None:
+    """Answers are written by a task of their own: the ones made before the gateway stopped
+    asking still go out, then the stream ends; a stream that is cancelled leaves the router
+    answering others."""
+    stub, workers = await start_mesh(2)
+    await wait_for_workers(stub, healthy_with({w.worker_id: 1 for w in workers}))
+    call = stub.Picks()
+    for i in range(5):
+        await call.write(pb.PickRequest(request_id=f"r{i}", prompt="hello", pick_id=i))
+    await call.done_writing()
+    async with asyncio.timeout(5):
+        answers = [a async for a in call]
+    assert [a.pick_id for a in answers] == [0, 1, 2, 3, 4]
+    assert all(a.worker_id for a in answers)
+    assert await call.code() == grpc.StatusCode.OK
+    gone = stub.Picks()
+    await gone.write(pb.PickRequest(request_id="gone", prompt="hello", pick_id=9))
+    gone.cancel()
+    assert (await pick(stub)).worker_id in {w.worker_id for w in workers}
+
+
 async def test_picks_on_one_stream_answer_in_order_like_pick_calls(start_mesh: StartMesh) -> None:
     stub, workers = await start_mesh(3)
     await wait_for_workers(stub, healthy_with({w.worker_id: 1 for w in workers}))
