@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
+from typing import Any
 
 import grpc
 from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
@@ -150,10 +152,12 @@ class Outbox:
     (grpc.aio takes one write at a time). A failed write ends the call; whoever reads it sees
     the status."""
 
-    def __init__(self, call: grpc.aio.StreamStreamCall, name: str) -> None:
+    def __init__(self, call: grpc.aio.StreamStreamCall, name: str,
+                 batch: Callable[[list[Any]], object] | None = None) -> None:
         self._call = call
         self._queued: list[object] = []
         self._ready = asyncio.Event()
+        self._batch = batch  # given: whatever queued during a write goes as one message
         self.task = asyncio.create_task(self._write_all(), name=name)
 
     def send(self, msg: object) -> None:
@@ -166,6 +170,8 @@ class Outbox:
                 await self._ready.wait()
                 self._ready.clear()
                 msgs, self._queued = self._queued, []
+                if self._batch is not None:
+                    msgs = [self._batch(msgs)]
                 for msg in msgs:
                     await self._call.write(msg)
 

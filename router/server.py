@@ -190,19 +190,29 @@ class RouterServicer(pb_grpc.RouterServicer):
 
     async def Picks(self, request_iterator: AsyncIterator[pb.PickRequest],
                     context: grpc.aio.ServicerContext) -> None:
-        """Pick for each request of the stream, answering in order (the gateway's path); each
-        pick has its own "Router/Pick" span in the request's trace, as a Pick call would."""
+        """Pick for each request of the stream, answering in order; each pick has its own
+        "Router/Pick" span in the request's trace, as a Pick call would."""
         async for request in request_iterator:
-            parent = telemetry.incoming_context(request.trace_context.items())
-            with telemetry.server_span("Router/Pick", parent, PICKS_SPAN_ATTRIBUTES) as span:
-                try:
-                    answer = self._answer(request)
-                except NoWorker as e:
-                    code = grpc.StatusCode.UNAVAILABLE
-                    span.set_status(trace.Status(trace.StatusCode.ERROR, f"{code.name}: {e}"))
-                    answer = pb.PickResponse(error_code=code.value[0], error_message=str(e))
-            answer.pick_id = request.pick_id
-            await context.write(answer)
+            await context.write(self._traced_answer(request))
+
+    async def PickBatches(self, request_iterator: AsyncIterator[pb.PickBatch],
+                          context: grpc.aio.ServicerContext) -> None:
+        """The gateway's path: each batch of picks answered with one message, in order."""
+        async for batch in request_iterator:
+            await context.write(pb.PickBatchResponse(answers=[self._traced_answer(r) for r in batch.picks]))
+
+    def _traced_answer(self, request: pb.PickRequest) -> pb.PickResponse:
+        """The answer to one pick of a stream (a refusal as an answer, not a status), with its span."""
+        parent = telemetry.incoming_context(request.trace_context.items())
+        with telemetry.server_span("Router/Pick", parent, PICKS_SPAN_ATTRIBUTES) as span:
+            try:
+                answer = self._answer(request)
+            except NoWorker as e:
+                code = grpc.StatusCode.UNAVAILABLE
+                span.set_status(trace.Status(trace.StatusCode.ERROR, f"{code.name}: {e}"))
+                answer = pb.PickResponse(error_code=code.value[0], error_message=str(e))
+        answer.pick_id = request.pick_id
+        return answer
 
     def _answer(self, request: pb.PickRequest) -> pb.PickResponse:
         """The pick for ``request``, logged and on the current span; raises NoWorker."""

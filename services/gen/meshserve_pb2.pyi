@@ -943,6 +943,18 @@ class PickResponse(_message.Message):
     predicted_cached_tokens: int
     def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., reason: _Optional[str] = ..., pick_id: _Optional[int] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., predicted_cached_tokens: _Optional[int] = ...) -> None: ...
 
+class PickBatch(_message.Message):
+    __slots__ = ("picks",)
+    PICKS_FIELD_NUMBER: _ClassVar[int]
+    picks: _containers.RepeatedCompositeFieldContainer[PickRequest]
+    def __init__(self, picks: _Optional[_Iterable[_Union[PickRequest, _Mapping]]] = ...) -> None: ...
+
+class PickBatchResponse(_message.Message):
+    __slots__ = ("answers",)
+    ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    answers: _containers.RepeatedCompositeFieldContainer[PickResponse]
+    def __init__(self, answers: _Optional[_Iterable[_Union[PickResponse, _Mapping]]] = ...) -> None: ...
+
 class ListWorkersRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

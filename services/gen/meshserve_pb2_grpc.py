@@ -925,6 +925,11 @@ class RouterStub:
                 request_serializer=meshserve__pb2.PickRequest.SerializeToString,
                 response_deserializer=meshserve__pb2.PickResponse.FromString,
                 _registered_method=True)
+        self.PickBatches = channel.stream_stream(
+                '/meshserve.v1.Router/PickBatches',
+                request_serializer=meshserve__pb2.PickBatch.SerializeToString,
+                response_deserializer=meshserve__pb2.PickBatchResponse.FromString,
+                _registered_method=True)
         self.ListWorkers = channel.unary_unary(
                 '/meshserve.v1.Router/ListWorkers',
                 request_serializer=meshserve__pb2.ListWorkersRequest.SerializeToString,
@@ -949,6 +954,14 @@ class RouterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PickBatches(self, request_iterator, context):
+        """The same in batches (the gateway's path): a burst of picks costs a few messages, not two
+        per pick, each of which waits its turn in both processes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListWorkers(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -967,6 +980,11 @@ def add_RouterServicer_to_server(servicer, server):
                     servicer.Picks,
                     request_deserializer=meshserve__pb2.PickRequest.FromString,
                     response_serializer=meshserve__pb2.PickResponse.SerializeToString,
+            ),
+            'PickBatches': grpc.stream_stream_rpc_method_handler(
+                    servicer.PickBatches,
+                    request_deserializer=meshserve__pb2.PickBatch.FromString,
+                    response_serializer=meshserve__pb2.PickBatchResponse.SerializeToString,
             ),
             'ListWorkers': grpc.unary_unary_rpc_method_handler(
                     servicer.ListWorkers,
@@ -1028,6 +1046,33 @@ class Router:
             '/meshserve.v1.Router/Picks',
             meshserve__pb2.PickRequest.SerializeToString,
             meshserve__pb2.PickResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PickBatches(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/meshserve.v1.Router/PickBatches',
+            meshserve__pb2.PickBatch.SerializeToString,
+            meshserve__pb2.PickBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -119,6 +119,15 @@ class FakeRouter(pb_grpc.RouterServicer):
             answer.pick_id = request.pick_id
             await context.write(answer)
 
+    async def PickBatches(self, request_iterator: AsyncIterator[pb.PickBatch],
+                          context: grpc.aio.ServicerContext) -> None:  # the gateway's path
+        async for batch in request_iterator:
+            answers = []
+            for request in batch.picks:
+                answers.append(self._answer(request))
+                answers[-1].pick_id = request.pick_id
+            await context.write(pb.PickBatchResponse(answers=answers))
+
 
 class ObservedCache(CacheServicer):
     """The real cache servicer, counting calls and signalling each finished Store."""

@@ -283,6 +283,26 @@ async def test_a_router_without_workers_is_unavailable(start_mesh: StartMesh) ->
     assert "no healthy worker" in (err.value.details() or "")
 
 
+async def test_a_batch_of_picks_is_answered_by_one_message_in_order(start_mesh: StartMesh) -> None:
+    stub, workers = await start_mesh(3)
+    await wait_for_workers(stub, healthy_with({w.worker_id: 1 for w in workers}))
+    call = stub.PickBatches()
+    first = [pb.PickRequest(request_id=f"r{i}", prompt="hello", pick_id=10 + i) for i in range(6)]
+    second = [pb.PickRequest(request_id="r6", exclude=["w0", "w1", "w2"], pick_id=16),
+              pb.PickRequest(request_id="r7", prompt="hello", pick_id=17)]
+    await call.write(pb.PickBatch(picks=first))
+    await call.write(pb.PickBatch(picks=second))
+    await call.done_writing()
+    async with asyncio.timeout(5):
+        replies = [r async for r in call]
+    assert [[a.pick_id for a in r.answers] for r in replies] == [[10, 11, 12, 13, 14, 15], [16, 17]]
+    # Counted against the workers as they are made: the batch spreads before any report.
+    assert Counter(a.worker_id for a in replies[0].answers) == {"w0": 2, "w1": 2, "w2": 2}
+    refused, after = replies[1].answers
+    assert refused.error_code == grpc.StatusCode.UNAVAILABLE.value[0] and "excluded" in refused.error_message
+    assert after.worker_id and not after.error_code  # a refusal in a batch leaves the rest answered
+
+
 async def test_a_pick_stream_closed_by_the_gateway_gets_every_answer_first(start_mesh: StartMesh) -> None:
     """Answers are written by a task of their own: the ones made before the gateway stopped
     asking still go out, then the stream ends; a stream that is cancelled leaves the router
