@@ -10,6 +10,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import grpc
 import prometheus_client
@@ -101,12 +102,11 @@ class Router:
         started = time.perf_counter()
         view = self.policy.prefix_view
         now = self._clock()
+        known: dict[str, Any] = {"now": self.table.now()}  # the time the workers' reports are on
         if view and self.prefix.ready:
             hashes = self.prefix.chain(ctx.prompt if not messages else "", messages)
-            ctx = replace(ctx, block_hashes=hashes, cached_blocks=self._cached(view, hashes, now),
-                          now=self.table.now())
-        else:
-            ctx = replace(ctx, now=self.table.now())
+            known.update(block_hashes=hashes, cached_blocks=self._cached(view, hashes, now))
+        ctx = replace(ctx, **known)
         try:
             choice = self.policy.pick(ctx, self.table.snapshot(), self._rng)
         except NoWorker:

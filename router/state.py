@@ -9,7 +9,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 @dataclass(frozen=True)
@@ -48,10 +48,6 @@ class WorkerView(NamedTuple):
         engine = 0 if load is None else max(load.num_running + load.num_waiting, load.num_in_flight)
         return cls(worker_id, address, connected, load, reported_at, assigned_unreported,
                    engine + assigned_unreported)
-
-    def report_age_s(self, now: float) -> float | None:
-        """Seconds since the last report at clock time ``now`` (None before the first)."""
-        return None if self.reported_at is None else now - self.reported_at
 
     def is_healthy(self, stale_after_s: float, now: float) -> bool:
         """Connected, and its last report is fresh at clock time ``now``."""
@@ -122,14 +118,11 @@ class WorkerTable:
 
     def on_connected(self, address: str, worker_id: str) -> None:
         entry = self._workers[address]
-        entry.worker_id = worker_id or address
-        entry.connected = True
         entry.received = None  # the next report starts the count on this stream
-        self._refresh(entry)
+        self._refresh(entry, worker_id=worker_id or address, connected=True)
 
     def on_report(self, address: str, load: WorkerLoad) -> None:
         entry = self._workers[address]
-        entry.reported_at = self._clock()
         if entry.received is None or load.requests_received < entry.received:
             # A new stream (or a restarted worker): its load includes whatever arrived.
             entry.picks.clear()
@@ -137,13 +130,10 @@ class WorkerTable:
             for _ in range(min(load.requests_received - entry.received, len(entry.picks))):
                 entry.picks.popleft()
         entry.received = load.requests_received
-        entry.load = load
-        self._refresh(entry)
+        self._refresh(entry, load=load, reported_at=self._clock())
 
     def on_disconnected(self, address: str) -> None:
-        entry = self._workers[address]
-        entry.connected = False
-        self._refresh(entry)
+        self._refresh(self._workers[address], connected=False)
 
     def on_assigned(self, address: str) -> None:
         entry = self._workers[address]
@@ -152,21 +142,18 @@ class WorkerTable:
         self._next_expiry = min(self._next_expiry, now + self._pick_ttl_s)
         self._refresh(entry)
 
-    def _refresh(self, entry: _Entry) -> None:
-        entry.view = WorkerView.of(entry.worker_id, entry.view.address, entry.connected, entry.load,
-                                   entry.reported_at, len(entry.picks))
+    def _refresh(self, entry: _Entry, **changed: Any) -> None:
+        """Remakes the worker's view with ``changed`` fields and its current unsettled picks."""
+        v = entry.view._replace(**changed)
+        entry.view = WorkerView.of(v.worker_id, v.address, v.connected, v.load, v.reported_at, len(entry.picks))
         self._views[entry.index] = entry.view
 
 
 class _Entry:
-    __slots__ = ("connected", "index", "load", "picks", "received", "reported_at", "view", "worker_id")
+    __slots__ = ("index", "picks", "received", "view")
 
     def __init__(self, view: WorkerView, index: int) -> None:
-        self.view = view
+        self.view = view                            # the worker as picks see it (remade on change)
         self.index = index                          # its place in the table's list of views
-        self.worker_id = view.worker_id
-        self.connected = False
-        self.load: WorkerLoad | None = None
-        self.reported_at: float | None = None
         self.received: int | None = None           # requests_received of the last report
         self.picks: deque[float] = deque()          # when each unsettled pick was made

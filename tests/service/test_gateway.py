@@ -112,21 +112,20 @@ class FakeRouter(pb_grpc.RouterServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, answer.error_message)
         return answer
 
+    def _answer_on_stream(self, request: pb.PickRequest) -> pb.PickResponse:
+        answer = self._answer(request)
+        answer.pick_id = request.pick_id
+        return answer
+
     async def Picks(self, request_iterator: AsyncIterator[pb.PickRequest],
-                    context: grpc.aio.ServicerContext) -> None:  # the gateway's path
+                    context: grpc.aio.ServicerContext) -> None:
         async for request in request_iterator:
-            answer = self._answer(request)
-            answer.pick_id = request.pick_id
-            await context.write(answer)
+            await context.write(self._answer_on_stream(request))
 
     async def PickBatches(self, request_iterator: AsyncIterator[pb.PickBatch],
                           context: grpc.aio.ServicerContext) -> None:  # the gateway's path
         async for batch in request_iterator:
-            answers = []
-            for request in batch.picks:
-                answers.append(self._answer(request))
-                answers[-1].pick_id = request.pick_id
-            await context.write(pb.PickBatchResponse(answers=answers))
+            await context.write(pb.PickBatchResponse(answers=[self._answer_on_stream(r) for r in batch.picks]))
 
 
 class ObservedCache(CacheServicer):

@@ -304,9 +304,8 @@ async def test_a_batch_of_picks_is_answered_by_one_message_in_order(start_mesh: 
 
 
 async def test_a_pick_stream_closed_by_the_gateway_gets_every_answer_first(start_mesh: StartMesh) -> None:
-    """Answers are written by a task of their own: the ones made before the gateway stopped
-    asking still go out, then the stream ends; a stream that is cancelled leaves the router
-    answering others."""
+    """The answers to picks made before the gateway stopped asking still go out, then the
+    stream ends; a stream that is cancelled leaves the router answering others."""
     stub, workers = await start_mesh(2)
     await wait_for_workers(stub, healthy_with({w.worker_id: 1 for w in workers}))
     call = stub.Picks()
