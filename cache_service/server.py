@@ -22,7 +22,7 @@ from opentelemetry import trace
 from cache_service.semantic import SemanticStore
 from cache_service.store import ExactStore
 from services import validation
-from services.cache_keys import connect
+from services.cache_keys import connect, refusal
 from services.config import CacheConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
@@ -39,6 +39,10 @@ LOOKUP_SECONDS = prometheus_client.Histogram(
 )
 STORES = prometheus_client.Counter(
     "meshserve_cache_stores_total", "Cache stores by result (stored, refused, error)", ["result"]
+)
+INDEX_ONLY = prometheus_client.Counter(
+    "meshserve_cache_index_requests_total",
+    "Entries a gateway stored in Redis itself, sent to be indexed by meaning: queued or refused", ["result"]
 )
 REDIS_EVICTED = prometheus_client.Gauge(
     "meshserve_cache_redis_evicted_keys", "Keys Redis evicted to stay within its maxmemory (its INFO evicted_keys)"
@@ -100,6 +104,8 @@ class CacheServicer(pb_grpc.CacheServicer):
                                  similarity=similarity if kind != self._exact.kind else 0.0)
 
     async def Store(self, request: pb.StoreRequest, context: grpc.aio.ServicerContext) -> pb.StoreResponse:
+        if request.index_only:
+            return self._index_only(request)
         try:
             result = await self._exact.store(request.request, request.tenant, request.chunks)
             if result.stored and self._semantic is not None:
@@ -114,6 +120,16 @@ class CacheServicer(pb_grpc.CacheServicer):
         if not result.stored:
             log.debug("not stored (request %s): %s", request.request.request_id, result.reason)
         return pb.StoreResponse(stored=result.stored, reason=result.reason)
+
+
+    def _index_only(self, request: pb.StoreRequest) -> pb.StoreResponse:
+        """An entry the gateway stored in Redis itself, made findable by meaning (queued)."""
+        semantic = self._semantic
+        reason = "this cache service has no semantic store" if semantic is None else refusal(request.request)
+        if semantic is not None and not reason:
+            semantic.store_later(request.request, request.tenant, self._exact.key(request.request, request.tenant))
+        INDEX_ONLY.labels("queued" if not reason else "refused").inc()
+        return pb.StoreResponse(stored=not reason, reason=reason)
 
 
 async def _watch_redis(client: aioredis.Redis, stop: asyncio.Event) -> None:

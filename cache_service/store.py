@@ -7,7 +7,6 @@ turns them into UNAVAILABLE so the gateway serves uncached.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -15,7 +14,7 @@ import prometheus_client
 import redis.asyncio as aioredis
 
 from services import validation
-from services.cache_keys import KIND_EXACT, entry_or_delete, exact_key
+from services.cache_keys import KIND_EXACT, entry_bytes, entry_or_delete, exact_key, refusal, too_large
 from services.gen import meshserve_pb2 as pb
 
 CORRUPT = prometheus_client.Counter(
@@ -28,19 +27,6 @@ class StoreResult:
     stored: bool
     reason: str = ""
     key: str = ""
-
-
-def refusal(req: pb.GenerateRequest, chunks: Sequence[pb.GenerateResponse]) -> str:
-    """Why this completion must not be cached ('' when it may be)."""
-    if req.skip_cache or req.cache == validation.CACHE_OFF:
-        return "the cache is off for this request"
-    if not validation.is_deterministic(req):
-        return "not deterministic (needs temperature 0 or a fixed seed)"
-    if not chunks:
-        return "no chunks"
-    if chunks[-1].finish_reason not in validation.FINISHED:
-        return f"not finished (finish_reason {chunks[-1].finish_reason!r})"
-    return ""
 
 
 class ExactStore:
@@ -77,23 +63,10 @@ class ExactStore:
         reason = refusal(req, chunks)
         if reason:
             return StoreResult(False, reason)
-        entry = pb.CacheEntry(stored_at=time.time())
-        for chunk in chunks:
-            # Per-request identity is not part of the answer; the gateway stamps its own on replay.
-            entry.chunks.append(
-                pb.GenerateResponse(
-                    text=chunk.text,
-                    token_ids=chunk.token_ids,
-                    logprobs=chunk.logprobs,  # asked for: part of the key, and of the answer
-                    tool_calls=chunk.tool_calls,  # parse_tool_calls: likewise
-                    finish_reason=chunk.finish_reason,
-                    usage=chunk.usage if chunk.HasField("usage") else None,
-                    cached=True,
-                )
-            )
-        raw = entry.SerializeToString()
-        if len(raw) > self._max_entry_bytes:
-            return StoreResult(False, f"too large ({len(raw)} bytes, the bound is {self._max_entry_bytes})")
+        raw = entry_bytes(chunks)
+        reason = too_large(raw, self._max_entry_bytes)
+        if reason:
+            return StoreResult(False, reason)
         key = self.key(req, tenant)
         await self._redis.set(key, raw, ex=self._ttl)
         return StoreResult(True, key=key)

@@ -343,10 +343,11 @@ class Mesh:
             self._serve("router", "router", dataclasses.replace(spec.router, workers=self.worker_addresses))
             for i, address in enumerate(self.gateway_addresses):
                 port = int(address.rpartition(":")[2])
-                # Exact entries: read from Redis by the gateway itself, written by the cache service.
+                # Exact entries: read and written in Redis by the gateway itself, as the cache's own.
                 self._serve(self._gateway_name(i), "gateway", dataclasses.replace(
                     spec.gateway, port=port, router=self.router_address, cache=self.cache_address,
-                    redis_url=self.redis_url, cache_key_prefix=spec.cache.key_prefix))
+                    redis_url=self.redis_url, cache_key_prefix=spec.cache.key_prefix,
+                    cache_ttl_seconds=spec.cache.ttl_seconds, cache_max_entry_bytes=spec.cache.max_entry_bytes))
             self._start_envoy()
             self._write_prometheus_targets()
         except BaseException:

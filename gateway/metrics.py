@@ -84,6 +84,11 @@ CACHE_READS = prometheus_client.Counter(
     "Exact cache entries the gateway read from Redis itself (--redis-url), by result: hit, miss, error",
     ["result"],
 )
+CACHE_WRITES = prometheus_client.Counter(
+    "meshserve_gateway_cache_writes_total",
+    "Exact cache entries the gateway wrote to Redis itself (--redis-url), by result: stored, refused, error",
+    ["result"],
+)
 CACHE_READ_SECONDS = prometheus_client.Histogram(
     "meshserve_gateway_cache_read_seconds", "Time of the gateway's own read of an exact entry from Redis",
     buckets=[0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32],

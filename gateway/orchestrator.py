@@ -39,6 +39,7 @@ HEALTH_TIMEOUT_S = 1.0  # a probe's answer: the router's list, or the gateway's 
 T = TypeVar("T")
 TOKENIZE_TIMEOUT_S = 10.0  # a worker tokenizing a prompt (a long chat through its template)
 RETRY_AFTER_S = 1
+INDEX_TIMEOUT_S = 1.0  # the cache service queueing a stored entry to be indexed by meaning (after the answer)
 COALESCED = "coalesced"          # cache_kind of a request that streamed an identical one's answer
 # Worker errors that are the request's fault: another worker would say the same.
 CLIENT_ERRORS = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE})
@@ -277,7 +278,7 @@ class Orchestrator:
         # 6. Store: the readers have their answer already; until the store is done, the finished
         # flight answers identical requests from memory.
         if flight.chunks[-1].finish_reason in validation.FINISHED:
-            await self._store(view, tenant, flight.chunks)
+            await self._store(view, tenant, mode, exact, flight.chunks)
 
     async def _lookup(
         self, req: pb.GenerateRequest, tenant: str, mode: str, exact: str
@@ -554,10 +555,32 @@ class Orchestrator:
             span.set_attribute("meshserve.tokens", tokens)
             span.end()
 
-    async def _store(self, req: pb.GenerateRequest, tenant: str, chunks: list[pb.GenerateResponse]) -> None:
+    async def _store(
+        self, req: pb.GenerateRequest, tenant: str, mode: str, exact: str, chunks: list[pb.GenerateResponse]
+    ) -> None:
+        """Stores a finished generation: in Redis by the gateway itself when it has the cache's
+        URL (then, for a semantic request, the cache service indexes it by meaning), else by the
+        cache service."""
         if self._clients.cache is None or not self._breaker.allow():
             return
         with telemetry.tracer.start_as_current_span("cache store") as span:
+            entries = self._clients.entries
+            if entries is not None:
+                try:
+                    reason = await entries.put(exact, req, chunks)
+                except (redis.exceptions.RedisError, TimeoutError) as e:
+                    metrics.CACHE_WRITES.labels("error").inc()
+                    span.set_attribute("meshserve.cache.result", "error")
+                    self._cache_failed("store", req, f"Redis: {type(e).__name__}: {e}")
+                    return
+                self._cache_worked()
+                metrics.CACHE_WRITES.labels("refused" if reason else "stored").inc()
+                span.set_attribute("meshserve.cache.result", "refused" if reason else "stored")
+                if reason:
+                    log.debug("request %s: not cached: %s", req.request_id, reason)
+                elif mode == validation.CACHE_SEMANTIC:
+                    await self._index(req, tenant)
+                return
             try:
                 resp = await self._clients.cache.Store(
                     pb.StoreRequest(request=req, tenant=tenant, chunks=chunks),
@@ -572,6 +595,18 @@ class Orchestrator:
         self._cache_worked()
         if not resp.stored:
             log.debug("request %s: not cached: %s", req.request_id, resp.reason)
+
+    async def _index(self, req: pb.GenerateRequest, tenant: str) -> None:
+        """Asks the cache service to index an entry the gateway stored by meaning. After the answer
+        and off every request's path: a failure loses a future semantic hit, costs no request
+        anything, and does not count for the breaker (lookups do)."""
+        assert self._clients.cache is not None
+        try:
+            await self._clients.cache.Store(pb.StoreRequest(request=req, tenant=tenant, index_only=True),
+                                            timeout=INDEX_TIMEOUT_S, metadata=telemetry.outgoing_metadata())
+        except grpc.aio.AioRpcError as e:
+            metrics.CACHE_ERRORS.labels("index").inc()
+            log.debug("request %s: not indexed by meaning: %s %s", req.request_id, e.code().name, e.details())
 
     def _cache_failed(self, op: str, req: pb.GenerateRequest, detail: str) -> None:
         metrics.CACHE_ERRORS.labels(op).inc()

@@ -58,7 +58,8 @@ class InferenceServicer(pb_grpc.InferenceServicer):
 
 def _build(cfg: GatewayConfig) -> tuple[Callable[[grpc.aio.Server], list[str]], Lifecycle]:
     """Both public services share one orchestrator (one admission bound, one set of channels)."""
-    entries = ExactEntries(cfg.redis_url, cfg.cache_timeout_s) if cfg.redis_url else None
+    entries = (ExactEntries(cfg.redis_url, cfg.cache_timeout_s, cfg.cache_ttl_seconds, cfg.cache_max_entry_bytes)
+               if cfg.redis_url else None)
     orchestrator = Orchestrator(cfg, Clients(cfg.router, cfg.cache, cfg.stall_timeout_s, entries))
     inference = InferenceServicer(orchestrator)
     openai = OpenAIServicer(orchestrator, cfg.model, _tenant)

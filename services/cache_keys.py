@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
+from collections.abc import Sequence
 from typing import Any
 
 import google.protobuf.message
@@ -38,6 +40,48 @@ def connect(url: str, socket_timeout_s: float = SOCKET_TIMEOUT_S) -> aioredis.Re
         socket_connect_timeout=min(CONNECT_TIMEOUT_S, socket_timeout_s),
         retry=Retry(NoBackoff(), 1),
     )
+
+
+def refusal(req: pb.GenerateRequest, chunks: Sequence[pb.GenerateResponse] | None = None) -> str:
+    """Why this completion must not be cached ('' when it may be); ``chunks`` None: the request
+    alone (an entry stored already, to be indexed by meaning)."""
+    if req.skip_cache or req.cache == validation.CACHE_OFF:
+        return "the cache is off for this request"
+    if not validation.is_deterministic(req):
+        return "not deterministic (needs temperature 0 or a fixed seed)"
+    if chunks is None:
+        return ""
+    if not chunks:
+        return "no chunks"
+    if chunks[-1].finish_reason not in validation.FINISHED:
+        return f"not finished (finish_reason {chunks[-1].finish_reason!r})"
+    return ""
+
+
+def entry_bytes(chunks: Sequence[pb.GenerateResponse]) -> bytes:
+    """The stored form of a finished stream: its chunks without per-request identity (each reader
+    stamps its own on replay), and when it was stored."""
+    entry = pb.CacheEntry(stored_at=time.time())
+    for chunk in chunks:
+        entry.chunks.append(
+            pb.GenerateResponse(
+                text=chunk.text,
+                token_ids=chunk.token_ids,
+                logprobs=chunk.logprobs,  # asked for: part of the key, and of the answer
+                tool_calls=chunk.tool_calls,  # parse_tool_calls: likewise
+                finish_reason=chunk.finish_reason,
+                usage=chunk.usage if chunk.HasField("usage") else None,
+                cached=True,
+            )
+        )
+    return entry.SerializeToString()
+
+
+def too_large(raw: bytes, max_entry_bytes: int) -> str:
+    """Why an entry of these bytes is not stored ('' when it fits)."""
+    if len(raw) > max_entry_bytes:
+        return f"too large ({len(raw)} bytes, the bound is {max_entry_bytes})"
+    return ""
 
 
 def parse_entry(raw: bytes) -> pb.CacheEntry:

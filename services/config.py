@@ -209,9 +209,14 @@ class GatewayConfig(ServerConfig):
     router: str = _f("127.0.0.1:50052", "router address host:port")
     cache: str = _f("127.0.0.1:50053", "cache address host:port ('' disables the cache)")
     redis_url: str = _f(
-        "", "the cache's Redis/Valkey URL: the gateway reads exact entries there itself, one hop fewer per "
-            "lookup (the cache service still stores them and answers semantic lookups); '' asks the cache service")
+        "", "the cache's Redis/Valkey URL: the gateway reads and writes exact entries there itself, a hop fewer "
+            "per lookup and per store (the cache service indexes them by meaning and answers semantic lookups); "
+            "'' asks the cache service for both")
     cache_key_prefix: str = _f(CACHE_KEY_PREFIX, "the cache service's key prefix (its --key-prefix), for --redis-url")
+    cache_ttl_seconds: int = _f(3600, "how long an entry the gateway writes lives (the cache's --ttl-seconds)")
+    cache_max_entry_bytes: int = _f(
+        1 << 20, "largest entry the gateway writes; larger completions are not cached (the cache's --max-entry-bytes)"
+    )
     model: str = _f(DEFAULT_MODEL, "model name clients may send (requests naming another model are refused)")
     max_in_flight: int = _f(2048, "most streams the gateway serves at once; beyond: RESOURCE_EXHAUSTED")
     cache_timeout_s: float = _f(0.3, "give up on a cache call after this long (serve uncached)")

@@ -1014,14 +1014,16 @@ class CacheEntry(_message.Message):
     def __init__(self, chunks: _Optional[_Iterable[_Union[GenerateResponse, _Mapping]]] = ..., stored_at: _Optional[float] = ...) -> None: ...
 
 class StoreRequest(_message.Message):
-    __slots__ = ("request", "tenant", "chunks")
+    __slots__ = ("request", "tenant", "chunks", "index_only")
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    INDEX_ONLY_FIELD_NUMBER: _ClassVar[int]
     request: GenerateRequest
     tenant: str
     chunks: _containers.RepeatedCompositeFieldContainer[GenerateResponse]
-    def __init__(self, request: _Optional[_Union[GenerateRequest, _Mapping]] = ..., tenant: _Optional[str] = ..., chunks: _Optional[_Iterable[_Union[GenerateResponse, _Mapping]]] = ...) -> None: ...
+    index_only: bool
+    def __init__(self, request: _Optional[_Union[GenerateRequest, _Mapping]] = ..., tenant: _Optional[str] = ..., chunks: _Optional[_Iterable[_Union[GenerateResponse, _Mapping]]] = ..., index_only: _Optional[bool] = ...) -> None: ...
 
 class StoreResponse(_message.Message):
     __slots__ = ("stored", "reason")

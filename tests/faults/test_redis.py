@@ -21,7 +21,7 @@ from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.server import insecure_channel
 from tests.conftest import free_port
-from tests.integration.helpers import mesh_spec, metric_sum, scrape, wait_until
+from tests.integration.helpers import exact_entries, mesh_spec, metric_sum, scrape, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -91,8 +91,8 @@ async def ask(stub: pb_grpc.InferenceStub, prompt: str) -> list[pb.GenerateRespo
     return [c async for c in stub.Generate(req, timeout=30)]
 
 
-def stores(mesh: Mesh) -> float:
-    return metric_sum(scrape(mesh.metrics["cache"]), "meshserve_cache_stores_total", result="stored")
+def stores(mesh: Mesh) -> int:
+    return exact_entries(mesh.redis_url, mesh.spec.cache.key_prefix)
 
 
 async def cached_twice(mesh: Mesh, stub: pb_grpc.InferenceStub, question: str, *paraphrases: str) -> None:
@@ -103,8 +103,9 @@ async def cached_twice(mesh: Mesh, stub: pb_grpc.InferenceStub, question: str, *
     first = await ask(stub, question)
     assert not first[-1].cached
     await wait_until(lambda: stores(mesh) > before, 10, "the answer to be stored")
-    # The cache counts the store before its reply reaches the gateway, whose finished flight
-    # answers a repeat from memory (coalesced) until then: ask again until Redis answers.
+    # The entry lands before the gateway's flight ends (it asks the cache service to index it by
+    # meaning after the write), and that flight answers a repeat from memory (coalesced) until
+    # then: ask again until Redis answers.
     async with asyncio.timeout(10):
         while (kind := (await ask(stub, question))[-1].cache_kind) != "exact":
             assert kind == "coalesced", kind

@@ -67,6 +67,18 @@ def metric_sum(metrics: dict[str, float], name: str, **labels: str) -> float:
     return total
 
 
+def exact_entries(redis_url: str, prefix: str = CacheConfig.key_prefix) -> int:
+    """Exact cache entries in Redis now (the gateway writes them there itself): the cache's own
+    state, not a counter of the mesh's."""
+    import redis  # noqa: PLC0415
+
+    client = redis.Redis.from_url(redis_url, socket_timeout=5)
+    try:
+        return sum(1 for _ in client.scan_iter(match=f"{prefix}exact:*", count=1000))
+    finally:
+        client.close()
+
+
 async def wait_until(predicate, timeout: float, what: str, interval: float = 0.05) -> None:  # noqa: ANN001
     """Polls an observable condition (a metric, a load report) until it holds or time runs out."""
     deadline = time.monotonic() + timeout

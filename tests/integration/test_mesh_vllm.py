@@ -34,6 +34,7 @@ from services.server import insecure_channel
 from tests.conftest import free_port
 from tests.integration import api_shapes
 from tests.integration.helpers import (
+    exact_entries,
     generate,
     invalid_argument,
     metric_sum,
@@ -54,6 +55,7 @@ class UpMesh:
     worker: str
     run_dir: Path
     output: list[str]
+    redis_url: str
 
     def metrics_url(self, name: str) -> str:
         port = (self.run_dir / f"{name}.ready").read_text().split()[1]
@@ -93,7 +95,8 @@ def mesh(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator
                 break
         children = psutil.Process(proc.pid).children(recursive=True)
         assert len(children) >= 6, [c.name() for c in children]  # valkey, cache, worker, router, gateway, envoy
-        yield UpMesh(proc, f"127.0.0.1:{ports['port']}", f"127.0.0.1:{ports['worker']}", run_dir, output)
+        yield UpMesh(proc, f"127.0.0.1:{ports['port']}", f"127.0.0.1:{ports['worker']}", run_dir, output,
+                     f"redis://127.0.0.1:{ports['redis']}/0")
     finally:
         children = psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []
         proc.send_signal(signal.SIGINT)  # what Ctrl-C does
@@ -192,7 +195,7 @@ async def test_second_identical_greedy_request_is_served_from_cache(mesh: UpMesh
     assert not first[0].cached
 
     def stored() -> bool:  # the gateway stores after the stream ends, off the request path
-        return metric_sum(scrape(mesh.metrics_url("cache")), "meshserve_cache_stores_total", result="stored") >= 1
+        return exact_entries(mesh.redis_url) >= 1
 
     await wait_until(stored, 10, "the completion to be stored")
     served_before = metric_sum(scrape(worker_metrics), "meshserve_worker_requests_total")

@@ -26,7 +26,7 @@ from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.prompts import sim_tokenize
 from services.server import insecure_channel
 from tests.conftest import free_port
-from tests.integration.helpers import mesh_spec, metric_sum, run_envoy, scrape, wait_until
+from tests.integration.helpers import exact_entries, mesh_spec, metric_sum, run_envoy, scrape, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -205,8 +205,8 @@ async def test_edge_status_codes_have_openai_error_bodies(
 async def test_tenant_from_the_key_isolates_the_cache(mesh: Mesh) -> None:
     fields = {"prompt": "tenant isolation probe", "max_tokens": 4, "temperature": 0}
 
-    def stored() -> float:
-        return metric_sum(scrape(mesh.metrics["cache"]), "meshserve_cache_stores_total", result="stored")
+    def stored() -> int:
+        return exact_entries(mesh.redis_url)
 
     before = stored()
     _, first = await grpc_text(mesh, ALICE, **fields)
@@ -262,8 +262,8 @@ async def test_tokenize_on_the_sim_and_a_clear_no_to_detokenize(mesh: Mesh) -> N
 
 
 async def test_a_cache_hit_says_so_in_the_answer_and_the_last_chunk(mesh: Mesh) -> None:
-    def stored() -> float:
-        return metric_sum(scrape(mesh.metrics["cache"]), "meshserve_cache_stores_total", result="stored")
+    def stored() -> int:
+        return exact_entries(mesh.redis_url)
 
     ask = {"model": MODEL, "messages": [{"role": "user", "content": "cache info probe"}], "max_tokens": 4,
            "temperature": 0}

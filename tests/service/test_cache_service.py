@@ -16,7 +16,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from services import config
-from services.cache_keys import exact_key
+from services.cache_keys import entry_bytes, exact_key
 from services.config import CacheConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
@@ -228,6 +228,30 @@ async def test_a_paraphrase_is_a_semantic_hit_with_the_stored_answer(
     assert len(records) == 1
     assert (await redis_client.hget(records[0], "text")) == b"What is the capital of France?"
     assert len(await redis_client.hget(records[0], "vector")) == 384 * 4
+
+
+async def test_an_entry_a_gateway_stored_itself_is_indexed_by_meaning_only(
+    cache: CacheReplica, redis_client: aioredis.Redis, prefix: str
+) -> None:
+    """A gateway with --redis-url writes the exact entry and sends the request alone: the cache
+    service indexes it (a semantic hit follows) and writes no entry of its own."""
+    question = ask("What is the capital of France?")
+    key = exact_key(question, "t", prefix)
+    await redis_client.set(key, entry_bytes(chunks("stop")), ex=TTL)  # as the gateway writes it
+    sets = (await redis_client.info("commandstats"))["cmdstat_set"]["calls"]
+    resp = await cache.Store(pb.StoreRequest(request=question, tenant="t", index_only=True), timeout=10)
+    assert resp.stored
+    hit = await until_hit(cache, ask("what's the capital of france?"))
+    assert hit.kind == "semantic" and "".join(c.text for c in hit.chunks) == "abc"
+    assert (await redis_client.hget((await redis_client.keys(prefix + "semvec:*"))[0], "exact")) == key.encode()
+    assert (await redis_client.info("commandstats"))["cmdstat_set"]["calls"] == sets  # no SET of its own
+    # A request that may not be cached is not indexed either, and says why.
+    sampled = ask("What is the capital of Spain?")
+    sampled.temperature = 0.8
+    refused = await cache.Store(pb.StoreRequest(request=sampled, tenant="t", index_only=True), timeout=10)
+    assert not refused.stored and "not deterministic" in refused.reason
+    assert cache.metric("meshserve_cache_index_requests_total", result="queued") == 1
+    assert cache.metric("meshserve_cache_index_requests_total", result="refused") == 1
 
 
 async def test_the_same_words_in_another_scope_never_hit(cache: CacheReplica) -> None:

@@ -137,6 +137,7 @@ class ObservedCache(CacheServicer):
         self.modes: list[str] = []
         self.exact_missed: list[bool] = []
         self.stores: asyncio.Queue[pb.StoreResponse] = asyncio.Queue()
+        self.index_only: list[bool] = []  # of each Store call
 
     async def Lookup(self, request: pb.LookupRequest, context: grpc.aio.ServicerContext) -> pb.LookupResponse:
         self.lookups += 1
@@ -145,6 +146,7 @@ class ObservedCache(CacheServicer):
         return await super().Lookup(request, context)
 
     async def Store(self, request: pb.StoreRequest, context: grpc.aio.ServicerContext) -> pb.StoreResponse:
+        self.index_only.append(request.index_only)
         resp = await super().Store(request, context)
         self.stores.put_nowait(resp)
         return resp
@@ -172,6 +174,7 @@ class Mesh:
     router_server: grpc.aio.Server | None = None
     redis_url: str = ""  # the cache's Redis, and the prefix of its keys
     key_prefix: str = ""
+    reads_redis: bool = False  # the gateway reads and writes exact entries there itself
 
 
 MeshFactory = Callable[..., Awaitable[Mesh]]
@@ -226,7 +229,7 @@ async def mesh(redis_url: str) -> AsyncIterator[MeshFactory]:
             channel = insecure_channel(f"127.0.0.1:{running.port}")
             stack.push_async_callback(channel.close)
             return Mesh(pb_grpc.InferenceStub(channel), fake_router, workers["A"], workers["B"], observed,
-                        router_servers[0], url, prefix)
+                        router_servers[0], url, prefix, reads_redis)
 
         yield make
 
@@ -287,11 +290,14 @@ async def test_client_request_id_is_kept(mesh: MeshFactory) -> None:
     assert m.a.requests[0].request_id == "mine" and {c.request_id for c in chunks} == {"mine"}
 
 
-async def stored_and_landed(cache: ObservedCache) -> None:
-    """The cache stored the answer, and the gateway's flight that held it is closed: until then
-    an identical request is answered from the flight (coalesced), not from the cache."""
-    async with asyncio.timeout(WAIT_S):
-        assert (await cache.stores.get()).stored
+async def stored_and_landed(m: Mesh) -> None:
+    """The answer is stored (by the cache service, or by a gateway that writes Redis itself before
+    its flight ends), and the gateway's flight that held it is closed: until then an identical
+    request is answered from the flight (coalesced), not from the cache."""
+    if not m.reads_redis:
+        assert m.cache is not None
+        async with asyncio.timeout(WAIT_S):
+            assert (await m.cache.stores.get()).stored
     await wait_until(lambda: sample("meshserve_gateway_flights") == 0, WAIT_S, "the flight to close")
 
 
@@ -301,7 +307,7 @@ async def test_second_identical_greedy_request_is_a_cache_hit(mesh: MeshFactory,
     assert m.cache is not None
     hits_before = sample("meshserve_cache_hits_total", {"kind": "exact"})
     first = await collect(m.stub.Generate(greedy()))
-    await stored_and_landed(m.cache)
+    await stored_and_landed(m)
 
     second = await collect(m.stub.Generate(greedy(request_id="again")))
 
@@ -323,7 +329,7 @@ async def test_complete_can_be_a_cache_hit_and_explicit_model_shares_the_entry(m
     m = await mesh()
     assert m.cache is not None
     await m.stub.Complete(greedy(), timeout=WAIT_S)
-    await stored_and_landed(m.cache)
+    await stored_and_landed(m)
     resp = await m.stub.Complete(greedy(model=DEFAULT_MODEL), timeout=WAIT_S)
     assert resp.cached and resp.text == "".join(PIECES) and m.a.calls == 1
 
@@ -549,19 +555,32 @@ async def redis_info(url: str, section: str) -> dict[str, Any]:
         await client.aclose()
 
 
-async def test_a_gateway_with_the_redis_url_reads_exact_hits_there_not_through_the_cache_service(
+async def test_a_gateway_with_the_redis_url_reads_and_writes_exact_entries_there_not_through_the_cache_service(
     mesh: MeshFactory,
 ) -> None:
     m = await mesh(reads_redis=True)
     assert m.cache is not None
     reads = {r: sample("meshserve_gateway_cache_reads_total", {"result": r}) for r in ("hit", "miss")}
+    sets = (await redis_info(m.redis_url, "commandstats")).get("cmdstat_set", {}).get("calls", 0)
     exact = await collect(m.stub.Generate(greedy(prompt="exact one", cache="exact")))
     semantic = await collect(m.stub.Generate(greedy(prompt="semantic one", cache="semantic")))
-    await stored_and_landed(m.cache)
-    await stored_and_landed(m.cache)
+    await stored_and_landed(m)
     # The exact miss never reached the cache service; the semantic one asked it by meaning only.
     assert m.cache.lookups == 1 and m.cache.modes == ["semantic"] and m.cache.exact_missed == [True]
     assert sample("meshserve_gateway_cache_reads_total", {"result": "miss"}) == reads["miss"] + 2
+    # Both answers were written by the gateway (two SETs, Redis's own count); the cache service got
+    # one call, to index the semantic one by meaning (refused: this one has no semantic store).
+    assert (await redis_info(m.redis_url, "commandstats"))["cmdstat_set"]["calls"] == sets + 2
+    assert m.cache.index_only == [True]
+    assert not (await m.cache.stores.get()).stored
+    client = connect(m.redis_url)
+    try:
+        for prompt in ("exact one", "semantic one"):
+            key = exact_key(greedy(prompt=prompt, model=DEFAULT_MODEL), "", m.key_prefix)
+            assert parse_entry(await client.get(key)).chunks[-1].finish_reason == "length"
+            assert 0 < await client.ttl(key) <= GatewayConfig.cache_ttl_seconds
+    finally:
+        await client.aclose()
 
     redis_hits = (await redis_info(m.redis_url, "stats"))["keyspace_hits"]
     again = [await collect(m.stub.Generate(greedy(prompt=p, cache=mode, request_id=f"again-{mode}")))
@@ -588,7 +607,7 @@ async def test_a_corrupt_entry_the_gateway_reads_is_deleted_and_a_miss(mesh: Mes
         assert sample("meshserve_gateway_cache_corrupt_entries_total") == corrupt + 1
         # Deleted by the gateway that read it (Redis's own count of DEL calls; the store is a SET).
         assert (await redis_info(m.redis_url, "commandstats"))["cmdstat_del"]["calls"] == deletes + 1
-        await stored_and_landed(m.cache)  # the generated answer replaced it
+        await stored_and_landed(m)  # the generated answer replaced it
         assert parse_entry(await client.get(key)).chunks[-1].finish_reason == "length"
     finally:
         await client.aclose()
