@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 KIND_SEMANTIC = "semantic"
 NEIGHBOURS = 16           # nearest entries looked at per lookup (then filtered by scope)
 MAX_PENDING_STORES = 256  # entries waiting to be embedded and indexed; beyond, a store is skipped
+MAX_PENDING_EMBEDDINGS = 512  # texts being embedded; beyond, a lookup is a miss without asking
 SCAN_BATCH = 500
 FOLLOW_BLOCK_MS = 1000
 RETRY_S = (0.2, 0.5, 1.0, 2.0, 5.0)
@@ -172,7 +173,8 @@ class SemanticStore:
         self._budget_s = budget_s  # a lookup's wait for its embedding, at most
         self._max_entries = max_entries
         self.index = SemanticIndex(embedder.dim, max_entries)
-        self._vectors: OrderedDict[str, np.ndarray] = OrderedDict()  # recent lookups' embeddings
+        self._vectors: OrderedDict[str, np.ndarray] = OrderedDict()  # recent texts' embeddings
+        self._embedding: dict[str, asyncio.Future[np.ndarray]] = {}  # texts being embedded
         self._task: asyncio.Task[None] | None = None
         self._pending: asyncio.Queue[tuple[pb.GenerateRequest, str, str]] = asyncio.Queue(MAX_PENDING_STORES)
         self._indexer: asyncio.Task[None] | None = None
@@ -203,22 +205,36 @@ class SemanticStore:
         return False
 
     async def _vector(self, text: str, budget_s: float | None = None) -> np.ndarray | None:
-        """The embedding of ``text``; None if it is not ready within ``budget_s``."""
+        """The embedding of ``text``; None if it is not ready within ``budget_s``. One embedding
+        per text in flight: a lookup that gives up leaves it running, and its request's store
+        (or an identical lookup) takes it when it lands instead of embedding the text again."""
         vector = self._vectors.get(text)
-        if vector is None:
-            started = time.perf_counter()
-            try:
-                vector = await asyncio.wait_for(self._embedder.embed(text), budget_s)
-            except TimeoutError:
-                # The embedder is behind: a miss now beats a late answer (it is dropped from
-                # the queue if it has not started).
-                SKIPPED.labels("slow").inc()
+        if vector is not None:
+            return vector
+        pending = self._embedding.get(text)
+        if pending is None:
+            if budget_s is not None and len(self._embedding) >= MAX_PENDING_EMBEDDINGS:
+                SKIPPED.labels("backlog").inc()
                 return None
-            EMBED_SECONDS.observe(time.perf_counter() - started)
-            self._vectors[text] = vector
-            if len(self._vectors) > 1024:
-                self._vectors.popitem(last=False)
+            pending = self._embedding[text] = asyncio.ensure_future(self._embedder.embed(text))
+            pending.add_done_callback(lambda done: self._landed(text, done))
+        started = time.perf_counter()
+        try:
+            vector = await asyncio.wait_for(asyncio.shield(pending), budget_s)
+        except TimeoutError:
+            SKIPPED.labels("slow").inc()  # the embedder is behind: a miss now beats a late answer
+            return None
+        EMBED_SECONDS.observe(time.perf_counter() - started)
         return vector
+
+    def _landed(self, text: str, done: asyncio.Future[np.ndarray]) -> None:
+        """Keeps a finished embedding for the text's next lookup or store (the 1,024 latest)."""
+        del self._embedding[text]
+        if done.cancelled() or done.exception() is not None:
+            return
+        self._vectors[text] = done.result()
+        if len(self._vectors) > 1024:
+            self._vectors.popitem(last=False)
 
     async def lookup(self, req: pb.GenerateRequest, tenant: str) -> tuple[bytes, Match] | None:
         """The stored answer (raw exact entry) of the most similar live entry that passes every

@@ -330,6 +330,20 @@ async def test_a_lookup_does_not_wait_past_its_budget_for_a_busy_embedder(replic
     assert hasty.metric("meshserve_cache_semantic_skipped_total", reason="slow") == slow + 1
 
 
+async def test_a_lookup_that_gives_up_on_its_embedding_leaves_it_to_the_store(replica: Replica) -> None:
+    """The embedding a lookup stopped waiting for keeps running, and the request's store takes it:
+    the model embeds the text once (its own count of texts), not once per call."""
+    hasty = await replica(semantic_budget_s=0.001)
+    await store(hasty, ask("How many legs does a spider have?"))  # an index to look up in
+    await wait_until(lambda: hasty.metric("meshserve_cache_semantic_index_entries") == 1, 10, "the first entry")
+    texts = hasty.metric("meshserve_cache_embedded_texts_total")
+    question = ask("What is the boiling point of water at sea level?")
+    assert not (await lookup(hasty, question)).hit
+    await store(hasty, question)
+    await wait_until(lambda: hasty.metric("meshserve_cache_semantic_index_entries") == 2, 10, "the second entry")
+    assert hasty.metric("meshserve_cache_embedded_texts_total") == texts + 1
+
+
 # -- bad entries ----------------------------------------------------------------------------------
 
 
