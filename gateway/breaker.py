@@ -10,11 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import prometheus_client
+
 from gateway import metrics
 
 
 class Breaker:
-    def __init__(self, failures: int, open_s: float, clock: Callable[[], float]) -> None:
+    def __init__(self, failures: int, open_s: float, clock: Callable[[], float],
+                 open_gauge: prometheus_client.Gauge = metrics.CACHE_BREAKER_OPEN) -> None:
+        self._gauge = open_gauge
         self._threshold = max(1, failures)
         self._open_s = open_s
         self._clock = clock
@@ -43,7 +47,7 @@ class Breaker:
         self._probing = False
         if was_open or self._failures >= self._threshold:
             self._open_until = self._clock() + self._open_s
-            metrics.CACHE_BREAKER_OPEN.set(1)
+            self._gauge.set(1)
             return not was_open
         return False
 
@@ -52,4 +56,4 @@ class Breaker:
         self._probing = False
         if self._open_until is not None:
             self._open_until = None
-            metrics.CACHE_BREAKER_OPEN.set(0)
+            self._gauge.set(0)

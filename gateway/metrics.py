@@ -76,6 +76,11 @@ CACHE_SKIPPED = prometheus_client.Counter(
 CACHE_BREAKER_OPEN = prometheus_client.Gauge(
     "meshserve_gateway_cache_breaker_open", "1 while the cache breaker is open (the cache is not called)"
 )
+SEMANTIC_BREAKER_OPEN = prometheus_client.Gauge(
+    "meshserve_gateway_semantic_breaker_open",
+    "1 while semantic lookups are not asked of the cache service (it failed or was too slow; a gateway "
+    "with --redis-url still reads and writes exact entries)",
+)
 CACHE_ERRORS = prometheus_client.Counter(
     "meshserve_gateway_cache_errors_total", "Cache calls that failed or timed out (served uncached)", ["op"]
 )

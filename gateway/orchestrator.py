@@ -90,10 +90,17 @@ class Orchestrator:
         self._in_flight = 0
         self._flights = Flights()
         metrics.FLIGHTS.set_function(lambda: len(self._flights))
-        self._cache_ok = True  # warn once when the cache starts failing, not on every request
         self._router_ok = True  # the same for the router
         self._max_model_len: int | None = None  # the workers' context length, once one said it
         self._breaker = Breaker(cfg.cache_breaker_failures, cfg.cache_breaker_s, clock)
+        # A gateway that reads exact entries from Redis itself asks the cache service only by
+        # meaning: a cache service that is down or too slow (its embedder behind) then costs the
+        # semantic hits, not the exact ones, so its calls have a breaker of their own.
+        self._semantic_breaker = (Breaker(cfg.cache_breaker_failures, cfg.cache_breaker_s, clock,
+                                          metrics.SEMANTIC_BREAKER_OPEN)
+                                  if cfg.redis_url else self._breaker)
+        # Per breaker: warn once when its calls start failing, not on every request.
+        self._cache_ok = {self._breaker: True, self._semantic_breaker: True}
 
     async def generate(self, request: pb.GenerateRequest, tenant: str) -> AsyncIterator[pb.GenerateResponse]:
         """Streams the completion of ``request``; raises GatewayError to end with a status."""
@@ -302,8 +309,8 @@ class Orchestrator:
                     return None
                 metrics.CACHE_READ_SECONDS.observe(time.perf_counter() - started)
                 metrics.CACHE_READS.labels("miss" if entry is None else "hit").inc()
-                if entry is not None or mode != validation.CACHE_SEMANTIC:
-                    self._cache_worked()
+                self._cache_worked()
+                if entry is not None or mode != validation.CACHE_SEMANTIC or not self._semantic_breaker.allow():
                     span.set_attributes({"meshserve.cache.result": "miss" if entry is None else "hit",
                                          "meshserve.cache.kind": cache_keys.KIND_EXACT})
                     if entry is None:
@@ -319,9 +326,9 @@ class Orchestrator:
                 )
             except grpc.aio.AioRpcError as e:
                 span.set_attribute("meshserve.cache.result", "error")
-                self._cache_failed("lookup", req, f"{e.code().name} {e.details()}")
+                self._cache_failed("lookup", req, f"{e.code().name} {e.details()}", self._semantic_breaker)
                 return None
-            self._cache_worked()
+            self._cache_worked(self._semantic_breaker)
             hit = resp.hit and bool(resp.chunks)
             span.set_attributes({"meshserve.cache.result": "hit" if hit else "miss",
                                  "meshserve.cache.kind": resp.kind or mode})
@@ -608,20 +615,23 @@ class Orchestrator:
             metrics.CACHE_ERRORS.labels("index").inc()
             log.debug("request %s: not indexed by meaning: %s %s", req.request_id, e.code().name, e.details())
 
-    def _cache_failed(self, op: str, req: pb.GenerateRequest, detail: str) -> None:
+    def _cache_failed(self, op: str, req: pb.GenerateRequest, detail: str, breaker: Breaker | None = None) -> None:
+        breaker = breaker or self._breaker
         metrics.CACHE_ERRORS.labels(op).inc()
-        level = logging.WARNING if self._cache_ok else logging.DEBUG
-        self._cache_ok = False
+        level = logging.WARNING if self._cache_ok[breaker] else logging.DEBUG
+        self._cache_ok[breaker] = False
         log.log(level, "request %s: cache %s failed, serving uncached: %s", req.request_id, op, detail)
-        if self._breaker.failed():
-            log.warning("cache breaker open: %d cache calls failed in a row; not calling the cache for %gs",
-                        self._cfg.cache_breaker_failures, self._cfg.cache_breaker_s)
+        if breaker.failed():
+            what = "semantic lookups'" if breaker is not self._breaker else "cache"
+            log.warning("%s breaker open: %d cache calls failed in a row; not making them for %gs",
+                        what, self._cfg.cache_breaker_failures, self._cfg.cache_breaker_s)
 
-    def _cache_worked(self) -> None:
-        self._breaker.worked()
-        if not self._cache_ok:
-            log.info("cache is answering again")
-            self._cache_ok = True
+    def _cache_worked(self, breaker: Breaker | None = None) -> None:
+        breaker = breaker or self._breaker
+        breaker.worked()
+        if not self._cache_ok[breaker]:
+            log.info("%s answering again", "the cache service is" if breaker is not self._breaker else "cache is")
+            self._cache_ok[breaker] = True
 
     def _finish(self, outcome: _Outcome, started: float) -> None:
         e2e = self._clock() - started

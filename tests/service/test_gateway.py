@@ -183,7 +183,8 @@ MeshFactory = Callable[..., Awaitable[Mesh]]
 @pytest.fixture
 async def mesh(redis_url: str) -> AsyncIterator[MeshFactory]:
     """Builds gateway + fake router + fake workers A, B + cache; ``cache`` is one of
-    'real', 'off', 'dead-port' (nothing listens) or 'dead-redis' (cache up, Redis down);
+    'real', 'off', 'dead-port' (nothing listens), 'dead-redis' (cache up, Redis down) or
+    'dead-service' (Redis up, nothing listens at the cache service's address);
     ``reads_redis``: the gateway reads exact entries from the cache's Redis itself (--redis-url)."""
     async with AsyncExitStack() as stack:
 
@@ -216,8 +217,9 @@ async def mesh(redis_url: str) -> AsyncIterator[MeshFactory]:
                 cache_address = await _serve(
                     stack, lambda s: pb_grpc.add_CacheServicer_to_server(observed, s)
                 )
-            elif cache == "dead-port":
+            elif cache in ("dead-port", "dead-service"):
                 cache_address = f"127.0.0.1:{free_port()}"
+                url = redis_url if cache == "dead-service" else ""  # Redis up, the cache service not
 
             if reads_redis:
                 cfg.update(redis_url=url, cache_key_prefix=prefix)
@@ -637,6 +639,20 @@ async def test_an_open_breaker_stops_calling_a_failing_cache(mesh: MeshFactory) 
     assert m.cache.lookups == 2 and m.a.calls == 4
     assert sample("meshserve_gateway_cache_skipped_total") >= skipped + 3
     assert sample("meshserve_gateway_cache_breaker_open") == 1
+
+
+async def test_a_failing_cache_service_costs_the_semantic_lookups_not_the_exact_hits(mesh: MeshFactory) -> None:
+    m = await mesh(cache="dead-service", reads_redis=True, cache_breaker_failures=2, cache_breaker_s=600)
+    # At once, as under load: each misses in Redis, then fails to ask the cache service by meaning
+    # (a single breaker would open on these failures in a row and skip the gateway's own writes).
+    answers = await asyncio.gather(*(collect(m.stub.Generate(greedy(prompt=f"q{i}", cache="semantic")))
+                                     for i in range(3)))
+    assert all(joined(a) == "".join(PIECES) for a in answers)
+    await stored_and_landed(m)  # written to Redis by the gateway (indexing them failed)
+    assert sample("meshserve_gateway_semantic_breaker_open") == 1
+    # The Redis side's breaker stayed closed: an identical request is an exact hit read there.
+    again = await collect(m.stub.Generate(greedy(prompt="q0", cache="semantic", request_id="again")))
+    assert all(c.cached and c.cache_kind == "exact" for c in again) and m.a.calls + m.b.calls == 3
 
 
 @pytest.mark.parametrize(("cache", "reads_redis"), [("dead-port", False), ("dead-redis", False), ("dead-redis", True)])
