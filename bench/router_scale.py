@@ -2,7 +2,7 @@
 and KV events to it, and gateways' worth of Picks streams asking it as fast as it answers.
 
     .venv/bin/python bench/router_scale.py [--workers 256] [--seconds 10] [--streams 8]
-        [--depth 16] [--prompt-words 256] [--routing kv-aware] [--router-cpu 0] [--out FILE]
+        [--depth 16] [--batches] [--prompt-words 256] [--routing kv-aware] [--router-cpu 0] [--out FILE]
 
 The simulated workers (this process, on the other CPUs) implement the real Worker service's
 Info / WatchLoad / WatchKvEvents: a load report every 100 ms, and every 100 ms 16 blocks stored
@@ -82,6 +82,9 @@ async def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--streams", type=int, default=8, help="Picks streams (gateways' channels)")
     parser.add_argument("--depth", type=int, default=16, help="picks outstanding per stream")
+    parser.add_argument("--batches", action="store_true",
+                        help="ask over Router/PickBatches, as the gateway does: each answer's picks are asked "
+                             "again as one batch (without: Router/Picks, one message per pick)")
     parser.add_argument("--prompt-words", type=int, default=256, help="words per prompt (prefix 3/4, suffix 1/4)")
     parser.add_argument("--routing", default="kv-aware")
     parser.add_argument("--router-cpu", type=int, default=0, help="the one CPU the router may use")
@@ -135,8 +138,38 @@ async def main() -> int:
         cpu_before = sum(proc.cpu_times()[:2])
         started = time.perf_counter()
 
-        async def stream(s: int) -> None:
+        def answered(answer: pb.PickResponse, sent: dict[int, float]) -> None:
             nonlocal predicted
+            latencies.append(time.perf_counter() - sent.pop(answer.pick_id))
+            predicted += answer.predicted_cached_tokens > 0
+
+        async def batch_stream(s: int) -> None:
+            call = stub.PickBatches()
+            sent: dict[int, float] = {}
+            ids = itertools.count()
+            prompt_at = itertools.cycle(prompts[s::args.streams])
+
+            async def send(n: int) -> None:
+                picks = []
+                for _ in range(n):
+                    i = next(ids)
+                    sent[i] = time.perf_counter()
+                    picks.append(pb.PickRequest(request_id=f"s{s}-{i}", prompt=next(prompt_at), pick_id=i))
+                await call.write(pb.PickBatch(picks=picks))
+
+            await send(args.depth)
+            while time.monotonic() < stop_at:
+                resp = await call.read()
+                for answer in resp.answers:
+                    answered(answer, sent)
+                await send(len(resp.answers))
+            await call.done_writing()
+            while await call.read() is not grpc.aio.EOF:
+                pass
+
+        async def stream(s: int) -> None:
+            if args.batches:
+                return await batch_stream(s)
             call = stub.Picks()
             sent: dict[int, float] = {}
             ids = itertools.count()
@@ -150,9 +183,7 @@ async def main() -> int:
             for _ in range(args.depth):
                 await send()
             while time.monotonic() < stop_at:
-                answer = await call.read()
-                latencies.append(time.perf_counter() - sent.pop(answer.pick_id))
-                predicted += answer.predicted_cached_tokens > 0
+                answered(await call.read(), sent)
                 await send()
             await call.done_writing()
             while await call.read() is not grpc.aio.EOF:
@@ -164,6 +195,7 @@ async def main() -> int:
         lat = np.array(latencies) * 1000
         figures = {
             "workers": args.workers, "routing": args.routing, "streams": args.streams, "depth": args.depth,
+            "rpc": "PickBatches" if args.batches else "Picks",
             "prompt_words": args.prompt_words, "picks": len(latencies),
             "picks_per_s": len(latencies) / elapsed, "p50_ms": float(np.percentile(lat, 50)),
             "p99_ms": float(np.percentile(lat, 99)), "router_cpu_s_per_s": cpu / elapsed,

@@ -11,10 +11,10 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 import redis.exceptions
@@ -260,6 +260,13 @@ class Orchestrator:
         outcome = _Outcome(req.request_id)
         try:
             hit = await self._lookup(view, tenant, mode, exact)
+            if hit is None:
+                # A gateway that read the exact entry itself asks by meaning while it generates.
+                by_meaning = None
+                if self._clients.entries is not None and mode == validation.CACHE_SEMANTIC \
+                        and self._semantic_breaker.allow():
+                    by_meaning = self._lookup_by_meaning(view, tenant)
+                hit = await self._generate_while(flight, req, outcome, by_meaning)
             if hit is not None:
                 metrics.CACHE_HITS.labels(hit.kind).inc()
                 flight.cache_kind, flight.cache_age_s, flight.cache_similarity = hit.kind, hit.age_s, hit.similarity
@@ -267,10 +274,6 @@ class Orchestrator:
                     flight.push(stored)
                 flight.finish()
                 return
-            async with aclosing(self._stream_with_failover(req, outcome)) as stream:
-                async for chunk in stream:
-                    flight.worker = outcome.worker
-                    flight.push(chunk)
         except GatewayError as e:
             flight.finish(e)
             return
@@ -287,54 +290,109 @@ class Orchestrator:
         if flight.chunks[-1].finish_reason in validation.FINISHED:
             await self._store(view, tenant, mode, exact, flight.chunks)
 
+    async def _generate_while(
+        self, flight: Flight, req: pb.GenerateRequest, outcome: _Outcome,
+        lookup: Coroutine[Any, Any, pb.LookupResponse | None] | None,
+    ) -> pb.LookupResponse | None:
+        """Generates ``req`` into ``flight``; with a ``lookup`` (by meaning: an embedding and a
+        cache-service call, tens of ms) running meanwhile, so a miss costs the slower of the two,
+        not their sum: chunks that come before its answer are held back, a hit cancels the
+        generation and is returned (its chunks are the answer), a miss lets the chunks through."""
+        if lookup is None:
+            async with aclosing(self._stream_with_failover(req, outcome)) as stream:
+                async for chunk in stream:
+                    flight.worker = outcome.worker
+                    flight.push(chunk)
+            return None
+        held: list[pb.GenerateResponse] | None = []  # None once the lookup missed
+
+        async def generate() -> None:
+            async with aclosing(self._stream_with_failover(req, outcome)) as stream:
+                async for chunk in stream:
+                    flight.worker = outcome.worker
+                    if held is None:
+                        flight.push(chunk)
+                    else:
+                        held.append(chunk)
+
+        generation = asyncio.ensure_future(generate())
+        try:
+            hit = await lookup
+            if hit is not None:
+                generation.cancel()
+                await asyncio.gather(generation, return_exceptions=True)  # its error, if any, is moot
+                return hit
+            for chunk in held:
+                flight.push(chunk)
+            held = None
+            await generation
+            return None
+        finally:
+            if not generation.done():  # cancelled meanwhile, or the lookup failed unexpectedly
+                generation.cancel()
+                await asyncio.gather(generation, return_exceptions=True)
+
     async def _lookup(
         self, req: pb.GenerateRequest, tenant: str, mode: str, exact: str
     ) -> pb.LookupResponse | None:
         """The cache's answer to ``req`` (None: a miss, or the cache failed): its exact entry
-        ``exact`` read from Redis when the gateway has its URL, else (or for a semantic lookup
-        after that miss) from the cache service."""
+        ``exact`` read from Redis when the gateway has its URL (its match by meaning is then
+        ``_lookup_by_meaning``, which ``_fly`` runs while the request is generated), else the cache
+        service's, in ``mode``."""
         cache = self._clients.cache
         if cache is None or not self._breaker.allow():
             return None
-        with telemetry.tracer.start_as_current_span("cache lookup") as span:
-            exact_missed = False
-            if self._clients.entries is not None:
-                started = time.perf_counter()
-                try:
-                    entry = await self._clients.entries.get(exact)
-                except (redis.exceptions.RedisError, TimeoutError) as e:
-                    metrics.CACHE_READS.labels("error").inc()
-                    span.set_attribute("meshserve.cache.result", "error")
-                    self._cache_failed("lookup", req, f"Redis: {type(e).__name__}: {e}")
-                    return None
-                metrics.CACHE_READ_SECONDS.observe(time.perf_counter() - started)
-                metrics.CACHE_READS.labels("miss" if entry is None else "hit").inc()
-                self._cache_worked()
-                if entry is not None or mode != validation.CACHE_SEMANTIC or not self._semantic_breaker.allow():
-                    span.set_attributes({"meshserve.cache.result": "miss" if entry is None else "hit",
-                                         "meshserve.cache.kind": cache_keys.KIND_EXACT})
-                    if entry is None:
-                        return None
-                    return pb.LookupResponse(hit=True, kind=cache_keys.KIND_EXACT, chunks=entry.chunks,
-                                             age_s=max(0.0, time.time() - entry.stored_at))
-                exact_missed = True  # the cache service looks it up by meaning only
+        entries = self._clients.entries
+        if entries is None:
+            with telemetry.tracer.start_as_current_span("cache lookup") as span:
+                return await self._ask_cache(req, tenant, mode, False, span, self._breaker)
+        with telemetry.tracer.start_as_current_span("cache read") as span:
+            started = time.perf_counter()
             try:
-                resp = await cache.Lookup(
-                    pb.LookupRequest(request=req, tenant=tenant, mode=mode, exact_missed=exact_missed),
-                    timeout=self._cfg.cache_timeout_s,
-                    metadata=telemetry.outgoing_metadata(),
-                )
-            except grpc.aio.AioRpcError as e:
+                entry = await entries.get(exact)
+            except (redis.exceptions.RedisError, TimeoutError) as e:
+                metrics.CACHE_READS.labels("error").inc()
                 span.set_attribute("meshserve.cache.result", "error")
-                self._cache_failed("lookup", req, f"{e.code().name} {e.details()}", self._semantic_breaker)
+                self._cache_failed("lookup", req, f"Redis: {type(e).__name__}: {e}")
                 return None
-            self._cache_worked(self._semantic_breaker)
-            hit = resp.hit and bool(resp.chunks)
-            span.set_attributes({"meshserve.cache.result": "hit" if hit else "miss",
-                                 "meshserve.cache.kind": resp.kind or mode})
-            if hit and resp.similarity:
-                span.set_attribute("meshserve.cache.similarity", resp.similarity)
-            return resp if hit else None
+            metrics.CACHE_READ_SECONDS.observe(time.perf_counter() - started)
+            metrics.CACHE_READS.labels("miss" if entry is None else "hit").inc()
+            self._cache_worked()
+            span.set_attributes({"meshserve.cache.result": "miss" if entry is None else "hit",
+                                 "meshserve.cache.kind": cache_keys.KIND_EXACT})
+        if entry is None:
+            return None
+        return pb.LookupResponse(hit=True, kind=cache_keys.KIND_EXACT, chunks=entry.chunks,
+                                 age_s=max(0.0, time.time() - entry.stored_at))
+
+    async def _lookup_by_meaning(self, req: pb.GenerateRequest, tenant: str) -> pb.LookupResponse | None:
+        """The cache service's semantic match for ``req``, whose exact entry the gateway missed."""
+        assert self._clients.cache is not None
+        with telemetry.tracer.start_as_current_span("cache lookup") as span:
+            return await self._ask_cache(req, tenant, validation.CACHE_SEMANTIC, True, span, self._semantic_breaker)
+
+    async def _ask_cache(
+        self, req: pb.GenerateRequest, tenant: str, mode: str, exact_missed: bool, span: trace.Span, breaker: Breaker
+    ) -> pb.LookupResponse | None:
+        """The cache service's answer (None: a miss, or it failed: counted by ``breaker``)."""
+        assert self._clients.cache is not None
+        try:
+            resp = await self._clients.cache.Lookup(
+                pb.LookupRequest(request=req, tenant=tenant, mode=mode, exact_missed=exact_missed),
+                timeout=self._cfg.cache_timeout_s,
+                metadata=telemetry.outgoing_metadata(),
+            )
+        except grpc.aio.AioRpcError as e:
+            span.set_attribute("meshserve.cache.result", "error")
+            self._cache_failed("lookup", req, f"{e.code().name} {e.details()}", breaker)
+            return None
+        self._cache_worked(breaker)
+        hit = resp.hit and bool(resp.chunks)
+        span.set_attributes({"meshserve.cache.result": "hit" if hit else "miss",
+                             "meshserve.cache.kind": resp.kind or mode})
+        if hit and resp.similarity:
+            span.set_attribute("meshserve.cache.similarity", resp.similarity)
+        return resp if hit else None
 
     def _cache_view(self, req: pb.GenerateRequest) -> pb.GenerateRequest:
         """The request as the cache keys it: an unnamed model is the served model."""

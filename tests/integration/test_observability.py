@@ -49,6 +49,7 @@ def traced_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
 def _request_spans(gateway_rpc: str, *, edge: bool = True) -> set[tuple[str, str]]:
     """Every (service, span name) one uncached request leaves in its trace."""
     spans = {("gateway", gateway_rpc),
+             ("gateway", "cache read"),  # its exact entry, read from Redis by the gateway itself
              ("gateway", "cache lookup"), ("cache", "Cache/Lookup"),
              ("gateway", "router pick"), ("router", "Router/Pick"),
              ("gateway", "worker stream"), ("worker", "Worker/Generate"),

@@ -138,11 +138,17 @@ class ObservedCache(CacheServicer):
         self.exact_missed: list[bool] = []
         self.stores: asyncio.Queue[pb.StoreResponse] = asyncio.Queue()
         self.index_only: list[bool] = []  # of each Store call
+        self.lookup_gate: asyncio.Event | None = None  # set: lookups answer (None: at once)
+        self.semantic_answer: pb.LookupResponse | None = None  # the answer to lookups by meaning
 
     async def Lookup(self, request: pb.LookupRequest, context: grpc.aio.ServicerContext) -> pb.LookupResponse:
         self.lookups += 1
         self.modes.append(request.mode)
         self.exact_missed.append(request.exact_missed)
+        if self.lookup_gate is not None:
+            await self.lookup_gate.wait()
+        if self.semantic_answer is not None and request.exact_missed:
+            return self.semantic_answer
         return await super().Lookup(request, context)
 
     async def Store(self, request: pb.StoreRequest, context: grpc.aio.ServicerContext) -> pb.StoreResponse:
@@ -615,6 +621,39 @@ async def test_a_corrupt_entry_the_gateway_reads_is_deleted_and_a_miss(mesh: Mes
         await client.aclose()
 
 
+async def test_a_request_is_generated_while_it_is_looked_up_by_meaning(mesh: MeshFactory) -> None:
+    """A miss costs the slower of the lookup and the generation, not their sum: the worker is
+    asked, and sends its first token, while the cache service has not answered yet; the tokens
+    reach the client once it says miss."""
+    m = await mesh(reads_redis=True, a="hold", cache_timeout_s=2 * WAIT_S)  # the lookup never gives up here
+    assert m.cache is not None
+    m.cache.lookup_gate = asyncio.Event()
+    call = asyncio.create_task(collect(m.stub.Generate(greedy(prompt="new question", cache="semantic"))))
+    async with asyncio.timeout(WAIT_S):
+        await m.a.first_sent.wait()
+    assert m.cache.lookups == 1 and m.cache.exact_missed == [True] and not call.done()
+    m.cache.lookup_gate.set()
+    m.a.release.set()
+    chunks = await call
+    assert joined(chunks) == "".join(PIECES) and not any(c.cached for c in chunks)
+
+
+async def test_a_hit_by_meaning_during_the_generation_wins_and_cancels_it(mesh: MeshFactory) -> None:
+    m = await mesh(reads_redis=True, a="hold")
+    assert m.cache is not None
+    m.cache.lookup_gate = asyncio.Event()
+    stored = pb.GenerateResponse(text="the stored answer", token_ids=[7, 8], finish_reason="stop", cached=True)
+    m.cache.semantic_answer = pb.LookupResponse(hit=True, kind="semantic", similarity=0.95, chunks=[stored])
+    call = asyncio.create_task(collect(m.stub.Generate(greedy(prompt="a paraphrase", cache="semantic"))))
+    async with asyncio.timeout(WAIT_S):
+        await m.a.first_sent.wait()  # generating: its first token is held back, not sent
+        m.cache.lookup_gate.set()
+        await m.a.cancelled.wait()   # the hit came: the worker's request is cancelled
+    chunks = await call
+    assert joined(chunks) == "the stored answer"
+    assert all(c.cached and c.cache_kind == "semantic" and c.cache_similarity == pytest.approx(0.95) for c in chunks)
+
+
 def test_a_redis_url_without_the_cache_service_is_refused() -> None:
     with pytest.raises(ValueError, match="--redis-url is the cache's Redis: it needs the cache service"):
         GatewayConfig(cache="", redis_url="redis://127.0.0.1:6379/0")
@@ -653,6 +692,9 @@ async def test_a_failing_cache_service_costs_the_semantic_lookups_not_the_exact_
     # The Redis side's breaker stayed closed: an identical request is an exact hit read there.
     again = await collect(m.stub.Generate(greedy(prompt="q0", cache="semantic", request_id="again")))
     assert all(c.cached and c.cache_kind == "exact" for c in again) and m.a.calls + m.b.calls == 3
+    # A new question meanwhile: generated, with no lookup by meaning.
+    new = await collect(m.stub.Generate(greedy(prompt="q9", cache="semantic")))
+    assert joined(new) == "".join(PIECES) and not any(c.cached for c in new) and m.a.calls + m.b.calls == 4
 
 
 @pytest.mark.parametrize(("cache", "reads_redis"), [("dead-port", False), ("dead-redis", False), ("dead-redis", True)])
