@@ -3,7 +3,7 @@ timeout per request for an optimisation.
 
 Closed: every call goes through. ``failures`` failed calls in a row open it: for ``open_s`` no
 call is made (lookups count as misses, stores are skipped). Then one call is let through (half
-open): if it works the breaker closes, if it fails it opens again.
+open, one per open period): if it works the breaker closes, if it fails it opens again.
 """
 
 from __future__ import annotations
@@ -23,19 +23,20 @@ class Breaker:
         self._open_s = open_s
         self._clock = clock
         self._failures = 0
-        self._open_until: float | None = None  # None: closed
-        self._probing = False
+        self._open_until: float | None = None  # None: closed; else when the next probe may go
 
     @property
     def is_open(self) -> bool:
         return self._open_until is not None
 
     def allow(self) -> bool:
-        """Whether to make a call now (one probe at a time once the open period is over)."""
+        """Whether to make a call now: one probe per open period once it is over. A probe that never
+        reports (its call cancelled) does not keep the breaker open: the next period lets another."""
         if self._open_until is None:
             return True
-        if self._clock() >= self._open_until and not self._probing:
-            self._probing = True
+        now = self._clock()
+        if now >= self._open_until:
+            self._open_until = now + self._open_s
             return True
         metrics.CACHE_SKIPPED.inc()
         return False
@@ -44,7 +45,6 @@ class Breaker:
         """Records a failed call; True when this one opened the breaker."""
         self._failures += 1
         was_open = self._open_until is not None
-        self._probing = False
         if was_open or self._failures >= self._threshold:
             self._open_until = self._clock() + self._open_s
             self._gauge.set(1)
@@ -53,7 +53,6 @@ class Breaker:
 
     def worked(self) -> None:
         self._failures = 0
-        self._probing = False
         if self._open_until is not None:
             self._open_until = None
             self._gauge.set(0)

@@ -367,7 +367,6 @@ class Orchestrator:
 
     async def _lookup_by_meaning(self, req: pb.GenerateRequest, tenant: str) -> pb.LookupResponse | None:
         """The cache service's semantic match for ``req``, whose exact entry the gateway missed."""
-        assert self._clients.cache is not None
         with telemetry.tracer.start_as_current_span("cache lookup") as span:
             return await self._ask_cache(req, tenant, validation.CACHE_SEMANTIC, True, span, self._semantic_breaker)
 
@@ -643,7 +642,7 @@ class Orchestrator:
                 span.set_attribute("meshserve.cache.result", "refused" if reason else "stored")
                 if reason:
                     log.debug("request %s: not cached: %s", req.request_id, reason)
-                elif mode == validation.CACHE_SEMANTIC:
+                elif mode == validation.CACHE_SEMANTIC and not self._semantic_breaker.is_open:
                     await self._index(req, tenant)
                 return
             try:
@@ -664,7 +663,7 @@ class Orchestrator:
     async def _index(self, req: pb.GenerateRequest, tenant: str) -> None:
         """Asks the cache service to index an entry the gateway stored by meaning. After the answer
         and off every request's path: a failure loses a future semantic hit, costs no request
-        anything, and does not count for the breaker (lookups do)."""
+        anything, and does not count for the breaker (lookups do; while theirs is open, none is sent)."""
         assert self._clients.cache is not None
         try:
             await self._clients.cache.Store(pb.StoreRequest(request=req, tenant=tenant, index_only=True),

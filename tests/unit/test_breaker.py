@@ -33,3 +33,18 @@ def test_opens_after_failures_in_a_row_and_probes_once_after_the_open_period() -
     assert b.allow()
     b.worked()
     assert not b.is_open and b.allow() and b.allow()
+
+
+def test_a_probe_that_never_reports_does_not_keep_the_breaker_open() -> None:
+    """A probe whose call was cancelled reports neither way: the next open period probes again."""
+    clock = Clock()
+    b = Breaker(1, 2.0, clock)
+    assert b.failed() and b.is_open
+    clock.now = 2.0
+    assert b.allow()          # the probe, then nothing: its caller was cancelled
+    clock.now = 3.9
+    assert not b.allow()
+    clock.now = 4.0
+    assert b.allow()          # another probe
+    b.worked()
+    assert not b.is_open
