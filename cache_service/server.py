@@ -121,7 +121,6 @@ class CacheServicer(pb_grpc.CacheServicer):
             log.debug("not stored (request %s): %s", request.request.request_id, result.reason)
         return pb.StoreResponse(stored=result.stored, reason=result.reason)
 
-
     def _index_only(self, request: pb.StoreRequest) -> pb.StoreResponse:
         """An entry the gateway stored in Redis itself, made findable by meaning (queued)."""
         semantic = self._semantic

@@ -14,7 +14,7 @@ import prometheus_client
 import redis.asyncio as aioredis
 
 from services import validation
-from services.cache_keys import KIND_EXACT, entry_bytes, entry_or_delete, exact_key, refusal, too_large
+from services.cache_keys import KIND_EXACT, entry_or_delete, exact_key, store_entry
 from services.gen import meshserve_pb2 as pb
 
 CORRUPT = prometheus_client.Counter(
@@ -60,15 +60,10 @@ class ExactStore:
         self, req: pb.GenerateRequest, tenant: str, chunks: Sequence[pb.GenerateResponse]
     ) -> StoreResult:
         """Stores a finished deterministic completion for ``ttl_seconds``; refuses anything else."""
-        reason = refusal(req, chunks)
-        if reason:
-            return StoreResult(False, reason)
-        raw = entry_bytes(chunks)
-        reason = too_large(raw, self._max_entry_bytes)
-        if reason:
-            return StoreResult(False, reason)
         key = self.key(req, tenant)
-        await self._redis.set(key, raw, ex=self._ttl)
+        reason = await store_entry(self._redis, key, req, chunks, self._ttl, self._max_entry_bytes)
+        if reason:
+            return StoreResult(False, reason)
         return StoreResult(True, key=key)
 
     async def close(self) -> None:

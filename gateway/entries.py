@@ -37,16 +37,8 @@ class ExactEntries:
     async def put(self, key: str, req: pb.GenerateRequest, chunks: Sequence[pb.GenerateResponse]) -> str:
         """Stores the finished stream ``chunks`` of ``req`` under ``key`` for the TTL; returns why
         it was refused ('' when stored). Bounded by ``timeout_s`` as ``get`` is."""
-        reason = cache_keys.refusal(req, chunks)
-        if reason:
-            return reason
-        raw = cache_keys.entry_bytes(chunks)
-        reason = cache_keys.too_large(raw, self._max_entry_bytes)
-        if reason:
-            return reason
         async with asyncio.timeout(self._timeout_s):
-            await self._redis.set(key, raw, ex=self._ttl)
-        return ""
+            return await cache_keys.store_entry(self._redis, key, req, chunks, self._ttl, self._max_entry_bytes)
 
     async def close(self) -> None:
         await self._redis.aclose()

@@ -298,13 +298,7 @@ class Orchestrator:
         cache-service call, tens of ms) running meanwhile, so a miss costs the slower of the two,
         not their sum: chunks that come before its answer are held back, a hit cancels the
         generation and is returned (its chunks are the answer), a miss lets the chunks through."""
-        if lookup is None:
-            async with aclosing(self._stream_with_failover(req, outcome)) as stream:
-                async for chunk in stream:
-                    flight.worker = outcome.worker
-                    flight.push(chunk)
-            return None
-        held: list[pb.GenerateResponse] | None = []  # None once the lookup missed
+        held: list[pb.GenerateResponse] | None = [] if lookup is not None else None  # None: let through
 
         async def generate() -> None:
             async with aclosing(self._stream_with_failover(req, outcome)) as stream:
@@ -315,6 +309,9 @@ class Orchestrator:
                     else:
                         held.append(chunk)
 
+        if lookup is None:
+            await generate()
+            return None
         generation = asyncio.ensure_future(generate())
         try:
             hit = await lookup

@@ -58,7 +58,7 @@ def refusal(req: pb.GenerateRequest, chunks: Sequence[pb.GenerateResponse] | Non
     return ""
 
 
-def entry_bytes(chunks: Sequence[pb.GenerateResponse]) -> bytes:
+def _entry_bytes(chunks: Sequence[pb.GenerateResponse]) -> bytes:
     """The stored form of a finished stream: its chunks without per-request identity (each reader
     stamps its own on replay), and when it was stored."""
     entry = pb.CacheEntry(stored_at=time.time())
@@ -77,10 +77,19 @@ def entry_bytes(chunks: Sequence[pb.GenerateResponse]) -> bytes:
     return entry.SerializeToString()
 
 
-def too_large(raw: bytes, max_entry_bytes: int) -> str:
-    """Why an entry of these bytes is not stored ('' when it fits)."""
+async def store_entry(
+    client: aioredis.Redis, key: str, req: pb.GenerateRequest, chunks: Sequence[pb.GenerateResponse],
+    ttl_seconds: int, max_entry_bytes: int,
+) -> str:
+    """Stores the finished stream ``chunks`` of ``req`` under ``key`` for ``ttl_seconds``; returns
+    why it was refused ('' when stored). What the cache service and the gateway both write."""
+    reason = refusal(req, chunks)
+    if reason:
+        return reason
+    raw = _entry_bytes(chunks)
     if len(raw) > max_entry_bytes:
         return f"too large ({len(raw)} bytes, the bound is {max_entry_bytes})"
+    await client.set(key, raw, ex=ttl_seconds)
     return ""
 
 

@@ -16,7 +16,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from services import config
-from services.cache_keys import entry_bytes, exact_key
+from services.cache_keys import exact_key, store_entry
 from services.config import CacheConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
@@ -237,7 +237,7 @@ async def test_an_entry_a_gateway_stored_itself_is_indexed_by_meaning_only(
     service indexes it (a semantic hit follows) and writes no entry of its own."""
     question = ask("What is the capital of France?")
     key = exact_key(question, "t", prefix)
-    await redis_client.set(key, entry_bytes(chunks("stop")), ex=TTL)  # as the gateway writes it
+    assert not await store_entry(redis_client, key, question, chunks("stop"), TTL, 1 << 20)  # as the gateway does
     sets = (await redis_client.info("commandstats"))["cmdstat_set"]["calls"]
     resp = await cache.Store(pb.StoreRequest(request=question, tenant="t", index_only=True), timeout=10)
     assert resp.stored
