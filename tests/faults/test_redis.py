@@ -21,7 +21,7 @@ from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.server import insecure_channel
 from tests.conftest import free_port
-from tests.integration.helpers import exact_entries, mesh_spec, metric_sum, scrape, wait_until
+from tests.integration.helpers import exact_entries, indexed_texts, mesh_spec, metric_sum, scrape, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -96,9 +96,9 @@ def stores(mesh: Mesh) -> int:
 
 
 async def cached_twice(mesh: Mesh, stub: pb_grpc.InferenceStub, question: str, *paraphrases: str) -> None:
-    """Asks ``question``, waits for its answer to be stored, then gets it back exactly and by
-    meaning. A paraphrase asked before the entry is indexed (just after the store) misses and is
-    stored itself, so each try asks the next one: any of them may match any earlier."""
+    """Asks ``question``, waits for its answer to be stored and indexed by meaning (Redis holds
+    both records), then gets it back exactly and by meaning: one of ``paraphrases``, each asked
+    once, must be answered from it."""
     before = stores(mesh)
     first = await ask(stub, question)
     assert not first[-1].cached
@@ -109,12 +109,14 @@ async def cached_twice(mesh: Mesh, stub: pb_grpc.InferenceStub, question: str, *
     async with asyncio.timeout(10):
         while (kind := (await ask(stub, question))[-1].cache_kind) != "exact":
             assert kind == "coalesced", kind
-
-    async with asyncio.timeout(10):
-        for i in itertools.count():
-            if (await ask(stub, paraphrases[i % len(paraphrases)]))[-1].cache_kind == "semantic":
-                break
-            await asyncio.sleep(0.05)
+    prefix = mesh.spec.cache.key_prefix
+    await wait_until(lambda: question in indexed_texts(mesh.redis_url, prefix), 10, "the answer indexed by meaning")
+    kinds = []
+    for paraphrase in paraphrases:
+        kinds.append((await ask(stub, paraphrase))[-1].cache_kind)
+        if kinds[-1] == "semantic":
+            return
+    raise AssertionError(f"no paraphrase of {question!r} was answered by meaning: {kinds}")
 
 
 async def test_redis_killed_under_load_fails_nothing_and_hits_come_back(mesh: Mesh, valkey: Valkey) -> None:
@@ -151,13 +153,18 @@ async def test_redis_killed_under_load_fails_nothing_and_hits_come_back(mesh: Me
         assert metric_sum(gateway, "meshserve_gateway_cache_errors_total") > 0  # it did see Redis go
 
         # Redis back (empty): caching resumes without restarting anything. Until the gateway's
-        # breaker lets a call through again (seconds), answers are not stored: keep asking.
+        # breakers let a call through again (seconds), answers are not stored, nor indexed by
+        # meaning: keep asking new questions (each a miss, so each can be a breaker's probe).
         valkey.start()
         before = stores(mesh)
+
+        def semantic_breaker_open() -> bool:
+            return metric_sum(scrape(mesh.metrics["gateway"]), "meshserve_gateway_semantic_breaker_open") > 0
+
         async with asyncio.timeout(30):
-            for i in range(10_000):
+            for i in itertools.count():
                 await ask(stub, f"probe {i}")
-                if stores(mesh) > before:
+                if stores(mesh) > before and not semantic_breaker_open():
                     break
                 await asyncio.sleep(0.1)
         await cached_twice(mesh, stub, "How do I reverse a list in Python?", "how can I reverse a Python list",

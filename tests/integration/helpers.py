@@ -79,6 +79,19 @@ def exact_entries(redis_url: str, prefix: str = CacheConfig.key_prefix) -> int:
         client.close()
 
 
+def indexed_texts(redis_url: str, prefix: str = CacheConfig.key_prefix) -> set[str]:
+    """The texts Redis holds records of by meaning (the cache service's ``semvec`` hashes, which
+    every replica's index loads): the cache's own state."""
+    import redis  # noqa: PLC0415
+
+    client = redis.Redis.from_url(redis_url, socket_timeout=5)
+    try:
+        keys = list(client.scan_iter(match=f"{prefix}semvec:*", count=1000))
+        return {text.decode() for key in keys if (text := client.hget(key, "text")) is not None}
+    finally:
+        client.close()
+
+
 async def wait_until(predicate, timeout: float, what: str, interval: float = 0.05) -> None:  # noqa: ANN001
     """Polls an observable condition (a metric, a load report) until it holds or time runs out."""
     deadline = time.monotonic() + timeout
