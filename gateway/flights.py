@@ -81,6 +81,9 @@ class Flights:
     def __len__(self) -> int:
         return len(self._flights)
 
+    def __contains__(self, key: str) -> bool:
+        return key in self._flights
+
     def join(
         self, key: str, request_id: str, fly: Callable[[Flight], Coroutine[Any, Any, None]]
     ) -> tuple[Flight, bool]:

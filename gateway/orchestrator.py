@@ -217,8 +217,19 @@ class Orchestrator:
         view = self._cache_view(req)  # the request as the cache keys it, for the key, lookup and store
         exact = cache_keys.exact_key(view, tenant, self._cfg.cache_key_prefix)  # its entry's Redis key
         key = f"{exact}/{mode}" if self._cfg.coalesce else req.request_id  # else a flight of its own
+        missed = False
+        if self._clients.entries is not None and key not in self._flights:
+            # An exact entry the gateway reads itself is answered here, without a flight (a task
+            # and a reader's wake-up each): a hit is one Redis GET and one message.
+            hit = await self._lookup(view, tenant, mode, exact)
+            if hit is not None:
+                metrics.CACHE_HITS.labels(hit.kind).inc()
+                outcome.cached = True
+                yield self._hit_chunk(req, hit)
+                return
+            missed = True  # the flight need not read it again (one that started meanwhile is joined)
         flight, leader = self._flights.join(
-            key, req.request_id, lambda f: self._fly(f, req, view, tenant, mode, exact))
+            key, req.request_id, lambda f: self._fly(f, req, view, tenant, mode, exact, missed))
         if not leader:
             metrics.COALESCED.inc()
             trace.get_current_span().set_attribute("meshserve.coalesced_with", flight.leader_request_id)
@@ -232,6 +243,14 @@ class Orchestrator:
             raise GatewayError(e.code, e.message, e.trailers) from None  # one copy per reader
         finally:
             self._flights.leave(flight)
+
+    @staticmethod
+    def _hit_chunk(req: pb.GenerateRequest, hit: pb.LookupResponse) -> pb.GenerateResponse:
+        """A cache hit's stored answer as one chunk of ``req``, saying how it was answered."""
+        chunk = merge(list(hit.chunks))
+        chunk.request_id, chunk.cached, chunk.worker = req.request_id, True, ""
+        chunk.cache_kind, chunk.cache_age_s, chunk.cache_similarity = hit.kind, hit.age_s, hit.similarity
+        return chunk
 
     @staticmethod
     def _as_reader(
@@ -254,12 +273,14 @@ class Orchestrator:
         return chunk
 
     async def _fly(
-        self, flight: Flight, req: pb.GenerateRequest, view: pb.GenerateRequest, tenant: str, mode: str, exact: str
+        self, flight: Flight, req: pb.GenerateRequest, view: pb.GenerateRequest, tenant: str, mode: str, exact: str,
+        missed: bool = False,
     ) -> None:
-        """A flight's task: the cache, else one generation, stored once it finished."""
+        """A flight's task: the cache (unless its exact entry was just ``missed``), else one
+        generation, stored once it finished."""
         outcome = _Outcome(req.request_id)
         try:
-            hit = await self._lookup(view, tenant, mode, exact)
+            hit = None if missed else await self._lookup(view, tenant, mode, exact)
             if hit is None:
                 # A gateway that read the exact entry itself asks by meaning while it generates.
                 by_meaning = None

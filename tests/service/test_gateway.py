@@ -569,10 +569,13 @@ async def test_a_gateway_with_the_redis_url_reads_and_writes_exact_entries_there
     m = await mesh(reads_redis=True)
     assert m.cache is not None
     reads = {r: sample("meshserve_gateway_cache_reads_total", {"result": r}) for r in ("hit", "miss")}
-    sets = (await redis_info(m.redis_url, "commandstats")).get("cmdstat_set", {}).get("calls", 0)
+    stats = await redis_info(m.redis_url, "commandstats")
+    sets, gets = (stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("set", "get"))
     exact = await collect(m.stub.Generate(greedy(prompt="exact one", cache="exact")))
     semantic = await collect(m.stub.Generate(greedy(prompt="semantic one", cache="semantic")))
     await stored_and_landed(m)
+    # One GET per miss (Redis's own count): the flight that generates does not read it again.
+    assert (await redis_info(m.redis_url, "commandstats"))["cmdstat_get"]["calls"] == gets + 2
     # The exact miss never reached the cache service; the semantic one asked it by meaning only.
     assert m.cache.lookups == 1 and m.cache.modes == ["semantic"] and m.cache.exact_missed == [True]
     assert sample("meshserve_gateway_cache_reads_total", {"result": "miss"}) == reads["miss"] + 2
@@ -591,11 +594,14 @@ async def test_a_gateway_with_the_redis_url_reads_and_writes_exact_entries_there
         await client.aclose()
 
     redis_hits = (await redis_info(m.redis_url, "stats"))["keyspace_hits"]
+    gets = (await redis_info(m.redis_url, "commandstats"))["cmdstat_get"]["calls"]
     again = [await collect(m.stub.Generate(greedy(prompt=p, cache=mode, request_id=f"again-{mode}")))
              for p, mode in (("exact one", "exact"), ("semantic one", "semantic"))]
 
     assert [joined(c) for c in again] == [joined(exact), joined(semantic)]
     assert all(c.cached and c.cache_kind == "exact" for chunks in again for c in chunks)
+    assert [len(c) for c in again] == [1, 1] and all(c[0].request_id.startswith("again-") for c in again)
+    assert (await redis_info(m.redis_url, "commandstats"))["cmdstat_get"]["calls"] == gets + 2  # one each
     assert m.cache.lookups == 1 and m.a.calls == 2  # both hits: Redis, read by the gateway
     assert (await redis_info(m.redis_url, "stats"))["keyspace_hits"] == redis_hits + 2
     assert sample("meshserve_gateway_cache_reads_total", {"result": "hit"}) == reads["hit"] + 2
