@@ -1,7 +1,8 @@
 """Single flight: concurrent identical deterministic requests share one answer.
 
 The first request for a key starts a *flight*: a task of its own that looks the answer up in the
-cache and, on a miss, generates it on one worker. Every identical request that arrives while the
+cache and, on a miss, generates it on one worker (a gateway that reads exact entries from Redis
+itself reads one before any flight: a hit needs none, and the flight then skips that lookup). Every identical request that arrives while the
 flight lives (the first one included) is a *reader*: it gets what the flight produced so far at
 once, then each new delta as it comes, so a follower streams live from the first token. The
 flight belongs to no reader: one that leaves (a cancelled client) does not end it for the
