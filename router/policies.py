@@ -1,7 +1,9 @@
 """Routing policies, in the shape of the Gateway API inference extension's scheduler: filters drop
 workers that must not get the request, weighted scorers rate the rest from 0 to 1, and one picker
-chooses. Every piece is a small synchronous class over a snapshot of ``WorkerView``s; ``POLICIES``
-names the combinations that ``RouterConfig.routing`` selects.
+chooses. Every piece is a small synchronous class over a ``Fleet`` (the workers' views and their
+fields as columns): a filter narrows a mask of rows, a scorer scores the candidate rows, each in
+a few array operations, so a pick over hundreds of workers costs what one over four does.
+``POLICIES`` names the combinations that ``RouterConfig.routing`` selects.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from router.state import WorkerView
+import numpy as np
+
+from router.state import Fleet, WorkerView
 from services.config import ROUTING_POLICIES
 
 
@@ -44,30 +48,29 @@ class NoWorker(Exception):
     """No worker may take the request (gRPC UNAVAILABLE); the message says why."""
 
 
-Scored = tuple[WorkerView, float]
-
-
 class Filter(abc.ABC):
     """Keeps the workers that may take the request."""
 
     empty_reason = "no eligible worker"   # the NoWorker message when nothing passes
 
     @abc.abstractmethod
-    def filter(self, ctx: PickContext, workers: list[WorkerView]) -> list[WorkerView]: ...
+    def keep(self, ctx: PickContext, fleet: Fleet, mask: np.ndarray) -> np.ndarray:
+        """The rows of ``mask`` (bool, one per worker) that pass; a new array."""
 
 
 class Scorer(abc.ABC):
-    """Rates each worker from 0 (worst) to 1 (best) for this request."""
+    """Rates each candidate from 0 (worst) to 1 (best) for this request."""
 
     @abc.abstractmethod
-    def score(self, ctx: PickContext, workers: list[WorkerView]) -> list[float]: ...
+    def score(self, ctx: PickContext, fleet: Fleet, rows: np.ndarray) -> np.ndarray:
+        """A float per row of ``rows`` (the candidates' rows of ``fleet``, never empty)."""
 
 
 class Picker(abc.ABC):
-    """Chooses one worker from the scored candidates (never an empty list)."""
+    """Chooses one candidate from their total scores (never empty): its position."""
 
     @abc.abstractmethod
-    def pick(self, scored: list[Scored], rng: random.Random) -> Scored: ...
+    def pick(self, scores: np.ndarray, rng: random.Random) -> int: ...
 
 
 # -- filters ---------------------------------------------------------------------------------
@@ -84,10 +87,10 @@ class HealthyFilter(Filter):
     def __init__(self, stale_after_s: float) -> None:
         self.stale_after_s = stale_after_s
 
-    def filter(self, ctx: PickContext, workers: list[WorkerView]) -> list[WorkerView]:
-        connected = [w for w in workers if w.connected and w.reported_at is not None]
-        cutoff = ctx.now - self.stale_after_s
-        return [w for w in connected if w.reported_at >= cutoff] or connected
+    def keep(self, ctx: PickContext, fleet: Fleet, mask: np.ndarray) -> np.ndarray:
+        connected = mask & fleet.connected & (fleet.reported_at > -np.inf)
+        fresh = connected & (fleet.reported_at >= ctx.now - self.stale_after_s)
+        return fresh if fresh.any() else connected
 
 
 class NotDrainingFilter(Filter):
@@ -95,8 +98,8 @@ class NotDrainingFilter(Filter):
 
     empty_reason = "no healthy worker: every worker is draining"
 
-    def filter(self, ctx: PickContext, workers: list[WorkerView]) -> list[WorkerView]:
-        return [w for w in workers if w.load is None or not w.load.draining]
+    def keep(self, ctx: PickContext, fleet: Fleet, mask: np.ndarray) -> np.ndarray:
+        return mask & ~fleet.draining
 
 
 class ExcludeFilter(Filter):
@@ -104,10 +107,14 @@ class ExcludeFilter(Filter):
 
     empty_reason = "no healthy worker left: every healthy worker is excluded"
 
-    def filter(self, ctx: PickContext, workers: list[WorkerView]) -> list[WorkerView]:
+    def keep(self, ctx: PickContext, fleet: Fleet, mask: np.ndarray) -> np.ndarray:
         if not ctx.exclude:
-            return workers
-        return [w for w in workers if w.worker_id not in ctx.exclude]
+            return mask
+        kept = mask.copy()
+        for row in np.flatnonzero(mask):
+            if fleet.views[row].worker_id in ctx.exclude:
+                kept[row] = False
+        return kept
 
 
 class BoundedLoadFilter(Filter):
@@ -119,10 +126,10 @@ class BoundedLoadFilter(Filter):
     def __init__(self, epsilon: float = 0.25) -> None:
         self.epsilon = epsilon
 
-    def filter(self, ctx: PickContext, workers: list[WorkerView]) -> list[WorkerView]:
-        loads = [w.outstanding for w in workers]
-        capacity = math.ceil((1 + self.epsilon) * (sum(loads) + 1) / len(workers))
-        return [w for w, load in zip(workers, loads) if load + 1 <= capacity]
+    def keep(self, ctx: PickContext, fleet: Fleet, mask: np.ndarray) -> np.ndarray:
+        loads = fleet.outstanding[mask]
+        capacity = math.ceil((1 + self.epsilon) * (int(loads.sum()) + 1) / len(loads))
+        return mask & (fleet.outstanding + 1 <= capacity)
 
 
 # -- scorers ---------------------------------------------------------------------------------
@@ -132,12 +139,12 @@ class LeastLoadScorer(Scorer):
     """1 for the fewest outstanding requests (running + waiting + assigned but not yet
     reported), 0 for the most, linear in between; all equal scores 1."""
 
-    def score(self, ctx: PickContext, workers: list[WorkerView]) -> list[float]:
-        loads = [w.outstanding for w in workers]
-        low, high = min(loads), max(loads)
+    def score(self, ctx: PickContext, fleet: Fleet, rows: np.ndarray) -> np.ndarray:
+        loads = fleet.outstanding[rows]
+        low, high = loads.min(), loads.max()
         if high == low:
-            return [1.0] * len(loads)
-        return [(high - x) / (high - low) for x in loads]
+            return np.ones(len(rows))
+        return (high - loads) / (high - low)
 
 
 class PrefixAffinityScorer(Scorer):
@@ -149,13 +156,10 @@ class PrefixAffinityScorer(Scorer):
     def __init__(self, prefix_chars: int = 256) -> None:
         self.prefix_chars = prefix_chars
 
-    def score(self, ctx: PickContext, workers: list[WorkerView]) -> list[float]:
+    def score(self, ctx: PickContext, fleet: Fleet, rows: np.ndarray) -> np.ndarray:
         if not ctx.prompt:
-            return [0.0] * len(workers)
-        key = ctx.prompt[: self.prefix_chars].encode()
-        ranks = [_rendezvous(key, w.worker_id) for w in workers]
-        best = max(ranks)
-        return [1.0 if r == best else 0.0 for r in ranks]
+            return np.zeros(len(rows))
+        return _rendezvous_home(ctx.prompt[: self.prefix_chars].encode(), fleet.seeds[rows])
 
 
 class KvAwareScorer(Scorer):
@@ -166,35 +170,42 @@ class KvAwareScorer(Scorer):
     def __init__(self, fallback: Scorer | None = None) -> None:
         self.fallback = fallback or PrefixAffinityScorer()
 
-    def score(self, ctx: PickContext, workers: list[WorkerView]) -> list[float]:
+    def score(self, ctx: PickContext, fleet: Fleet, rows: np.ndarray) -> np.ndarray:
         if ctx.cached_blocks is None:
-            return self.fallback.score(ctx, workers)
-        if not ctx.block_hashes:
-            return [0.0] * len(workers)
-        n = len(ctx.block_hashes)
-        held = [ctx.cached_blocks.get(w.address, 0) for w in workers]
+            return self.fallback.score(ctx, fleet, rows)
+        if not ctx.block_hashes or not ctx.cached_blocks:
+            return np.zeros(len(rows))
+        held = np.zeros(len(fleet))
+        for address, n in ctx.cached_blocks.items():
+            row = fleet.rows.get(address)
+            if row is not None:
+                held[row] = n
+        held = held[rows]
         # Blocks every candidate holds (a system prompt cached everywhere) tell them apart no
         # better than none: only what a worker holds beyond the others counts.
-        base = min(held)
-        return [(h - base) / n for h in held]
+        return (held - held.min()) / len(ctx.block_hashes)
 
 
 class SessionAffinityScorer(Scorer):
     """1 for the worker the request's session key hashes to (rendezvous), 0 for the others; 0
     for all when the request has no key. A conversation's turns meet its cached history."""
 
-    def score(self, ctx: PickContext, workers: list[WorkerView]) -> list[float]:
+    def score(self, ctx: PickContext, fleet: Fleet, rows: np.ndarray) -> np.ndarray:
         if not ctx.session_key:
-            return [0.0] * len(workers)
-        key = ctx.session_key.encode()
-        ranks = [_rendezvous(key, w.worker_id) for w in workers]
-        best = max(ranks)
-        return [1.0 if r == best else 0.0 for r in ranks]
+            return np.zeros(len(rows))
+        return _rendezvous_home(ctx.session_key.encode(), fleet.seeds[rows])
 
 
-def _rendezvous(key: bytes, worker_id: str) -> int:
-    digest = hashlib.blake2b(key + b"\0" + worker_id.encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big")
+def _rendezvous_home(key: bytes, seeds: np.ndarray) -> np.ndarray:
+    """1.0 for the worker whose seed ranks highest for ``key``, 0.0 for the others: each rank is
+    splitmix64's finalizer over the key's hash xor the worker's seed (``rendezvous_seed``)."""
+    z = np.uint64(int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big")) ^ seeds
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z ^= z >> np.uint64(31)
+    home = np.zeros(len(seeds))
+    home[int(z.argmax())] = 1.0
+    return home
 
 
 # -- pickers ---------------------------------------------------------------------------------
@@ -203,19 +214,20 @@ def _rendezvous(key: bytes, worker_id: str) -> int:
 class MaxScorePicker(Picker):
     """The highest score; ties broken at random so equal workers share the traffic."""
 
-    def pick(self, scored: list[Scored], rng: random.Random) -> Scored:
-        best = max(s for _, s in scored)
-        return rng.choice([ws for ws in scored if ws[1] >= best - 1e-9])
+    def pick(self, scores: np.ndarray, rng: random.Random) -> int:
+        best = np.flatnonzero(scores >= scores.max() - 1e-9)
+        return int(best[0]) if len(best) == 1 else int(rng.choice(best))
 
 
 class PowerOfTwoPicker(Picker):
     """Power of two choices: the better of two workers sampled at random. Nearly as balanced as
     the best score, and many routers picking at once do not all pile onto the same worker."""
 
-    def pick(self, scored: list[Scored], rng: random.Random) -> Scored:
-        if len(scored) == 1:
-            return scored[0]
-        return MaxScorePicker().pick(rng.sample(scored, 2), rng)
+    def pick(self, scores: np.ndarray, rng: random.Random) -> int:
+        if len(scores) == 1:
+            return 0
+        two = rng.sample(range(len(scores)), 2)
+        return two[MaxScorePicker().pick(scores[two], rng)]
 
 
 class RoundRobinPicker(Picker):
@@ -224,15 +236,15 @@ class RoundRobinPicker(Picker):
     def __init__(self) -> None:
         self._next = itertools.count()
 
-    def pick(self, scored: list[Scored], rng: random.Random) -> Scored:
-        return scored[next(self._next) % len(scored)]
+    def pick(self, scores: np.ndarray, rng: random.Random) -> int:
+        return next(self._next) % len(scores)
 
 
 class RandomPicker(Picker):
     """Uniformly at random, whatever the scores (a baseline for benchmarks)."""
 
-    def pick(self, scored: list[Scored], rng: random.Random) -> Scored:
-        return rng.choice(scored)
+    def pick(self, scores: np.ndarray, rng: random.Random) -> int:
+        return rng.randrange(len(scores))
 
 
 # -- policies --------------------------------------------------------------------------------
@@ -250,22 +262,23 @@ class Policy:
     # events, "approx" from the router's own record of what it sent where, "" none.
     prefix_view: str = ""
 
-    def pick(self, ctx: PickContext, workers: Sequence[WorkerView], rng: random.Random) -> Choice:
+    def pick(self, ctx: PickContext, workers: Fleet | Sequence[WorkerView], rng: random.Random) -> Choice:
         """Chooses a worker; raises NoWorker when a filter leaves none."""
-        candidates = list(workers)
-        if not candidates:
+        fleet = workers if isinstance(workers, Fleet) else Fleet.of(workers)
+        if not len(fleet):
             raise NoWorker("no healthy worker: the router knows no workers")
+        mask = np.ones(len(fleet), dtype=bool)
         for f in self.filters:
-            candidates = f.filter(ctx, candidates)
-            if not candidates:
+            mask = f.keep(ctx, fleet, mask)
+            if not mask.any():
                 raise NoWorker(f.empty_reason)
-        totals = [0.0] * len(candidates)
+        rows = np.flatnonzero(mask)
+        totals = np.zeros(len(rows))
         for scorer, weight in self.scorers:
-            if not weight:
-                continue  # switched off (a knob at 0): not worth a pass over every worker
-            totals = [t + weight * s for t, s in zip(totals, scorer.score(ctx, candidates))]
-        worker, score = self.picker.pick(list(zip(candidates, totals)), rng)
-        return Choice(worker, score, len(candidates))
+            if weight:  # a knob at 0 switches its scorer off
+                totals += weight * scorer.score(ctx, fleet, rows)
+        at = self.picker.pick(totals, rng)
+        return Choice(fleet.views[int(rows[at])], float(totals[at]), len(rows))
 
 
 def _eligible(stale_after_s: float) -> list[Filter]:

@@ -108,7 +108,7 @@ class Router:
             known.update(block_hashes=hashes, cached_blocks=self._cached(view, hashes, now))
         ctx = replace(ctx, **known)
         try:
-            choice = self.policy.pick(ctx, self.table.snapshot(), self._rng)
+            choice = self.policy.pick(ctx, self.table.fleet(), self._rng)
         except NoWorker:
             NO_WORKER.inc()
             raise
@@ -230,7 +230,9 @@ class RouterServicer(pb_grpc.RouterServicer):
             raise
         choice, reason = pick.choice, pick.reason
         worker = choice.worker
-        log.info(
+        # One line per pick at DEBUG: at a fleet's pick rate a line per request at INFO is the
+        # log's volume (vLLM logs requests only when asked); the span and metrics carry each pick.
+        log.debug(
             "request %s -> %s (%s, score %.2f of %d candidates, outstanding %d, cached %d tokens)",
             request.request_id, worker.worker_id, reason, choice.score, choice.num_candidates,
             worker.outstanding, pick.predicted_cached_tokens,

@@ -1,15 +1,19 @@
 """The router's live view of the workers: last load report, connection state and the picks each
-worker has not reported yet. Policies read immutable snapshots of it; watchers and picks write it.
+worker has not reported yet. Policies read immutable snapshots of it (a ``Fleet``); watchers and
+picks write it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,78 @@ class WorkerView(NamedTuple):
         return self.connected and self.reported_at is not None and now - self.reported_at <= stale_after_s
 
 
+def rendezvous_seed(worker_id: str) -> int:
+    """A worker's 64-bit seed for rendezvous hashing (policies mix it with a request's key)."""
+    return int.from_bytes(hashlib.blake2b(worker_id.encode(), digest_size=8).digest(), "big")
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """The workers at one pick: their views, and the fields the policies read as columns (one
+    row per worker, in the views' order), so a filter or a scorer is a few array operations
+    however many workers there are. ``WorkerTable.fleet`` keeps the columns up to date as the
+    workers change; ``Fleet.of`` makes them from views."""
+
+    views: Sequence[WorkerView]
+    connected: np.ndarray     # bool: its WatchLoad stream is open
+    reported_at: np.ndarray   # float: when its last report came; -inf before the first
+    draining: np.ndarray      # bool
+    outstanding: np.ndarray   # int64: WorkerView.outstanding
+    seeds: np.ndarray         # uint64: rendezvous_seed(worker_id)
+    rows: Mapping[str, int]   # address -> row
+
+    def __len__(self) -> int:
+        return len(self.views)
+
+    @classmethod
+    def of(cls, views: Sequence[WorkerView]) -> Fleet:
+        columns = _Columns()
+        columns.rebuild(views)
+        return columns.fleet(views)
+
+
+class _Columns:
+    """A table's columns, written in place as its workers change (one row each)."""
+
+    def __init__(self) -> None:
+        self.rebuild([])
+
+    def rebuild(self, views: Sequence[WorkerView]) -> None:
+        n = len(views)
+        self.connected = np.zeros(n, dtype=bool)
+        self.reported_at = np.full(n, -np.inf)
+        self.draining = np.zeros(n, dtype=bool)
+        self.outstanding = np.zeros(n, dtype=np.int64)
+        self.seeds = np.zeros(n, dtype=np.uint64)
+        self.ids: list[str] = [""] * n
+        self.rows = {v.address: i for i, v in enumerate(views)}
+        for i, v in enumerate(views):
+            self.set(i, v)
+
+    def append(self, v: WorkerView) -> None:
+        self.connected = np.append(self.connected, False)
+        self.reported_at = np.append(self.reported_at, -np.inf)
+        self.draining = np.append(self.draining, False)
+        self.outstanding = np.append(self.outstanding, np.int64(0))
+        self.seeds = np.append(self.seeds, np.uint64(0))
+        self.ids.append("")
+        self.rows = {**self.rows, v.address: len(self.ids) - 1}  # a new dict: fleets keep theirs
+        self.set(len(self.ids) - 1, v)
+
+    def set(self, i: int, v: WorkerView) -> None:
+        self.connected[i] = v.connected
+        self.reported_at[i] = -np.inf if v.reported_at is None else v.reported_at
+        self.draining[i] = v.load is not None and v.load.draining
+        self.outstanding[i] = v.outstanding
+        if self.ids[i] != v.worker_id:
+            self.ids[i] = v.worker_id
+            self.seeds[i] = rendezvous_seed(v.worker_id)
+
+    def fleet(self, views: Sequence[WorkerView]) -> Fleet:
+        return Fleet(views, self.connected.copy(), self.reported_at.copy(), self.draining.copy(),
+                     self.outstanding.copy(), self.seeds.copy(), self.rows)
+
+
 class WorkerTable:
     """Every known worker, keyed by address (from discovery); ids come from the workers.
 
@@ -72,6 +148,7 @@ class WorkerTable:
         self._pick_ttl_s = pick_ttl_s
         self._workers: dict[str, _Entry] = {}
         self._views: list[WorkerView] = []
+        self._columns = _Columns()
         self._next_expiry = math.inf  # no unsettled pick can expire before this clock time
         for a in addresses:
             self.add(a)
@@ -89,6 +166,7 @@ class WorkerTable:
             entry = _Entry(WorkerView.of(address, address), len(self._views))
             self._workers[address] = entry
             self._views.append(entry.view)
+            self._columns.append(entry.view)
 
     def remove(self, address: str) -> None:
         """Forgets the worker: its view and its unsettled picks."""
@@ -96,12 +174,18 @@ class WorkerTable:
             for i, entry in enumerate(self._workers.values()):
                 entry.index = i
             self._views = [e.view for e in self._workers.values()]
+            self._columns.rebuild(self._views)
 
     def snapshot(self) -> list[WorkerView]:
         now = self._clock()
         if now >= self._next_expiry:
             self._expire(now)
         return list(self._views)
+
+    def fleet(self) -> Fleet:
+        """The workers now, as the policies read them."""
+        views = self.snapshot()
+        return self._columns.fleet(views)
 
     def _expire(self, now: float) -> None:
         """Stops counting the picks older than the TTL; notes when the next one is due."""
@@ -147,6 +231,7 @@ class WorkerTable:
         v = entry.view._replace(**changed)
         entry.view = WorkerView.of(v.worker_id, v.address, v.connected, v.load, v.reported_at, len(entry.picks))
         self._views[entry.index] = entry.view
+        self._columns.set(entry.index, entry.view)
 
 
 class _Entry:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+import numpy as np
 import pytest
 
 from router.policies import (
@@ -19,14 +20,16 @@ from router.policies import (
     NotDrainingFilter,
     NoWorker,
     PickContext,
+    Picker,
     PowerOfTwoPicker,
     PrefixAffinityScorer,
     RandomPicker,
     RoundRobinPicker,
+    Scorer,
     SessionAffinityScorer,
     build_policy,
 )
-from router.state import WorkerLoad, WorkerTable, WorkerView
+from router.state import Fleet, WorkerLoad, WorkerTable, WorkerView
 
 
 def w(
@@ -46,12 +49,24 @@ def w(
     return WorkerView.of(worker_id, f"{worker_id}:1", connected, load, None if age is None else -age, assigned)
 
 
-def ids(workers: list[WorkerView]) -> list[str]:
-    return [x.worker_id for x in workers]
+def kept(filter_: Filter, ctx: PickContext, workers: list[WorkerView]) -> list[str]:
+    """The ids of the workers ``filter_`` keeps of all of ``workers``."""
+    mask = filter_.keep(ctx, Fleet.of(workers), np.ones(len(workers), dtype=bool))
+    return [x.worker_id for x, k in zip(workers, mask) if k]
+
+
+def scores(scorer: Scorer, ctx: PickContext, workers: list[WorkerView]) -> list[float]:
+    """``scorer``'s scores of every one of ``workers``."""
+    return scorer.score(ctx, Fleet.of(workers), np.arange(len(workers))).tolist()
+
+
+def picked(picker: Picker, scored: list[float], seed: int) -> str:
+    """The worker ``picker`` picks of workers w0, w1, ... scored ``scored``."""
+    return f"w{picker.pick(np.array(scored, dtype=float), random.Random(seed))}"
 
 
 @pytest.mark.parametrize(
-    ("filter_", "ctx", "workers", "kept"),
+    ("filter_", "ctx", "workers", "kept_ids"),
     [
         (HealthyFilter(2.0), PickContext(), [w("a"), w("b", connected=False)], ["a"]),
         (HealthyFilter(2.0), PickContext(), [w("a", age=1.9), w("b", age=2.5)], ["a"]),
@@ -70,12 +85,12 @@ def ids(workers: list[WorkerView]) -> list[str]:
         (BoundedLoadFilter(0.25), PickContext(), [w("a", 3, assigned=3), w("b", 1)], ["b"]),
     ],
 )
-def test_filters(filter_: Filter, ctx: PickContext, workers: list[WorkerView], kept: list[str]) -> None:
-    assert ids(filter_.filter(ctx, workers)) == kept
+def test_filters(filter_: Filter, ctx: PickContext, workers: list[WorkerView], kept_ids: list[str]) -> None:
+    assert kept(filter_, ctx, workers) == kept_ids
 
 
 @pytest.mark.parametrize(
-    ("workers", "scores"),
+    ("workers", "expected"),
     [
         ([w("a", 0), w("b", 5), w("c", 10)], [1.0, 0.5, 0.0]),
         ([w("a", 3), w("b", 3)], [1.0, 1.0]),
@@ -84,8 +99,8 @@ def test_filters(filter_: Filter, ctx: PickContext, workers: list[WorkerView], k
         ([w("a", 1, in_flight=5), w("b", 3)], [0.0, 1.0]),      # streams the engine has not queued yet count
     ],
 )
-def test_least_load_scorer(workers: list[WorkerView], scores: list[float]) -> None:
-    assert LeastLoadScorer().score(PickContext(), workers) == pytest.approx(scores)
+def test_least_load_scorer(workers: list[WorkerView], expected: list[float]) -> None:
+    assert scores(LeastLoadScorer(), PickContext(), workers) == pytest.approx(expected)
 
 
 def test_prefix_affinity_prefers_one_worker_per_prefix_consistently() -> None:
@@ -94,11 +109,11 @@ def test_prefix_affinity_prefers_one_worker_per_prefix_consistently() -> None:
     preferred: dict[str, str] = {}
     for i in range(300):
         prompt = f"system prompt number {i:04d}".ljust(32, ".")
-        scores = scorer.score(PickContext(prompt=prompt), workers)
-        assert sorted(scores) == [0.0, 0.0, 1.0]
-        preferred[prompt] = workers[scores.index(1.0)].worker_id
+        home = scores(scorer, PickContext(prompt=prompt), workers)
+        assert sorted(home) == [0.0, 0.0, 1.0]
+        preferred[prompt] = workers[home.index(1.0)].worker_id
         # the same prefix (whatever follows it, whatever the order of workers) -> the same worker
-        again = scorer.score(PickContext(prompt=prompt + " then a different question"), workers[::-1])
+        again = scores(scorer, PickContext(prompt=prompt + " then a different question"), workers[::-1])
         assert workers[::-1][again.index(1.0)].worker_id == preferred[prompt]
     spread = Counter(preferred.values())
     assert set(spread) == {"a", "b", "c"} and min(spread.values()) > 50
@@ -106,39 +121,36 @@ def test_prefix_affinity_prefers_one_worker_per_prefix_consistently() -> None:
     without_c = [w("a"), w("b")]
     for prompt, worker_id in preferred.items():
         if worker_id != "c":
-            scores = scorer.score(PickContext(prompt=prompt), without_c)
-            assert without_c[scores.index(1.0)].worker_id == worker_id
+            home = scores(scorer, PickContext(prompt=prompt), without_c)
+            assert without_c[home.index(1.0)].worker_id == worker_id
 
 
 def test_prefix_affinity_without_a_prompt_scores_nobody() -> None:
-    assert PrefixAffinityScorer().score(PickContext(prompt=""), [w("a"), w("b")]) == [0.0, 0.0]
+    assert scores(PrefixAffinityScorer(), PickContext(prompt=""), [w("a"), w("b")]) == [0.0, 0.0]
 
 
 @pytest.mark.parametrize(
-    ("scores", "allowed"),
+    ("scored", "allowed"),
     [
         ([0.2, 0.9, 0.5], {"w1"}),
         ([0.9, 0.9, 0.5], {"w0", "w1"}),
         ([0.0], {"w0"}),
     ],
 )
-def test_max_score_picker_breaks_ties_at_random(scores: list[float], allowed: set[str]) -> None:
-    scored = [(w(f"w{i}"), s) for i, s in enumerate(scores)]
-    picked = {MaxScorePicker().pick(scored, random.Random(seed))[0].worker_id for seed in range(50)}
-    assert picked == allowed
+def test_max_score_picker_breaks_ties_at_random(scored: list[float], allowed: set[str]) -> None:
+    assert {picked(MaxScorePicker(), scored, seed) for seed in range(50)} == allowed
 
 
 def test_power_of_two_picker_never_picks_the_worst_and_spreads() -> None:
-    scored = [(w(f"w{i}"), s) for i, s in enumerate([0.0, 0.25, 0.5, 0.75, 1.0])]
-    picked = Counter(PowerOfTwoPicker().pick(scored, random.Random(seed))[0].worker_id for seed in range(400))
-    assert "w0" not in picked
-    assert picked["w4"] > picked["w3"] > picked["w2"] > picked["w1"] > 0
-    assert PowerOfTwoPicker().pick(scored[:1], random.Random(0))[0].worker_id == "w0"
+    scored = [0.0, 0.25, 0.5, 0.75, 1.0]
+    counts = Counter(picked(PowerOfTwoPicker(), scored, seed) for seed in range(400))
+    assert "w0" not in counts
+    assert counts["w4"] > counts["w3"] > counts["w2"] > counts["w1"] > 0
+    assert picked(PowerOfTwoPicker(), scored[:1], 0) == "w0"
 
 
 def test_random_picker_ignores_scores() -> None:
-    scored = [(w("a"), 0.0), (w("b"), 1.0)]
-    assert {RandomPicker().pick(scored, random.Random(s))[0].worker_id for s in range(50)} == {"a", "b"}
+    assert {picked(RandomPicker(), [0.0, 1.0], seed) for seed in range(50)} == {"w0", "w1"}
 
 
 @pytest.mark.parametrize(
@@ -271,6 +283,38 @@ def test_each_worker_s_picks_expire_on_their_own_time() -> None:
     assert outstanding() == [3, 4]
 
 
+def test_the_table_s_columns_follow_its_workers() -> None:
+    """The columns a table writes in place as its workers change are the ones its views make,
+    and a fleet taken earlier keeps what it saw."""
+    clock = [0.0]
+    table = WorkerTable(["a:1", "b:1"], clock=lambda: clock[0], pick_ttl_s=2.0)
+
+    def columns() -> Fleet:
+        fleet, made = table.fleet(), Fleet.of(table.snapshot())
+        for name in ("connected", "reported_at", "draining", "outstanding", "seeds"):
+            assert getattr(fleet, name).tolist() == getattr(made, name).tolist(), name
+        assert dict(fleet.rows) == dict(made.rows)
+        return fleet
+
+    columns()
+    table.on_connected("a:1", "worker-a")
+    table.on_report("a:1", WorkerLoad(num_running=3, draining=True))
+    before = columns()
+    table.add("c:1")
+    table.on_connected("c:1", "worker-c")
+    table.on_report("c:1", WorkerLoad(num_waiting=2))
+    table.on_assigned("c:1")
+    assert columns().outstanding.tolist() == [3, 0, 3]
+    table.remove("a:1")
+    fleet = columns()
+    assert dict(fleet.rows) == {"b:1": 0, "c:1": 1} and fleet.outstanding.tolist() == [0, 3]
+    clock[0] = 5.0  # c's pick expired, every report is stale
+    assert columns().outstanding.tolist() == [0, 2]
+    table.on_disconnected("c:1")
+    assert columns().connected.tolist() == [False, False]
+    assert before.outstanding.tolist() == [3, 0] and before.draining.tolist() == [True, False]
+
+
 def test_registry_builds_each_policy_by_name_and_rejects_unknown_names() -> None:
     for name in POLICIES:
         assert build_policy(name, 2.0).name == name
@@ -294,30 +338,29 @@ def test_registry_builds_each_policy_by_name_and_rejects_unknown_names() -> None
     ],
 )
 def test_kv_aware_scores_the_cached_fraction(ctx: PickContext, expected: list[float]) -> None:
-    assert KvAwareScorer().score(ctx, [w("a"), w("b"), w("c")]) == expected
+    assert scores(KvAwareScorer(), ctx, [w("a"), w("b"), w("c")]) == expected
 
 
 def test_kv_aware_without_a_view_falls_back_to_the_text_hash() -> None:
     workers = [w("a"), w("b"), w("c")]
     ctx = PickContext(prompt="a system prompt", cached_blocks=None)
-    assert KvAwareScorer().score(ctx, workers) == PrefixAffinityScorer().score(ctx, workers)
-    assert sum(KvAwareScorer().score(ctx, workers)) == 1.0
+    assert scores(KvAwareScorer(), ctx, workers) == scores(PrefixAffinityScorer(), ctx, workers)
+    assert sum(scores(KvAwareScorer(), ctx, workers)) == 1.0
 
 
 def test_session_affinity_keeps_a_session_on_one_worker() -> None:
     workers = [w("a"), w("b"), w("c"), w("d")]
-    homes = {s: SessionAffinityScorer().score(PickContext(session_key=s), workers).index(1.0)
+    homes = {s: scores(SessionAffinityScorer(), PickContext(session_key=s), workers).index(1.0)
              for s in (f"user-{i}" for i in range(40))}
     assert len(set(homes.values())) == 4  # sessions spread over the workers
-    again = {s: SessionAffinityScorer().score(PickContext(session_key=s), workers).index(1.0) for s in homes}
+    again = {s: scores(SessionAffinityScorer(), PickContext(session_key=s), workers).index(1.0) for s in homes}
     assert again == homes
-    assert SessionAffinityScorer().score(PickContext(), workers) == [0.0] * 4
+    assert scores(SessionAffinityScorer(), PickContext(), workers) == [0.0] * 4
 
 
 def test_round_robin_takes_each_candidate_in_turn() -> None:
     picker = RoundRobinPicker()
-    scored = [(w("a"), 0.0), (w("b"), 9.0), (w("c"), 0.0)]
-    assert [picker.pick(scored, random.Random(0))[0].worker_id for _ in range(6)] == ["a", "b", "c"] * 2
+    assert [picked(picker, [0.0, 9.0, 0.0], 0) for _ in range(6)] == ["w0", "w1", "w2"] * 2
 
 
 def test_kv_aware_goes_where_the_prefix_is_unless_that_worker_is_over_the_load_bound() -> None:
