@@ -90,7 +90,7 @@ class HealthyFilter(Filter):
     def keep(self, ctx: PickContext, fleet: Fleet, mask: np.ndarray) -> np.ndarray:
         connected = mask & fleet.connected & (fleet.reported_at > -np.inf)
         fresh = connected & (fleet.reported_at >= ctx.now - self.stale_after_s)
-        return fresh if fresh.any() else connected
+        return fresh if np.count_nonzero(fresh) else connected
 
 
 class NotDrainingFilter(Filter):
@@ -111,7 +111,7 @@ class ExcludeFilter(Filter):
         if not ctx.exclude:
             return mask
         kept = mask.copy()
-        for row in np.flatnonzero(mask):
+        for row in mask.nonzero()[0]:
             if fleet.views[row].worker_id in ctx.exclude:
                 kept[row] = False
         return kept
@@ -127,9 +127,9 @@ class BoundedLoadFilter(Filter):
         self.epsilon = epsilon
 
     def keep(self, ctx: PickContext, fleet: Fleet, mask: np.ndarray) -> np.ndarray:
-        loads = fleet.outstanding[mask]
-        capacity = math.ceil((1 + self.epsilon) * (int(loads.sum()) + 1) / len(loads))
-        return mask & (fleet.outstanding + 1 <= capacity)
+        total = int(np.add.reduce(fleet.outstanding[mask]))
+        capacity = math.ceil((1 + self.epsilon) * (total + 1) / np.count_nonzero(mask))
+        return mask & (fleet.outstanding <= capacity - 1)
 
 
 # -- scorers ---------------------------------------------------------------------------------
@@ -141,7 +141,7 @@ class LeastLoadScorer(Scorer):
 
     def score(self, ctx: PickContext, fleet: Fleet, rows: np.ndarray) -> np.ndarray:
         loads = fleet.outstanding[rows]
-        low, high = loads.min(), loads.max()
+        low, high = np.minimum.reduce(loads), np.maximum.reduce(loads)
         if high == low:
             return np.ones(len(rows))
         return (high - loads) / (high - low)
@@ -215,7 +215,7 @@ class MaxScorePicker(Picker):
     """The highest score; ties broken at random so equal workers share the traffic."""
 
     def pick(self, scores: np.ndarray, rng: random.Random) -> int:
-        best = np.flatnonzero(scores >= scores.max() - 1e-9)
+        best = (scores >= np.maximum.reduce(scores) - 1e-9).nonzero()[0]
         return int(best[0]) if len(best) == 1 else int(rng.choice(best))
 
 
@@ -270,9 +270,9 @@ class Policy:
         mask = np.ones(len(fleet), dtype=bool)
         for f in self.filters:
             mask = f.keep(ctx, fleet, mask)
-            if not mask.any():
+            if not np.count_nonzero(mask):
                 raise NoWorker(f.empty_reason)
-        rows = np.flatnonzero(mask)
+        rows = mask.nonzero()[0]
         totals = np.zeros(len(rows))
         for scorer, weight in self.scorers:
             if weight:  # a knob at 0 switches its scorer off

@@ -5,7 +5,7 @@ from router.state import WorkerTable, WorkerLoad
 from router.policies import build_policy, PickContext
 from commands.bench import prefix_repetition_requests
 from services.prompts import block_hashes, sim_tokenize
-N = 256; BLOCK = 16
+N = int(sys.argv[2]) if len(sys.argv) > 2 else 256; BLOCK = 16
 rng = random.Random(0)
 prompts = [r.prompt for r in prefix_repetition_requests(2000, 16, 192, 64, 1, rng)]
 prefix_blocks = [block_hashes(sim_tokenize(p), BLOCK) for p in prompts[:64]]
@@ -17,7 +17,7 @@ for i, a in enumerate(addrs):
     r = random.Random(i)
     table.on_connected(a, f"sim-{i}")
     table.on_report(a, WorkerLoad(num_running=r.randint(0, 64), num_waiting=r.randint(0, 4), max_num_seqs=256, sequence=1))
-    router.kv.stored(a, {h for chain in r.sample(prefix_blocks, 4) for h in chain})
+    router.kv.stored(a, {h for chain in r.sample(prefix_blocks, min(4, len(prefix_blocks))) for h in chain})
 t0 = time.perf_counter(); n = 0; lat = []
 while time.perf_counter() - t0 < 3:
     p = prompts[n % len(prompts)]
