@@ -98,18 +98,24 @@ class KvIndex:
         alive = self._holders.get(hashes[0], 0)
         if not alive:
             return {}
-        ended: dict[int, int] = {}  # bit -> blocks held before its first miss
+        holders = self._holders
+        ended: list[tuple[int, int]] = []  # (the workers whose run stopped here, as bits; its length)
         for i in range(1, len(hashes)):
-            held = alive & self._holders.get(hashes[i], 0)
+            held = alive & holders.get(hashes[i], 0)
             if held != alive:
-                for bit in _bits(alive & ~held):
-                    ended[bit] = i
+                ended.append((alive & ~held, i))
                 alive = held
                 if not alive:
                     break
-        for bit in _bits(alive):
-            ended[bit] = len(hashes)
-        return {self._worker_at[bit.bit_length() - 1]: n for bit, n in ended.items()}
+        if alive:
+            ended.append((alive, len(hashes)))
+        worker_at, out = self._worker_at, {}
+        for bits, n in ended:
+            while bits:
+                low = bits & -bits
+                out[worker_at[low.bit_length() - 1]] = n
+                bits ^= low
+        return out
 
     def _slot_of(self, worker: str) -> int:
         slot = self._slot.get(worker)
@@ -127,9 +133,3 @@ class KvIndex:
         else:
             self._holders.pop(h, None)
 
-
-def _bits(mask: int) -> Iterable[int]:
-    while mask:
-        low = mask & -mask
-        yield low
-        mask ^= low

@@ -176,10 +176,10 @@ class KvAwareScorer(Scorer):
         if not ctx.block_hashes or not ctx.cached_blocks:
             return np.zeros(len(rows))
         held = np.zeros(len(fleet))
-        for address, n in ctx.cached_blocks.items():
-            row = fleet.rows.get(address)
-            if row is not None:
-                held[row] = n
+        known = [(fleet.rows[a], n) for a, n in ctx.cached_blocks.items() if a in fleet.rows]
+        if known:
+            at, n = zip(*known)
+            held[list(at)] = n
         held = held[rows]
         # Blocks every candidate holds (a system prompt cached everywhere) tell them apart no
         # better than none: only what a worker holds beyond the others counts.
