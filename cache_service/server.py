@@ -155,9 +155,9 @@ def _build(cfg: CacheConfig) -> tuple[CacheServicer, Lifecycle]:
 
         # The index follower blocks on a stream read: its own connection, a longer timeout.
         follower = connect(cfg.redis_url, socket_timeout_s=5.0)
-        semantic = SemanticStore(client, follower, Embedder(threads=cfg.embed_threads), cfg.ttl_seconds,
-                                 cfg.key_prefix, cfg.semantic_threshold, cfg.semantic_max_entries,
-                                 cfg.semantic_budget_s)
+        embedder = Embedder(threads=cfg.embed_threads, runtime=cfg.embed_runtime)
+        semantic = SemanticStore(client, follower, embedder, cfg.ttl_seconds, cfg.key_prefix,
+                                 cfg.semantic_threshold, cfg.semantic_max_entries, cfg.semantic_budget_s)
         semantic.start()
         lifecycle.on_close.insert(0, semantic.close)
     stop = asyncio.Event()
