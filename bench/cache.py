@@ -12,7 +12,8 @@ Scenarios (variants alternate round to round):
            default) against --no-coalesce.
   repeats  the `repeats` dataset (questions, 20% asked again: half word for word, half in other
            words), 1,000 requests at 50 concurrent, 64 tokens each: --cache semantic, exact, off,
-           and exact on a cache service without the semantic store (--no-semantic).
+           exact on a cache service without the semantic store (--no-semantic), and semantic with
+           the embedder on torch (--embed-runtime torch) instead of ONNX Runtime.
   paced    the repeats workload on a fleet 4x slower (--sim-speed 0.25: ~35 tok/s per user, a
            DeepSeek-class decode pace), where this machine's CPU is not saturated by the relay.
   redis    the same workload at 100 concurrent with the cache on, and valkey-server killed (-9)
@@ -62,6 +63,7 @@ SCENARIOS = {
     }),
     "repeats": Scenario("repeats", {
         "semantic": ([], ["--cache", "semantic"]),
+        "semantic-torch": (["--embed-runtime", "torch"], ["--cache", "semantic"]),  # the embedder on torch
         "exact": ([], ["--cache", "exact"]),
         "exact-only-service": (["--no-semantic"], ["--cache", "exact"]),
         "off": ([], ["--cache", "off"]),
