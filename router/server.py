@@ -230,9 +230,7 @@ class RouterServicer(pb_grpc.RouterServicer):
             raise
         choice, reason = pick.choice, pick.reason
         worker = choice.worker
-        # One line per pick at DEBUG: at a fleet's pick rate a line per request at INFO is the
-        # log's volume (vLLM logs requests only when asked); the span and metrics carry each pick.
-        log.debug(
+        log.info(
             "request %s -> %s (%s, score %.2f of %d candidates, outstanding %d, cached %d tokens)",
             request.request_id, worker.worker_id, reason, choice.score, choice.num_candidates,
             worker.outstanding, pick.predicted_cached_tokens,
