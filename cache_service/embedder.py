@@ -133,7 +133,8 @@ def _onnx_model(path: str, threads: int) -> _Model:
 
 def _exported(path: str, threads: int) -> Path:
     """The ONNX file of the model's network, exported from sentence-transformers on first use (one
-    file per model and torch version, in the cache dir; written whole or not at all)."""
+    file per model (its path and weights' size) and opset, in the cache dir; written whole or not
+    at all)."""
     model = Path(path).resolve()
     weights = model / "model.safetensors"
     size = weights.stat().st_size if weights.exists() else 0
