@@ -6,7 +6,6 @@ picks write it.
 from __future__ import annotations
 
 import hashlib
-import math
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -149,7 +148,9 @@ class WorkerTable:
         self._workers: dict[str, _Entry] = {}
         self._views: list[WorkerView] = []
         self._columns = _Columns()
-        self._next_expiry = math.inf  # no unsettled pick can expire before this clock time
+        # Every pick in the order made, with its worker's entry: expiring looks at the oldest
+        # ones only. A pick already settled by a report is skipped when its turn comes.
+        self._picks: deque[tuple[float, _Entry]] = deque()
         for a in addresses:
             self.add(a)
 
@@ -177,9 +178,7 @@ class WorkerTable:
             self._columns.rebuild(self._views)
 
     def snapshot(self) -> list[WorkerView]:
-        now = self._clock()
-        if now >= self._next_expiry:
-            self._expire(now)
+        self._expire(self._clock())
         return list(self._views)
 
     def fleet(self) -> Fleet:
@@ -188,17 +187,17 @@ class WorkerTable:
         return self._columns.fleet(views)
 
     def _expire(self, now: float) -> None:
-        """Stops counting the picks older than the TTL; notes when the next one is due."""
+        """Stops counting the picks older than the TTL (the oldest first; O(expired picks))."""
         cutoff = now - self._pick_ttl_s
-        oldest = math.inf
-        for e in self._workers.values():
-            if e.picks and e.picks[0] < cutoff:
-                while e.picks and e.picks[0] < cutoff:
-                    e.picks.popleft()
-                self._refresh(e)
-            if e.picks:
-                oldest = min(oldest, e.picks[0])
-        self._next_expiry = oldest + self._pick_ttl_s
+        changed: dict[int, _Entry] = {}
+        while self._picks and self._picks[0][0] < cutoff:
+            made, e = self._picks.popleft()
+            # Still unsettled (reports settle the oldest first), and its worker still known.
+            if e.picks and e.picks[0] <= made and self._workers.get(e.view.address) is e:
+                e.picks.popleft()
+                changed[id(e)] = e
+        for e in changed.values():
+            self._refresh(e)
 
     def on_connected(self, address: str, worker_id: str) -> None:
         entry = self._workers[address]
@@ -223,7 +222,7 @@ class WorkerTable:
         entry = self._workers[address]
         now = self._clock()
         entry.picks.append(now)
-        self._next_expiry = min(self._next_expiry, now + self._pick_ttl_s)
+        self._picks.append((now, entry))
         self._refresh(entry)
 
     def _refresh(self, entry: _Entry, **changed: Any) -> None:

@@ -1,6 +1,7 @@
 """Keeps the router's WorkerTable and KV index current: one task per worker holds its WatchLoad
-stream open and reconnects with capped exponential backoff when it breaks or goes silent; while it
-is open, a second stream (WatchKvEvents) keeps the index of the blocks that worker caches.
+stream open and reconnects with capped exponential backoff when it breaks or goes silent. The same
+stream carries the worker's KV events, which keep the index of the blocks it caches (a worker from
+before they rode on it gets a second stream, WatchKvEvents).
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ def load_from_pb(report: pb.LoadReport) -> WorkerLoad:
     """The report as a value; counts a worker cannot have (negative, usage outside 0..1) are
     clamped, so one confused worker cannot steer every pick."""
     load = WorkerLoad(**{name: getattr(report, name) for name in _LOAD_FIELDS})
+    if (min(load.num_running, load.num_waiting, load.num_in_flight) >= 0
+            and 0.0 <= load.kv_cache_usage <= 1.0 and 0.0 <= load.prefix_cache_hit_rate <= 1.0):
+        return load  # the usual case: nothing to clamp
     clamped = dataclasses.replace(
         load,
         num_running=max(0, load.num_running), num_waiting=max(0, load.num_waiting),
@@ -114,31 +118,45 @@ class Watcher:
             info = await stub.Info(pb.InfoRequest(), timeout=self._stale_after_s)
             if self._prefix is not None:
                 self._prefix.configure(info.tokenizer, info.block_size)
+            kv_events = self._kv is not None and info.kv_events
             kv_task = None
-            if self._kv is not None and info.kv_events:
-                kv_task = asyncio.create_task(self._watch_kv(stub, address), name=f"kv events {address}")
             try:
-                async for item in self._reports(stub, address, info):
-                    yield item
+                first = True
+                async for report in self._reports(stub, address, info, kv_events):
+                    if kv_events and report.HasField("kv"):
+                        self._apply_kv(address, report.kv)
+                    elif kv_events and first:
+                        # A worker from before KV events rode on the load stream (its first
+                        # report has none): they come on a stream of their own.
+                        kv_task = asyncio.create_task(self._watch_kv(stub, address), name=f"kv events {address}")
+                    first = False
+                    yield
             finally:
                 if kv_task is not None:
                     kv_task.cancel()
                     await asyncio.gather(kv_task, return_exceptions=True)
+                if kv_events:
+                    assert self._kv is not None
+                    self._kv.drop(address)  # the stream that said what it holds has ended
+
+    def _apply_kv(self, address: str, events: pb.KvEvents) -> None:
+        assert self._kv is not None
+        if events.reset:
+            self._kv.reset(address, events.stored)
+        else:
+            self._kv.stored(address, events.stored)
+            self._kv.removed(address, events.removed)
 
     async def _watch_kv(self, stub: pb_grpc.WorkerStub, address: str) -> None:
-        """Applies the worker's KV events to the index while its load stream is open; whenever
-        this stream is not open, the index holds nothing for the worker."""
+        """Applies an older worker's KV events (their own stream) to the index while its load
+        stream is open; whenever this stream is not open, the index holds nothing for it."""
         assert self._kv is not None
         backoff = self._initial_backoff_s
         while True:
             try:
                 async for batch in stub.WatchKvEvents(pb.WatchKvEventsRequest()):
                     backoff = self._initial_backoff_s
-                    if batch.reset:
-                        self._kv.reset(address, batch.stored)
-                    else:
-                        self._kv.stored(address, batch.stored)
-                        self._kv.removed(address, batch.removed)
+                    self._apply_kv(address, batch)
                     if len(batch.stored) + len(batch.removed) > 1024:
                         await asyncio.sleep(0)  # a flood of events waits for the picks
                 log.info("worker %s ended its KV-event stream (draining)", address)
@@ -150,9 +168,9 @@ class Watcher:
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, self._max_backoff_s)
 
-    async def _reports(self, stub: pb_grpc.WorkerStub, address: str, info: pb.WorkerInfo):
-        """One item per load report of the worker's WatchLoad stream."""
-        call = stub.WatchLoad(pb.WatchLoadRequest())
+    async def _reports(self, stub: pb_grpc.WorkerStub, address: str, info: pb.WorkerInfo, kv_events: bool):
+        """The reports of the worker's WatchLoad stream (with its KV events if ``kv_events``)."""
+        call = stub.WatchLoad(pb.WatchLoadRequest(kv_events=kv_events))
         first = True
         while True:
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
@@ -166,4 +184,6 @@ class Watcher:
                 self._table.on_connected(address, info.worker_id or report.worker_id)
                 log.info("worker %s (%s) connected: %s engine", info.worker_id, address, info.engine)
             self._table.on_report(address, load_from_pb(report))
-            yield
+            yield report
+            if len(report.kv.stored) + len(report.kv.removed) > 1024:
+                await asyncio.sleep(0)  # a flood of events waits for the picks

@@ -116,6 +116,10 @@ class WorkerConfig(ServerConfig):
         "more, never fewer. Larger: less CPU per token at every hop, burstier streams", minimum=1,
     )
     load_report_interval_s: float = _f(0.1, "longest gap between two load reports")
+    load_report_min_interval_s: float = _f(
+        0.05, "shortest gap between two load reports: the load and KV-cache changes of each gap go "
+        "out as one report (a busy engine changes both every step)", minimum=0.0,
+    )
     # Simulator parameters; defaults approximate an 8B model on one H100 (see docs/operations.md).
     sim_prefill_ms_per_token: float = _f(0.06, "sim: prefill cost per uncached prompt token, ms")
     sim_itl_base_ms: float = _f(7.0, "sim: inter-token latency of a batch of one, ms")

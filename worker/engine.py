@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -175,13 +175,28 @@ def refuse_unsupported(request: Request, engine: str, *names: str) -> None:
 
 
 class LoadSignal:
-    """Wakes load watchers whenever the engine's load changes."""
+    """Wakes load watchers whenever the engine's load changes. A subscriber has an event of its
+    own, so one watcher clearing its wake-up does not hide the change from another."""
 
     def __init__(self) -> None:
         self._event = asyncio.Event()
+        self._subscribers: set[asyncio.Event] = set()
 
     def notify(self) -> None:
         self._event.set()
+        for event in self._subscribers:
+            event.set()
+
+    @contextlib.contextmanager
+    def subscribe(self) -> Iterator[asyncio.Event]:
+        """An event set on every change while the block runs (set at first: report at once)."""
+        event = asyncio.Event()
+        event.set()
+        self._subscribers.add(event)
+        try:
+            yield event
+        finally:
+            self._subscribers.discard(event)
 
     async def wait(self, timeout: float) -> None:
         """Returns on the next change, or after ``timeout`` seconds."""

@@ -25,6 +25,7 @@ from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.prompts import chat_turns
 from worker.engine import Chunker, Delta, Engine, Request
+from worker.kv_events import KvBatch, KvCacheView, KvWatcher
 from worker.session import Session
 
 log = logging.getLogger(__name__)
@@ -350,13 +351,45 @@ class WorkerServicer(pb_grpc.WorkerServicer):
 
     async def WatchLoad(self, request: pb.WatchLoadRequest, context: grpc.aio.ServicerContext
                         ) -> AsyncIterator[pb.LoadReport]:
-        """Pushes a report on every load change and at least every report interval. While
-        draining it keeps reporting until the last stream is done, then ends."""
-        while True:
-            yield self.load_report()
-            if self.draining and self.in_flight == 0:
-                return
-            await self.engine.load_signal.wait(self.cfg.load_report_interval_s)
+        """Pushes a report when the load changes, at most one per minimum report interval (the
+        changes of each interval go out together) and at least one per report interval. With
+        ``kv_events`` each report also carries the engine's prefix-cache changes since the one
+        before (the first: the whole cache). While draining it keeps reporting until the last
+        stream is done, then ends."""
+        view = self.engine.kv_cache if request.kv_events else None
+        min_gap = min(self.cfg.load_report_min_interval_s, self.cfg.load_report_interval_s)
+        with self.engine.load_signal.subscribe() as changed:
+            kv = view.subscribe(changed) if view is not None else None
+            try:
+                while True:
+                    changed.clear()
+                    for report in self._load_reports(view, kv):
+                        yield report
+                    if self.draining and self.in_flight == 0:
+                        return
+                    await asyncio.sleep(min_gap)  # what changes meanwhile goes in the next report
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(self.cfg.load_report_interval_s - min_gap):
+                            await changed.wait()
+            finally:
+                if view is not None and kv is not None:
+                    view.unsubscribe(kv)
+
+    def _load_reports(self, view: KvCacheView | None, kv: KvWatcher | None) -> list[pb.LoadReport]:
+        """The reports to send now: one, or one per message of KV events (a large snapshot)."""
+        if view is None or kv is None:
+            return [self.load_report()]
+        reports = []
+        for batch in view.take(kv) or [None]:
+            report = self.load_report()
+            if batch is not None:
+                report.kv.CopyFrom(self._kv_message(batch, view.block_size))
+            reports.append(report)
+        return reports
+
+    def _kv_message(self, batch: KvBatch, block_size: int) -> pb.KvEvents:
+        return pb.KvEvents(reset=batch.reset, stored=batch.stored, removed=batch.removed,
+                           block_size=block_size, sequence=next(self._kv_sequence))
 
     async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.WorkerInfo:
         info = self.engine.info
@@ -403,9 +436,7 @@ class WorkerServicer(pb_grpc.WorkerServicer):
                 await asyncio.wait((following, stopping), return_when=asyncio.FIRST_COMPLETED)
                 if not following.done():
                     return  # draining
-                batch = following.result()
-                yield pb.KvEvents(reset=batch.reset, stored=batch.stored, removed=batch.removed,
-                                  block_size=view.block_size, sequence=next(self._kv_sequence))
+                yield self._kv_message(following.result(), view.block_size)
         finally:
             stopping.cancel()
             if following is not None and not following.done():

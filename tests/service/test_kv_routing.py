@@ -16,7 +16,7 @@ from services.config import RouterConfig, WorkerConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.server import Running, insecure_channel
-from worker.server import start_worker
+from worker.server import WorkerServicer, start_worker
 
 PREFIX = " ".join(f"w{i:03d}" for i in range(200))  # 200 sim tokens: 12 full blocks of 16
 
@@ -109,3 +109,74 @@ async def test_router_predicts_the_engines_cached_tokens_and_follows_its_workers
     finally:
         await router.shutdown()
         await channel.close()
+
+
+async def test_a_busy_worker_merges_its_load_and_kv_changes_into_one_report_per_interval() -> None:
+    cfg = WorkerConfig(host="127.0.0.1", port=0, metrics_port=-1, engine="sim", worker_id="busy",
+                       grace_seconds=1.0, sim_itl_base_ms=5.0, load_report_min_interval_s=0.2,
+                       load_report_interval_s=5.0)
+    running, servicer = await start_worker(cfg)
+    pool = servicer.engine._pool  # the sim engine's own block pool: the hashes it caches
+    address = f"127.0.0.1:{running.port}"
+    loop = asyncio.get_running_loop()
+    try:
+        async with insecure_channel(address) as channel:
+            stub = pb_grpc.WorkerStub(channel)
+            opened = loop.time()
+            call = stub.WatchLoad(pb.WatchLoadRequest(kv_events=True))
+            reports = [await call.read()]
+            assert reports[0].kv.reset  # the first report says the whole cache
+            held = set(reports[0].kv.stored)
+
+            async def one(i: int) -> None:
+                req = pb.GenerateRequest(request_id=f"busy{i}", prompt=f"{PREFIX} question {i}", max_tokens=200,
+                                         temperature=0, ignore_eos=True)
+                async for _ in stub.Generate(req, timeout=10):
+                    pass
+
+            # Eight requests at once: the engine's load and its cache change at every step.
+            generating = asyncio.gather(*(one(i) for i in range(8)))
+            while not generating.done() or held != set(pool._cached):
+                report = await asyncio.wait_for(call.read(), 6)
+                reports.append(report)
+                assert not report.kv.reset
+                held |= set(report.kv.stored)
+                held -= set(report.kv.removed)
+            await generating
+            elapsed = loop.time() - opened
+            call.cancel()
+    finally:
+        await running.shutdown()
+    # What the reports said the engine holds is what it holds; its blocks and its load changed at
+    # every one of its steps, yet no two reports came closer than the minimum interval.
+    assert len(held) > 12 and reports[-1].requests_received == 8
+    assert 3 <= len(reports) <= elapsed / 0.2 + 1, (len(reports), elapsed)
+
+
+async def test_an_older_worker_s_kv_events_are_read_from_their_own_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker from before KV events rode on WatchLoad sends its reports without them: the router
+    reads its WatchKvEvents stream instead and knows its cache all the same."""
+    real = WorkerServicer.WatchLoad
+
+    def older(self: WorkerServicer, request: pb.WatchLoadRequest, context: grpc.aio.ServicerContext):  # noqa: ANN202
+        return real(self, pb.WatchLoadRequest(), context)  # the kv_events field unknown to it
+
+    monkeypatch.setattr(WorkerServicer, "WatchLoad", older)
+    cfg = WorkerConfig(host="127.0.0.1", port=0, metrics_port=-1, engine="sim", worker_id="old",
+                       grace_seconds=1.0, sim_itl_base_ms=1.0)
+    running, _ = await start_worker(cfg)
+    address = f"127.0.0.1:{running.port}"
+    router, stub, channel = await router_on([address])
+    try:
+        await generate(address, PREFIX + " first question")
+
+        async def indexed() -> bool:
+            return (index_blocks() or 0) >= 12
+
+        await until(indexed, "the router to index the older worker's blocks")
+        choice = await pick(stub, PREFIX + " second question")
+        assert (choice.worker_id, choice.predicted_cached_tokens) == ("old", 12 * 16)
+    finally:
+        await router.shutdown()
+        await channel.close()
+        await running.shutdown()

@@ -283,6 +283,25 @@ def test_each_worker_s_picks_expire_on_their_own_time() -> None:
     assert outstanding() == [3, 4]
 
 
+def test_a_pick_settled_by_a_report_does_not_expire_a_later_one() -> None:
+    clock = [0.0]
+    table = WorkerTable(["a:1"], clock=lambda: clock[0], pick_ttl_s=2.0)
+    table.on_connected("a:1", "a")
+    table.on_report("a:1", WorkerLoad(requests_received=0))
+    table.on_assigned("a:1")
+    table.on_report("a:1", WorkerLoad(requests_received=1))  # that pick arrived
+    clock[0] = 1.0
+    table.on_assigned("a:1")
+
+    def unreported() -> int:
+        return table.snapshot()[0].assigned_unreported
+
+    clock[0] = 2.5  # the first pick's time is up, but it was settled: the second still counts
+    assert unreported() == 1
+    clock[0] = 3.5
+    assert unreported() == 0
+
+
 def test_the_table_s_columns_follow_its_workers() -> None:
     """The columns a table writes in place as its workers change are the ones its views make,
     and a fleet taken earlier keeps what it saw."""

@@ -10,7 +10,8 @@ from services.gen import meshserve_pb2 as pb
 
 
 def test_worker_load_mirrors_every_load_report_field() -> None:
-    report_fields = {f.name for f in pb.LoadReport.DESCRIPTOR.fields} - {"worker_id"}
+    # The KV events a report carries go to the router's index, not to the worker's load.
+    report_fields = {f.name for f in pb.LoadReport.DESCRIPTOR.fields} - {"worker_id", "kv"}
     assert report_fields == {f.name for f in dataclasses.fields(WorkerLoad)}
 
 
