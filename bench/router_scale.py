@@ -2,13 +2,15 @@
 and KV events to it, and gateways' worth of Picks streams asking it as fast as it answers.
 
     .venv/bin/python bench/router_scale.py [--workers 256] [--seconds 10] [--streams 8]
-        [--depth 16] [--batches] [--prompt-words 256] [--routing kv-aware] [--router-cpu 0] [--out FILE]
+        [--depth 16] [--batches] [--prompt-words 256] [--routing kv-aware] [--router-cpu 0]
+        [--report-interval-s 0.1] [--router-tree DIR] [--out FILE]
 
 The simulated workers (this process, on the other CPUs) implement the real Worker service's
-Info / WatchLoad / WatchKvEvents: a load report every 100 ms, and every 100 ms 16 blocks stored
-and 16 removed from a pool holding the benchmark's prefixes, so the router's index churns as a
-busy fleet's does. Each Picks stream keeps ``--depth`` picks outstanding (the gateway's stream
-carries many requests at once); prompts are prefix_repetition prompts (16 prefixes). Prints
+Info / WatchLoad / WatchKvEvents: a load report every ``--report-interval-s`` (100 ms), each
+carrying 16 blocks stored and 16 removed from a pool holding the benchmark's prefixes (on the
+one WatchLoad stream the router asks for, or on WatchKvEvents for a router that asks for that),
+so the router's index churns as a busy fleet's does. Each Picks stream keeps ``--depth`` picks
+outstanding (the gateway's stream carries many requests at once); prompts are prefix_repetition prompts (16 prefixes). Prints
 picks/s and the pick latency seen by the caller (p50/p99), plus the router's own CPU seconds.
 """
 
@@ -42,8 +44,11 @@ BLOCK = 16
 
 
 class SimulatedWorker(pb_grpc.WorkerServicer):
-    def __init__(self, worker_id: str, prefix_blocks: list[list[int]], rng: random.Random) -> None:
+    sent = 0  # messages every simulated worker sent the router (load reports and KV events)
+    def __init__(self, worker_id: str, prefix_blocks: list[list[int]], rng: random.Random,
+                 interval_s: float = 0.1) -> None:
         self.worker_id = worker_id
+        self.interval_s = interval_s
         self.rng = rng
         # Each worker holds some of the prefixes' blocks (so picks have something to match).
         self.held = {h for chain in rng.sample(prefix_blocks, 4) for h in chain}
@@ -53,21 +58,37 @@ class SimulatedWorker(pb_grpc.WorkerServicer):
         return pb.WorkerInfo(worker_id=self.worker_id, engine="sim", block_size=BLOCK, max_num_seqs=256,
                              tokenizer="sim", kv_events=True)
 
-    async def WatchLoad(self, request: pb.WatchLoadRequest, context: grpc.aio.ServicerContext):
-        for seq in itertools.count(1):
-            yield pb.LoadReport(worker_id=self.worker_id, num_running=self.rng.randint(0, 64),
-                                num_waiting=self.rng.randint(0, 4), kv_cache_usage=self.rng.random(),
-                                max_num_seqs=256, sequence=seq)
-            await asyncio.sleep(0.1)
+    def _load(self, seq: int) -> pb.LoadReport:
+        return pb.LoadReport(worker_id=self.worker_id, num_running=self.rng.randint(0, 64),
+                             num_waiting=self.rng.randint(0, 4), kv_cache_usage=self.rng.random(),
+                             max_num_seqs=256, sequence=seq)
 
-    async def WatchKvEvents(self, request: pb.WatchKvEventsRequest, context: grpc.aio.ServicerContext):
+    def _kv_changes(self):  # -> Iterator[pb.KvEvents]: the whole pool, then 16 stored and 16 removed each time
         yield pb.KvEvents(reset=True, stored=sorted(self.held), block_size=BLOCK)
         churn: list[int] = []
         while True:
-            await asyncio.sleep(0.1)
             stored = [self.spare[self.rng.randrange(len(self.spare))] for _ in range(16)]
             removed, churn = churn[:16], churn[16:] + stored
             yield pb.KvEvents(stored=stored, removed=removed, block_size=BLOCK)
+
+    async def WatchLoad(self, request: pb.WatchLoadRequest, context: grpc.aio.ServicerContext):
+        """As a busy worker: a report every interval; with ``kv_events`` each carries that
+        interval's KV changes (the worker's one stream to the router)."""
+        changes = self._kv_changes() if request.kv_events else None
+        for seq in itertools.count(1):
+            report = self._load(seq)
+            if changes is not None:
+                report.kv.CopyFrom(next(changes))
+            SimulatedWorker.sent += 1
+            yield report
+            await asyncio.sleep(self.interval_s)
+
+    async def WatchKvEvents(self, request: pb.WatchKvEventsRequest, context: grpc.aio.ServicerContext):
+        for n, events in enumerate(self._kv_changes()):
+            if n:
+                await asyncio.sleep(self.interval_s)
+            SimulatedWorker.sent += 1
+            yield events
 
 
 def free_port() -> int:
@@ -88,6 +109,10 @@ async def main() -> int:
     parser.add_argument("--prompt-words", type=int, default=256, help="words per prompt (prefix 3/4, suffix 1/4)")
     parser.add_argument("--routing", default="kv-aware")
     parser.add_argument("--router-cpu", type=int, default=0, help="the one CPU the router may use")
+    parser.add_argument("--report-interval-s", type=float, default=0.1,
+                        help="each simulated worker's load report and KV-event message interval")
+    parser.add_argument("--router-tree", type=Path, default=REPO,
+                        help="run the router from this source tree (a worktree of another commit, for a before/after)")
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     args = parser.parse_args()
 
@@ -101,7 +126,8 @@ async def main() -> int:
     servers, addresses = [], []
     for i in range(args.workers):
         server = grpc.aio.server()
-        pb_grpc.add_WorkerServicer_to_server(SimulatedWorker(f"sim-{i}", prefix_blocks, random.Random(i)), server)
+        pb_grpc.add_WorkerServicer_to_server(SimulatedWorker(f"sim-{i}", prefix_blocks, random.Random(i),
+                                                                 args.report_interval_s), server)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         servers.append(server)
@@ -112,7 +138,7 @@ async def main() -> int:
         ["taskset", "-c", str(args.router_cpu), sys.executable, "-m", "commands.cli", "serve", "router",
          "--port", str(router_port), "--metrics-port", "-1", "--routing", args.routing, "--log-level", "WARNING",
          "--workers", *addresses],
-        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=args.router_tree, env={**os.environ, "PYTHONPATH": str(args.router_tree)},
     )
     try:
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{router_port}")
@@ -136,6 +162,7 @@ async def main() -> int:
         stop_at = time.monotonic() + args.seconds
         proc = psutil.Process(router.pid)
         cpu_before = sum(proc.cpu_times()[:2])
+        sent_before = SimulatedWorker.sent
         started = time.perf_counter()
 
         def answered(answer: pb.PickResponse, sent: dict[int, float]) -> None:
@@ -192,6 +219,7 @@ async def main() -> int:
         await asyncio.gather(*(stream(s) for s in range(args.streams)))
         elapsed = time.perf_counter() - started
         cpu = sum(proc.cpu_times()[:2]) - cpu_before
+        fleet_messages = SimulatedWorker.sent - sent_before
         lat = np.array(latencies) * 1000
         figures = {
             "workers": args.workers, "routing": args.routing, "streams": args.streams, "depth": args.depth,
@@ -200,6 +228,8 @@ async def main() -> int:
             "picks_per_s": len(latencies) / elapsed, "p50_ms": float(np.percentile(lat, 50)),
             "p99_ms": float(np.percentile(lat, 99)), "router_cpu_s_per_s": cpu / elapsed,
             "picks_with_cached_prefix": predicted / max(1, len(latencies)),
+            "report_interval_s": args.report_interval_s, "fleet_messages_per_s": fleet_messages / elapsed,
+            "router_tree": str(args.router_tree),
         }
         print(json.dumps(figures, indent=1))
         if args.out:

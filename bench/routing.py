@@ -135,6 +135,16 @@ def pick_quantile_ms(metrics_url: str, histogram: str = "meshserve_router_pick_s
     return 1000 * next(bound for bound, count in buckets if count >= q * total)
 
 
+def pick_mean_ms(metrics_url: str, histogram: str = "meshserve_router_pick_seconds") -> float:
+    """The mean of a pick-time histogram (its sum over its count), in ms: finer than its buckets."""
+    values = {}
+    for line in urllib.request.urlopen(metrics_url, timeout=5).read().decode().splitlines():
+        for part in ("_sum", "_count"):
+            if line.startswith(f"{histogram}{part} "):
+                values[part] = float(line.split()[-1])
+    return 1000 * values["_sum"] / values["_count"] if values.get("_count") else 0.0
+
+
 def run_one(out: Path, scenario: Scenario, label: str, up_args: list[str], seed: int, tree: Path) -> dict:
     run_dir = out / "runs" / f"{scenario.name}-{label}-s{seed}"
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -158,6 +168,7 @@ def run_one(out: Path, scenario: Scenario, label: str, up_args: list[str], seed:
         result = json.loads(result_file.read_text())
         result["load_imbalance"] = sampler.imbalance()
         result["router_pick_p99_ms"] = pick_quantile_ms(router_metrics)
+        result["router_pick_mean_ms"] = pick_mean_ms(router_metrics)
         for q in (50, 90, 99):
             result[f"gateway_pick_p{q}_ms"] = pick_quantile_ms(gateway_metrics, "meshserve_gateway_pick_seconds", q / 100)
         hits = after["prefix_cache_hits"] - before["prefix_cache_hits"]
@@ -197,7 +208,8 @@ def main() -> int:
                 print(f"round {r + 1} {scenario.name:<7} {policy:<16} "
                       + " ".join(f"{k} {result[k]:.1f}" for k in HEADLINE)
                       + f" hit {result['engine_prefix_hit_rate']:.2f} imbalance {result['load_imbalance']:.2f}"
-                      + f" pick p99 {result['router_pick_p99_ms']:.2f} ms (gateway p50 / p90 / p99 {result['gateway_pick_p50_ms']:.1f} / "
+                      + f" pick p99 {result['router_pick_p99_ms']:.2f} ms, mean {result['router_pick_mean_ms']:.3f} ms"
+                      + f" (gateway p50 / p90 / p99 {result['gateway_pick_p50_ms']:.1f} / "
                         f"{result['gateway_pick_p90_ms']:.1f} / {result['gateway_pick_p99_ms']:.1f})"
                       + f" ({time.monotonic() - started:.0f}s)",
                       flush=True)
