@@ -169,6 +169,7 @@ def run_one(out: Path, scenario: Scenario, label: str, up_args: list[str], seed:
         result["load_imbalance"] = sampler.imbalance()
         result["router_pick_p99_ms"] = pick_quantile_ms(router_metrics)
         result["router_pick_mean_ms"] = pick_mean_ms(router_metrics)
+        result["gateway_pick_mean_ms"] = pick_mean_ms(gateway_metrics, "meshserve_gateway_pick_seconds")
         for q in (50, 90, 99):
             result[f"gateway_pick_p{q}_ms"] = pick_quantile_ms(gateway_metrics, "meshserve_gateway_pick_seconds", q / 100)
         hits = after["prefix_cache_hits"] - before["prefix_cache_hits"]
@@ -210,7 +211,8 @@ def main() -> int:
                       + f" hit {result['engine_prefix_hit_rate']:.2f} imbalance {result['load_imbalance']:.2f}"
                       + f" pick p99 {result['router_pick_p99_ms']:.2f} ms, mean {result['router_pick_mean_ms']:.3f} ms"
                       + f" (gateway p50 / p90 / p99 {result['gateway_pick_p50_ms']:.1f} / "
-                        f"{result['gateway_pick_p90_ms']:.1f} / {result['gateway_pick_p99_ms']:.1f})"
+                        f"{result['gateway_pick_p90_ms']:.1f} / {result['gateway_pick_p99_ms']:.1f},"
+                        f" mean {result['gateway_pick_mean_ms']:.1f})"
                       + f" ({time.monotonic() - started:.0f}s)",
                       flush=True)
     # The runs' summaries; their per-request timings stay in each run's own file.

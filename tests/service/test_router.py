@@ -27,6 +27,7 @@ class FakeWorker(pb_grpc.WorkerServicer):
         self.port = 0
         self.interval_s = interval_s  # also repeat the report this often, as real workers do
         self.frozen = False           # keep streams open but send nothing (a hung worker)
+        self.streams = 0              # WatchLoad streams opened
         self._report = pb.LoadReport(worker_id=worker_id, max_num_seqs=256, sequence=1)
         self._changed = asyncio.Condition()
         self._server: grpc.aio.Server | None = None
@@ -62,6 +63,7 @@ class FakeWorker(pb_grpc.WorkerServicer):
     async def WatchLoad(
         self, request: pb.WatchLoadRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.LoadReport]:
+        self.streams += 1
         sent = 0
         while True:
             async with self._changed:
@@ -246,6 +248,19 @@ async def test_a_worker_silent_past_lost_after_is_not_picked(start_mesh: StartMe
     workers[0].frozen = False
     await wait_for_workers(stub, lambda ws: ws["w0"].healthy)
     assert (await pick(stub)).worker_id == "w0"
+
+
+async def test_a_worker_that_keeps_reporting_keeps_its_stream(start_mesh: StartMesh) -> None:
+    """The watcher's silence timer moves on with the reports: a worker that reports every 50 ms
+    is never given up on, however long past lost_after_s its stream lives."""
+    stub, workers = await start_mesh(1, stale_after_s=0.1, interval_s=0.05, lost_after_s=0.3)
+    await wait_for_workers(stub, healthy_with({"w0": 1}))
+    loop = asyncio.get_running_loop()
+    started, n = loop.time(), 0
+    while loop.time() - started < 1.2:  # four times lost_after_s, each change seen by the router
+        n += 1
+        await wait_for_workers(stub, healthy_with({"w0": await workers[0].set_load(num_running=n)}))
+    assert workers[0].streams == 1
 
 
 async def test_exclude_is_honoured_and_excluding_everyone_is_unavailable(start_mesh: StartMesh) -> None:
