@@ -189,14 +189,14 @@ class WorkerTable:
     def _expire(self, now: float) -> None:
         """Stops counting the picks older than the TTL (the oldest first; O(expired picks))."""
         cutoff = now - self._pick_ttl_s
-        changed: dict[int, _Entry] = {}
+        changed: set[_Entry] = set()
         while self._picks and self._picks[0][0] < cutoff:
             made, e = self._picks.popleft()
             # Still unsettled (reports settle the oldest first), and its worker still known.
             if e.picks and e.picks[0] <= made and self._workers.get(e.view.address) is e:
                 e.picks.popleft()
-                changed[id(e)] = e
-        for e in changed.values():
+                changed.add(e)
+        for e in changed:
             self._refresh(e)
 
     def on_connected(self, address: str, worker_id: str) -> None:

@@ -45,6 +45,11 @@ def load_from_pb(report: pb.LoadReport) -> WorkerLoad:
     return clamped
 
 
+def _is_flood(events: pb.KvEvents) -> bool:
+    """So many KV events in one message that the picks waiting should go first."""
+    return len(events.stored) + len(events.removed) > 1024
+
+
 def load_to_pb(worker_id: str, load: WorkerLoad) -> pb.LoadReport:
     return pb.LoadReport(worker_id=worker_id, **dataclasses.asdict(load))
 
@@ -157,7 +162,7 @@ class Watcher:
                 async for batch in stub.WatchKvEvents(pb.WatchKvEventsRequest()):
                     backoff = self._initial_backoff_s
                     self._apply_kv(address, batch)
-                    if len(batch.stored) + len(batch.removed) > 1024:
+                    if _is_flood(batch):
                         await asyncio.sleep(0)  # a flood of events waits for the picks
                 log.info("worker %s ended its KV-event stream (draining)", address)
                 return
@@ -185,5 +190,5 @@ class Watcher:
                 log.info("worker %s (%s) connected: %s engine", info.worker_id, address, info.engine)
             self._table.on_report(address, load_from_pb(report))
             yield report
-            if len(report.kv.stored) + len(report.kv.removed) > 1024:
+            if _is_flood(report.kv):
                 await asyncio.sleep(0)  # a flood of events waits for the picks

@@ -10,7 +10,7 @@ and its next read is the whole cache again.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 
 # Hashes per message: a full-cache snapshot of a large pool goes out in several messages.
@@ -50,9 +50,6 @@ class KvCacheView:
 
     def __contains__(self, block_hash: int) -> bool:
         return block_hash in self._blocks
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._blocks)
 
     def stored(self, hashes: Iterable[int]) -> None:
         for h in hashes:
