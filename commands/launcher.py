@@ -47,6 +47,7 @@ CHILD_ENV = {
 
 
 GATEWAY_PORT_STEP = 100  # gateway i's port is the first gateway's + 100 * i (workers count up by 1)
+DEFAULT_HTTP_EDGE_PORT = 50050  # `up --openai-edge http`: gateway i's HTTP edge on this + 100 * i
 
 
 class StartupError(RuntimeError):
@@ -178,6 +179,10 @@ class Mesh:
         self.gateway_addresses = [f"{spec.gateway.host}:{spec.gateway.port + GATEWAY_PORT_STEP * i}"
                                   for i in range(spec.gateways)]
         self.gateway_address = self.gateway_addresses[0]
+        # The gateways' HTTP edges of the streaming OpenAI paths (gateway.http_port > 0), Envoy's
+        # upstream for those paths.
+        self.gateway_http_addresses = ([f"{spec.gateway.host}:{spec.gateway.http_port + GATEWAY_PORT_STEP * i}"
+                                        for i in range(spec.gateways)] if spec.gateway.http_port > 0 else [])
         self.router_address = f"{spec.router.host}:{spec.router.port}"
         self.cache_address = f"{spec.cache.host}:{spec.cache.port}"
         self.envoy_address = f"{spec.envoy.listen_host}:{spec.envoy.listen_port}"
@@ -298,7 +303,9 @@ class Mesh:
         wanted = [(spec.cache.port, "cache"), (spec.router.port, "router"),
                   (spec.envoy.listen_port, "Envoy"), (spec.envoy.admin_port, "Envoy admin"),
                   *((spec.worker.port + i, f"worker-{i}") for i in range(spec.workers)),
-                  *((int(a.rpartition(":")[2]), self._gateway_name(i)) for i, a in enumerate(self.gateway_addresses))]
+                  *((int(a.rpartition(":")[2]), self._gateway_name(i)) for i, a in enumerate(self.gateway_addresses)),
+                  *((int(a.rpartition(":")[2]), f"{self._gateway_name(i)} HTTP edge")
+                    for i, a in enumerate(self.gateway_http_addresses))]
         if not self.redis_url:
             wanted.append((spec.redis_port, "valkey"))
         if spec.tracing and not spec.otlp_endpoint:
@@ -344,8 +351,9 @@ class Mesh:
             for i, address in enumerate(self.gateway_addresses):
                 port = int(address.rpartition(":")[2])
                 # Exact entries: read and written in Redis by the gateway itself, as the cache's own.
+                http_port = int(self.gateway_http_addresses[i].rpartition(":")[2]) if self.gateway_http_addresses else -1
                 self._serve(self._gateway_name(i), "gateway", dataclasses.replace(
-                    spec.gateway, port=port, router=self.router_address, cache=self.cache_address,
+                    spec.gateway, port=port, http_port=http_port, router=self.router_address, cache=self.cache_address,
                     redis_url=self.redis_url, cache_key_prefix=spec.cache.key_prefix,
                     cache_ttl_seconds=spec.cache.ttl_seconds, cache_max_entry_bytes=spec.cache.max_entry_bytes))
             self._start_envoy()
@@ -376,7 +384,8 @@ class Mesh:
 
         gateways = self.gateway_addresses
         # Envoy refuses what the gateways would refuse anyway, before it reaches them.
-        cfg = dataclasses.replace(self.spec.envoy, gateways=gateways, otlp_endpoint=self.otlp_endpoint,
+        cfg = dataclasses.replace(self.spec.envoy, gateways=gateways, http_gateways=self.gateway_http_addresses,
+                                  otlp_endpoint=self.otlp_endpoint,
                                   trace_sampling_ratio=self.spec.trace_sampling_ratio,
                                   gateway_max_in_flight=self.spec.gateway.max_in_flight * len(gateways))
         path = envoy.write_config(cfg, self.run_dir / "envoy.yaml")
@@ -522,6 +531,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gateway-port", type=int, default=GatewayConfig.port,
                         help=f"the first gateway's gRPC port; gateway i gets + {GATEWAY_PORT_STEP} * i "
                              "(default: %(default)s)")
+    parser.add_argument("--openai-edge", choices=("grpc", "http"), default="grpc",
+                        help="how Envoy hands streaming OpenAI requests to the gateways: grpc (transcoded "
+                             "to the gRPC OpenAI service) or http (proxied as they are to each gateway's HTTP "
+                             "edge, which writes the Server-Sent Events itself: less CPU per token) "
+                             "(default: %(default)s)")
+    parser.add_argument("--gateway-http-port", type=int, default=DEFAULT_HTTP_EDGE_PORT,
+                        help=f"with --openai-edge http: the first gateway's HTTP port; gateway i gets + "
+                             f"{GATEWAY_PORT_STEP} * i (default: %(default)s)")
     parser.add_argument("--router-port", type=int, default=RouterConfig.port,
                         help="the router's gRPC port (default: %(default)s)")
     parser.add_argument("--cache-port", type=int, default=CacheConfig.port,
@@ -556,6 +573,7 @@ def spec_from_args(args: argparse.Namespace) -> MeshSpec:
         router=RouterConfig(port=args.router_port, **taken(RouterConfig)),
         cache=CacheConfig(port=args.cache_port, **taken(CacheConfig)),
         gateway=GatewayConfig(port=args.gateway_port, max_in_flight=args.gateway_max_in_flight,
+                              http_port=args.gateway_http_port if args.openai_edge == "http" else -1,
                               **taken(GatewayConfig)),
         redis_maxmemory=args.redis_maxmemory,
         envoy=EnvoyConfig(listen_port=args.port, **taken(EnvoyConfig)),

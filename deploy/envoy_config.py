@@ -34,6 +34,9 @@ DESCRIPTOR = Path(__file__).resolve().parent / "envoy" / "meshserve.pb"
 STRICT_JSON_LUA = Path(__file__).resolve().parent / "envoy" / "strict_json.lua"
 PUBLIC_SERVICES = ["meshserve.v1.Inference", "meshserve.v1.OpenAI"]
 GATEWAY_CLUSTER = "gateway"
+HTTP_GATEWAY_CLUSTER = "gateway_http"  # the gateways' HTTP edges (EnvoyConfig.http_gateways)
+HTTP_EDGE_HEALTH = "/health"            # the HTTP edge's own health check: 200 serving, 503 draining
+HTTP_EDGE_IDLE_S = 60                   # below the edge's keep-alive (75 s): Envoy closes an idle connection first
 ADMIN_CLUSTER = "admin"              # the stats listener's way to the admin port
 STATS_PATH = "/stats/prometheus"
 OTLP_CLUSTER = "otlp_collector"       # where Envoy's tracer sends its spans (OTLP/gRPC)
@@ -135,7 +138,7 @@ def load_api_keys(cfg: EnvoyConfig, environ: dict[str, str] | os._Environ[str] =
     return keys
 
 
-def _lua_schemas(schemas: dict[str, dict[str, list[str]]]) -> str:
+def _lua_schemas(schemas: dict[str, dict[str, list[str]]], http_edge: bool = False) -> str:
     def table(keys: list[str]) -> str:
         return "{" + ", ".join(f'["{k}"] = true' for k in keys) + "}"
 
@@ -144,12 +147,14 @@ def _lua_schemas(schemas: dict[str, dict[str, list[str]]]) -> str:
         for p, by_path in schemas.items()
     )
     streams = ", ".join(f'["{p}"] = "{sp}"' for p, sp in stream_paths(schemas).items())
+    edge = ", ".join(f'["{p}"] = "{ep}"' for p, ep in config.HTTP_EDGE_PATHS.items()) if http_edge else ""
     # vLLM's API paths outside /v1/ (/tokenize, /detokenize): OpenAI-shaped too.
     root = ", ".join(f'["{p}"] = true' for p in schemas if not p.startswith("/v1/"))
     return (
         f"SCHEMAS = {{{paths}}}\nSTREAM_PATHS = {{{streams}}}\nOPENAI_ROOT = {{{root}}}\n"
         f'NATIVE_PREFIX = "{NATIVE_JSON_PREFIX}"\nAPI_HEADER = "{API_HEADER}"\n'
         f'PARAM_HEADER = "{validation.PARAM_METADATA}"\n'
+        f"EDGE_PATHS = {{{edge}}}\n"
         + openai_errors.lua_table()
     )
 
@@ -213,7 +218,8 @@ def _http_filters(cfg: EnvoyConfig, descriptor: Path, keys: dict[str, str]) -> l
         filters.append(rate_limit)
     strict_json = _typed(
         "envoy.extensions.filters.http.lua.v3.Lua",
-        default_source_code={"inline_string": _lua_schemas(json_schemas(descriptor)) + STRICT_JSON_LUA.read_text()},
+        default_source_code={"inline_string": _lua_schemas(json_schemas(descriptor), bool(cfg.http_gateways))
+                             + STRICT_JSON_LUA.read_text()},
     )
     transcoder = _typed(
         "envoy.extensions.filters.http.grpc_json_transcoder.v3.GrpcJsonTranscoder",
@@ -377,8 +383,13 @@ def _routes(cfg: EnvoyConfig) -> list[dict[str, Any]]:
             for name in ("envoy.filters.http.api_key_auth", "envoy.filters.http.local_ratelimit")
         },
     }
+    # With HTTP edges, streaming OpenAI requests go there as they are (the Lua filter gave them
+    # a path the transcoder does not know, so it passes them through).
+    http_edge = [{"match": {"path": path}, "route": {**stream_route, "cluster": HTTP_GATEWAY_CLUSTER}}
+                 for path in config.HTTP_EDGE_PATHS.values()] if cfg.http_gateways else []
     return [
         probe,
+        *http_edge,
         *({"match": {"path": f"/meshserve.v1.{m}"}, "route": unary_route} for m in unary),
         {"match": {"prefix": "/meshserve.v1.Inference/"}, "route": stream_route},
         {"match": {"prefix": "/meshserve.v1.OpenAI/"}, "route": stream_route},
@@ -498,6 +509,23 @@ def _gateway_cluster(cfg: EnvoyConfig) -> dict[str, Any]:
     }
 
 
+def _http_gateway_cluster(cfg: EnvoyConfig) -> dict[str, Any]:
+    """The gateways' HTTP edges: the gateway cluster's balancing, breakers and ejection, over
+    HTTP/1.1 (a connection per stream in flight), health-checked on the edge itself."""
+    cluster = _gateway_cluster(dataclasses.replace(cfg, gateways=cfg.http_gateways))
+    cluster["name"] = cluster["load_assignment"]["cluster_name"] = HTTP_GATEWAY_CLUSTER
+    cluster["typed_extension_protocol_options"] = {
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": _typed(
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            common_http_protocol_options={"idle_timeout": _seconds(HTTP_EDGE_IDLE_S)},
+            explicit_http_config={"http_protocol_options": {}},
+        )
+    }
+    check = {k: v for k, v in cluster["health_checks"][0].items() if k != "grpc_health_check"}
+    cluster["health_checks"] = [{**check, "http_health_check": {"path": HTTP_EDGE_HEALTH}}]
+    return cluster
+
+
 def _tracing(cfg: EnvoyConfig) -> dict[str, Any]:
     """Envoy's OpenTelemetry tracer: the trace starts here (or continues a client's
     ``traceparent``), and Envoy sends ``traceparent`` on to the gateway."""
@@ -592,6 +620,8 @@ def build_config(
         http_filters=_http_filters(cfg, descriptor, keys),
     )
     clusters = [_gateway_cluster(cfg)]
+    if cfg.http_gateways:
+        clusters.append(_http_gateway_cluster(cfg))
     if cfg.otlp_endpoint:
         hcm["tracing"] = _tracing(cfg)
         clusters.append(_otlp_cluster(cfg))

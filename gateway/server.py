@@ -8,12 +8,13 @@ import grpc
 
 from gateway.clients import Clients
 from gateway.entries import ExactEntries
+from gateway.http_edge import HttpEdge
 from gateway.openai_servicer import OpenAIServicer
 from gateway.orchestrator import GatewayError, Orchestrator
 from services.config import GatewayConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.server import Lifecycle, Running, serve, start
+from services.server import Lifecycle, Running, run_until_signal, start
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Inference"].full_name
 # Cache entries are isolated per tenant; the edge (Envoy, auth) sets this header.
@@ -56,8 +57,9 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             raise  # unreachable: abort raises
 
 
-def _build(cfg: GatewayConfig) -> tuple[Callable[[grpc.aio.Server], list[str]], Lifecycle]:
-    """Both public services share one orchestrator (one admission bound, one set of channels)."""
+def _build(cfg: GatewayConfig) -> tuple[Callable[[grpc.aio.Server], list[str]], Lifecycle, HttpEdge | None]:
+    """Both public services share one orchestrator (one admission bound, one set of channels),
+    and so does the HTTP edge of the streaming OpenAI paths, when it is on."""
     entries = (ExactEntries(cfg.redis_url, cfg.cache_timeout_s, cfg.cache_ttl_seconds, cfg.cache_max_entry_bytes)
                if cfg.redis_url else None)
     orchestrator = Orchestrator(cfg, Clients(cfg.router, cfg.cache, cfg.stall_timeout_s, entries))
@@ -69,15 +71,22 @@ def _build(cfg: GatewayConfig) -> tuple[Callable[[grpc.aio.Server], list[str]], 
         pb_grpc.add_OpenAIServicer_to_server(openai, server)
         return [SERVICE_NAME, OpenAIServicer.SERVICE_NAME]
 
-    return register, Lifecycle(on_close=[orchestrator.close])
+    if cfg.http_port < 0:
+        return register, Lifecycle(on_close=[orchestrator.close]), None
+    edge = HttpEdge(openai, cfg.host, cfg.http_port, cfg.grace_seconds)
+    # Draining: the HTTP edge stops taking requests with the gRPC server and its streams finish
+    # within the same grace; both are done before the orchestrator closes.
+    return register, Lifecycle(on_drain=[edge.drain], on_close=[edge.close, orchestrator.close]), edge
 
 
 async def start_gateway(cfg: GatewayConfig) -> Running:
-    """Starts the gateway in this process (tests use port 0)."""
-    register, lifecycle = _build(cfg)
+    """Starts the gateway in this process (tests use port 0), with its HTTP edge if configured
+    (listening before the gateway reports SERVING)."""
+    register, lifecycle, edge = _build(cfg)
+    if edge is not None:
+        await edge.start()
     return await start("gateway", cfg, register, lifecycle)
 
 
 async def main(cfg: GatewayConfig) -> None:
-    register, lifecycle = _build(cfg)
-    await serve("gateway", cfg, register, lifecycle)
+    await run_until_signal("gateway", await start_gateway(cfg))

@@ -211,11 +211,21 @@ class CacheConfig(ServerConfig):
     )
 
 
+# The OpenAI paths whose streams a gateway's HTTP edge serves (GatewayConfig.http_port), each
+# under the path Envoy's Lua filter sends a ``"stream": true`` body to when the edge is on: one
+# the transcoder does not know, so it passes the request through untranscoded.
+HTTP_EDGE_PATHS = {"/v1/chat/completions": "/v1/chat/completions:sse", "/v1/completions": "/v1/completions:sse"}
+
+
 @dataclass
 class GatewayConfig(ServerConfig):
     """The gateway: cache lookup -> route -> stream from a worker -> store."""
 
     port: int = _f(50051, "gRPC port (0 picks a free port)")
+    http_port: int = _f(
+        -1, "also serve the streaming OpenAI paths over HTTP/1.1 on this port, for Envoy to proxy untranscoded "
+            "(its envoy --http-gateways): a chunk written to HTTP costs the gateway about a third of a gRPC "
+            "message (-1: off; 0 picks a free port)")
     router: str = _f("127.0.0.1:50052", "router address host:port")
     cache: str = _f("127.0.0.1:50053", "cache address host:port ('' disables the cache)")
     redis_url: str = _f(
@@ -279,6 +289,9 @@ class EnvoyConfig:
         0, "a listener on listen_host serving only Envoy's Prometheus stats (/stats/prometheus), for a "
            "Prometheus outside the host or pod, while the admin port stays on loopback (0: none)")
     gateways: list[str] = _f(["127.0.0.1:50051"], "gateway addresses host:port", nargs="*")
+    http_gateways: list[str] = _f(
+        [], "the gateways' HTTP edges host:port (their --http-port): streaming OpenAI requests are proxied there "
+            "as HTTP instead of transcoded to gRPC (empty: every request is transcoded)", nargs="*")
     max_connections: int = _f(1024, "circuit breaker: most connections to the gateways")
     max_pending_requests: int = _f(1024, "circuit breaker: most requests waiting for a connection")
     max_requests: int = _f(4096, "circuit breaker: most concurrent requests to the gateways")

@@ -4,12 +4,14 @@
 --    would get a default it never asked for. SCHEMAS maps each HTTP path to the allowed keys
 --    per JSON path. Malformed JSON is left to the transcoder, which answers 400 itself.
 -- 2. Steers `"stream": true` bodies to the streaming twin of the path (STREAM_PATHS): the
---    transcoder chooses the gRPC method from the path alone.
+--    transcoder chooses the gRPC method from the path alone; or, with the gateways' HTTP edges
+--    on, to the edge's path (EDGE_PATHS), which the transcoder passes through.
 -- 3. Marks the request's API (API_HEADER: "openai" or "json") so Envoy's own error replies get
 --    that API's shape (local_reply_config), and reshapes gRPC errors on OpenAI paths into
 --    OpenAI's {"error": {...}} body.
--- SCHEMAS, STREAM_PATHS, OPENAI_ROOT (OpenAI paths outside /v1/), NATIVE_PREFIX, API_HEADER and
--- PARAM_HEADER are prepended by deploy/envoy_config.py.
+-- SCHEMAS, STREAM_PATHS, OPENAI_ROOT (OpenAI paths outside /v1/), NATIVE_PREFIX, API_HEADER,
+-- PARAM_HEADER and EDGE_PATHS (where streams go when the gateways' HTTP edges are on) are
+-- prepended by deploy/envoy_config.py.
 
 local function skip_ws(s, i)
   return s:find("[^ \t\r\n]", i) or #s + 1
@@ -119,7 +121,10 @@ function envoy_on_request(handle)
     return
   end
   if i and bad.stream == "true" and STREAM_PATHS[path] then
-    handle:headers():replace(":path", STREAM_PATHS[path]) -- headers() again: body() may have yielded
+    -- With the gateways' HTTP edges on, to the edge's path (untranscoded, a route of its own).
+    local edge = EDGE_PATHS[path]
+    handle:headers():replace(":path", edge or STREAM_PATHS[path]) -- headers() again: body() may have yielded
+    if edge then handle:clearRouteCache() end
   end
 end
 

@@ -45,10 +45,13 @@ def keys_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def mesh(tmp_path_factory: pytest.TempPathFactory, keys_file: Path) -> Iterator[Mesh]:
+@pytest.fixture(scope="module", params=["grpc", "http"], ids=["transcoded", "http-edge"])
+def mesh(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, keys_file: Path) -> Iterator[Mesh]:
+    """The whole suite runs twice: streams transcoded to the gateway's gRPC OpenAI service, and
+    proxied to its HTTP edge (``meshserve up --openai-edge http``)."""
+    http_port = free_port() if request.param == "http" else -1
     spec = mesh_spec(tmp_path_factory.mktemp("openai-mesh"), "sim", grace_seconds=1,
-                     gateway=GatewayConfig(max_in_flight=GATEWAY_MAX_IN_FLIGHT),
+                     gateway=GatewayConfig(max_in_flight=GATEWAY_MAX_IN_FLIGHT, http_port=http_port),
                      envoy=EnvoyConfig(api_keys_file=str(keys_file), max_request_bytes=MAX_BODY))
     with Mesh(spec) as m:
         yield m
@@ -306,10 +309,23 @@ async def test_gateway_overload_is_a_quick_429_with_retry_after(mesh: Mesh) -> N
         assert "capacity" in r.json()["error"]["message"]
         with pytest.raises(openai.RateLimitError):
             await client(mesh, CAROL).completions.create(model=MODEL, prompt="x", max_tokens=2)
-        # The launcher sized Envoy's circuit breaker to the gateway's capacity: Envoy refused
-        # both, and the gateway never saw them.
-        assert r.headers["x-envoy-overloaded"] == "true"
-        assert gateway_refusals(mesh) == refused_by_gateway
+        if not mesh.gateway_http_addresses:
+            # The launcher sized Envoy's circuit breaker to the gateway's capacity: Envoy refused
+            # both, and the gateway never saw them.
+            assert r.headers["x-envoy-overloaded"] == "true"
+            assert gateway_refusals(mesh) == refused_by_gateway
+        else:
+            # The streams hold the HTTP edges' cluster, whose breaker has the same size; the two
+            # unary calls went to the gRPC cluster, and the gateway refused them itself. A fifth
+            # stream is refused by Envoy.
+            assert gateway_refusals(mesh) == refused_by_gateway + 2
+            async with httpx.AsyncClient(base_url=base) as http:
+                fifth = await http.post("/v1/chat/completions", headers=auth(CAROL), json={
+                    "messages": [{"role": "user", "content": "one more"}], "max_tokens": 2, "stream": True})
+            assert fifth.status_code == 429, fifth.text
+            assert fifth.headers["x-envoy-overloaded"] == "true" and fifth.headers["retry-after"] == "1"
+            assert fifth.json()["error"]["type"] == "rate_limit_error"
+            assert gateway_refusals(mesh) == refused_by_gateway + 2
     await gateway_idle(mesh)
     ok = await client(mesh, CAROL).completions.create(model=MODEL, prompt="x", max_tokens=2)
     assert ok.choices[0].finish_reason == "length"
@@ -430,6 +446,25 @@ async def test_services_alive_after_fuzzing(mesh: Mesh) -> None:
     ok = await client(mesh).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
                                                     max_tokens=3)
     assert ok.choices[0].message.content
+
+
+async def test_a_client_that_leaves_a_stream_stops_its_generation_on_the_worker(mesh: Mesh) -> None:
+    """Cancellation crosses the edge: the client closes its connection to Envoy mid-stream, and
+    the worker's engine lets the request go long before its max_tokens."""
+    def aborted() -> float:
+        return metric_sum(scrape(mesh.metrics["worker-0"]), "meshserve_worker_requests_total", finish_reason="abort")
+
+    before = aborted()
+    async with open_stream(f"http://{mesh.envoy_address}", ALICE):
+        pass  # one event read, then the connection is closed
+    await wait_until(lambda: aborted() > before, 10, "the worker to count the abort")
+    async with insecure_channel(mesh.worker_addresses[0]) as channel:
+        async def idle() -> None:  # the sim engine runs nothing: the stream did not go on to its LONG tokens
+            async for report in pb_grpc.WorkerStub(channel).WatchLoad(pb.WatchLoadRequest()):
+                if report.num_running == 0 and report.num_in_flight == 0:
+                    return
+
+        await asyncio.wait_for(idle(), 10)
 
 
 async def test_slow_reader_does_not_hold_up_another_client(mesh: Mesh) -> None:

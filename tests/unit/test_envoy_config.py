@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from deploy import envoy_config as envoy
+from services import config
 from services.config import EnvoyConfig
 
 
@@ -54,6 +55,31 @@ def test_gateway_cluster_is_protected() -> None:
     assert "grpc_health_check" in cluster["health_checks"][0]
     ports = [e["endpoint"]["address"]["socket_address"]["port_value"] for e in cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]]
     assert ports == [1, 2]
+
+
+def test_http_edges_get_the_streaming_openai_paths_and_the_same_protection(tmp_path: Path) -> None:
+    edges = EnvoyConfig(gateways=["127.0.0.1:1", "127.0.0.1:2"], http_gateways=["127.0.0.1:3", "127.0.0.1:4"],
+                        max_requests=77, listen_port=18080, admin_port=19901)
+    envoy.validate(envoy.write_config(edges, tmp_path / "envoy.yaml"))
+    cfg = envoy.build_config(edges)
+    grpc_cluster, http_cluster = cfg["static_resources"]["clusters"]
+    assert http_cluster["name"] == envoy.HTTP_GATEWAY_CLUSTER
+    assert http_cluster["circuit_breakers"] == grpc_cluster["circuit_breakers"]
+    assert http_cluster["outlier_detection"] == grpc_cluster["outlier_detection"]
+    assert http_cluster["health_checks"][0]["http_health_check"] == {"path": envoy.HTTP_EDGE_HEALTH}
+    ports = [e["endpoint"]["address"]["socket_address"]["port_value"]
+             for e in http_cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]]
+    assert ports == [3, 4]
+    routes = {r["match"].get("path"): r["route"] for r in _hcm(cfg)["route_config"]["virtual_hosts"][0]["routes"]}
+    for path in config.HTTP_EDGE_PATHS.values():
+        assert routes[path]["cluster"] == envoy.HTTP_GATEWAY_CLUSTER
+        assert routes[path]["timeout"] == "0s"  # a stream: bounded by max_stream_duration only
+    lua = _hcm(cfg)["http_filters"][-3]["typed_config"]["default_source_code"]["inline_string"]
+    assert '["/v1/chat/completions"] = "/v1/chat/completions:sse"' in lua
+    # Without HTTP edges, nothing goes there: every request is transcoded.
+    plain = envoy.build_config(EnvoyConfig())
+    assert len(plain["static_resources"]["clusters"]) == 1
+    assert "EDGE_PATHS = {}" in _hcm(plain)["http_filters"][-3]["typed_config"]["default_source_code"]["inline_string"]
 
 
 def test_admin_listens_on_loopback_only() -> None:
