@@ -458,7 +458,12 @@ def chat_chunk(chunk: pb.GenerateResponse, index: int, first: bool, response_id:
     one (a JSON list until it is complete) all its calls with its last chunk; ``so_far``: the
     choice's text before this chunk."""
     kind, name = tools
-    delta = pb.ChatCompletionDelta()
+    # Built in place (choices.add, the delta within it): no copies of the nested messages.
+    out = pb.ChatCompletionChunk(id=f"chatcmpl-{response_id}", object="chat.completion.chunk", created=created,
+                                 model=model, system_fingerprint=FINGERPRINT)
+    choice = out.choices.add(index=index)
+    delta = choice.delta
+    delta.SetInParent()  # always present, possibly {}
     finish_reason = chunk.finish_reason
     if kind == FUNCTION:
         call = pb.ChatCompletionDeltaToolCall(index=0, function=pb.FunctionCallDelta(arguments=chunk.text))
@@ -491,25 +496,29 @@ def chat_chunk(chunk: pb.GenerateResponse, index: int, first: bool, response_id:
         delta.content = chunk.text
     if first:
         delta.role = "assistant"
-    choice = pb.ChatCompletionChunkChoice(index=index, delta=delta,
-                                          logprobs=chat_logprobs(chunk.logprobs) if logprobs else None)
+    if logprobs:
+        choice.logprobs.CopyFrom(chat_logprobs(chunk.logprobs))
     if finish_reason:
         choice.finish_reason = finish_reason
-    return pb.ChatCompletionChunk(id=f"chatcmpl-{response_id}", object="chat.completion.chunk", created=created,
-                                  model=model, choices=[choice], system_fingerprint=FINGERPRINT,
-                                  cache=cache_info(chunk) if chunk.finish_reason else None)
+        if (cache := cache_info(chunk)) is not None:
+            out.cache.CopyFrom(cache)
+    return out
 
 
 def completion_chunk(chunk: pb.GenerateResponse, index: int, text_before: str, offset: int, response_id: str,
                      logprobs: bool, model: str, created: int) -> pb.Completion:
     """The OpenAI chunk of choice ``index``; ``text_before``: the echoed prompt (first chunk);
     ``offset``: the length of the choice's text sent before this chunk."""
-    choice = pb.CompletionChoice(index=index, text=text_before + chunk.text,
-                                 logprobs=completion_logprobs(chunk.logprobs, offset + len(text_before)) if logprobs else None)
+    out = pb.Completion(id=f"cmpl-{response_id}", object="text_completion", created=created, model=model,
+                        system_fingerprint=FINGERPRINT)
+    choice = out.choices.add(index=index, text=text_before + chunk.text)  # in place: no copy
+    if logprobs:
+        choice.logprobs.CopyFrom(completion_logprobs(chunk.logprobs, offset + len(text_before)))
     if chunk.finish_reason:
         choice.finish_reason = chunk.finish_reason
-    return pb.Completion(id=f"cmpl-{response_id}", object="text_completion", created=created, model=model,
-                         choices=[choice], system_fingerprint=FINGERPRINT, cache=cache_info(chunk) if chunk.finish_reason else None)
+        if (cache := cache_info(chunk)) is not None:
+            out.cache.CopyFrom(cache)
+    return out
 
 
 def error(code: grpc.StatusCode, message: str, trailers: tuple[tuple[str, str], ...] = ()) -> pb.OpenAIError:
