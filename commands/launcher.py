@@ -531,11 +531,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gateway-port", type=int, default=GatewayConfig.port,
                         help=f"the first gateway's gRPC port; gateway i gets + {GATEWAY_PORT_STEP} * i "
                              "(default: %(default)s)")
-    parser.add_argument("--openai-edge", choices=("grpc", "http"), default="grpc",
-                        help="how Envoy hands streaming OpenAI requests to the gateways: grpc (transcoded "
-                             "to the gRPC OpenAI service) or http (proxied as they are to each gateway's HTTP "
-                             "edge, which writes the Server-Sent Events itself: less CPU per token) "
-                             "(default: %(default)s)")
+    parser.add_argument("--openai-edge", choices=("grpc", "http"), default="http",
+                        help="how Envoy hands streaming OpenAI requests to the gateways: http (proxied as they "
+                             "are to each gateway's HTTP edge, which writes the Server-Sent Events itself: "
+                             "about half the gateway's and Envoy's CPU per token) or grpc (transcoded to the "
+                             "gateway's gRPC OpenAI service) (default: %(default)s)")
     parser.add_argument("--gateway-http-port", type=int, default=DEFAULT_HTTP_EDGE_PORT,
                         help=f"with --openai-edge http: the first gateway's HTTP port; gateway i gets + "
                              f"{GATEWAY_PORT_STEP} * i (default: %(default)s)")

@@ -65,11 +65,11 @@ class UpMesh:
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator[UpMesh]:
     run_dir = tmp_path_factory.mktemp("up")
-    ports = {name: free_port() for name in ("port", "admin", "gw", "router", "cache", "worker", "redis")}
+    ports = {name: free_port() for name in ("port", "admin", "gw", "http", "router", "cache", "worker", "redis")}
     argv = [
         sys.executable, "-m", "commands.cli", "up", "--engine", "vllm", "--workers", "1",
         "--port", str(ports["port"]), "--admin-port", str(ports["admin"]),
-        "--gateway-port", str(ports["gw"]), "--router-port", str(ports["router"]),
+        "--gateway-port", str(ports["gw"]), "--gateway-http-port", str(ports["http"]), "--router-port", str(ports["router"]),
         "--cache-port", str(ports["cache"]), "--worker-port", str(ports["worker"]),
         "--redis-port", str(ports["redis"]), "--run-dir", str(run_dir), "--enforce-eager",
         "--routing", "kv-aware", "--tool-call-parser", "pythonic",

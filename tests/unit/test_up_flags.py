@@ -96,7 +96,11 @@ def test_up_without_flags_starts_every_service_with_its_configs_defaults() -> No
     assert spec.worker == config.WorkerConfig()
     assert spec.router == config.RouterConfig()
     assert spec.cache == config.CacheConfig()
-    assert spec.gateway == config.GatewayConfig()
+    # `up` starts the gateways' HTTP edge for its Envoy (a lone `serve gateway` has none);
+    # `--openai-edge grpc` leaves every stream transcoded.
+    assert spec.gateway == config.GatewayConfig(http_port=launcher.DEFAULT_HTTP_EDGE_PORT)
+    transcoded = launcher.spec_from_args(build_parser().parse_args(["up", "--openai-edge", "grpc"]))
+    assert transcoded.gateway == config.GatewayConfig()
     assert spec.envoy == config.EnvoyConfig()
     assert spec.traces == config.TracesConfig()
     assert spec.sim_speeds == [config.WorkerConfig().sim_speed]
