@@ -8,7 +8,8 @@ once, then each new delta as it comes, so a follower streams live from the first
 flight belongs to no reader: one that leaves (a cancelled client) does not end it for the
 others; the last one to leave cancels it (and the worker's request with it). A failed flight
 hands every reader its error; none is left waiting. A finished flight stays readable until its
-cache store is done, so a request arriving in between replays it instead of generating again.
+cache entry is stored, so a request arriving in between replays it instead of generating again;
+from then on the cache answers (``landed``), while the flight's task may still have work left.
 
 Scope: one gateway process. Identical requests that Envoy sends to different gateways each start
 their own flight (their answers are still stored once each, under the same key).
@@ -78,6 +79,7 @@ class Flights:
 
     def __init__(self) -> None:
         self._flights: dict[str, Flight] = {}
+        self._landed: set[asyncio.Task[None]] = set()  # tasks of landed flights, still running
 
     def __len__(self) -> int:
         return len(self._flights)
@@ -107,6 +109,15 @@ class Flights:
         if flight.readers == 0 and not flight.done and flight.task is not None:
             flight.task.cancel()
 
+    def landed(self, flight: Flight) -> None:
+        """``flight``'s answer is in the cache: identical requests read it there from now on,
+        and one that comes starts a flight of its own (its task may still run: ``close`` waits)."""
+        if self._flights.get(flight.key) is flight:
+            del self._flights[flight.key]
+            if flight.task is not None and not flight.task.done():
+                self._landed.add(flight.task)
+                flight.task.add_done_callback(self._landed.discard)
+
     def _drop(self, flight: Flight) -> None:
         flight.finish(asyncio.CancelledError())  # a task that ended without finishing: readers stop
         if self._flights.get(flight.key) is flight:
@@ -114,7 +125,7 @@ class Flights:
 
     async def close(self, timeout_s: float) -> None:
         """Waits up to ``timeout_s`` for the flights (their cache stores), then cancels the rest."""
-        tasks = [f.task for f in self._flights.values() if f.task is not None]
+        tasks = [*(f.task for f in self._flights.values() if f.task is not None), *self._landed]
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=timeout_s)
             for task in pending:

@@ -306,10 +306,14 @@ class Orchestrator:
             flight.finish(GatewayError(grpc.StatusCode.INTERNAL, f"generation failed: {e}"))
             return
         flight.finish()
-        # 6. Store: the readers have their answer already; until the store is done, the finished
-        # flight answers identical requests from memory.
+        # 6. Store: the readers have their answer already; until the entry is stored, the finished
+        # flight answers identical requests from memory; from then on the cache does, while the
+        # entry is indexed by meaning (a call to the cache service, off every request's path).
         if flight.chunks[-1].finish_reason in validation.FINISHED:
-            await self._store(view, tenant, mode, exact, flight.chunks)
+            index = await self._store(view, tenant, mode, exact, flight.chunks)
+            self._flights.landed(flight)
+            if index:
+                await self._index(view, tenant)
 
     async def _generate_while(
         self, flight: Flight, req: pb.GenerateRequest, outcome: _Outcome,
@@ -639,12 +643,12 @@ class Orchestrator:
 
     async def _store(
         self, req: pb.GenerateRequest, tenant: str, mode: str, exact: str, chunks: list[pb.GenerateResponse]
-    ) -> None:
+    ) -> bool:
         """Stores a finished generation: in Redis by the gateway itself when it has the cache's
-        URL (then, for a semantic request, the cache service indexes it by meaning), else by the
-        cache service."""
+        URL, else by the cache service. True when the cache service is still to index the
+        stored entry by meaning (``_index``: a semantic request the gateway stored itself)."""
         if self._clients.cache is None or not self._breaker.allow():
-            return
+            return False
         with telemetry.tracer.start_as_current_span("cache store") as span:
             entries = self._clients.entries
             if entries is not None:
@@ -654,15 +658,14 @@ class Orchestrator:
                     metrics.CACHE_WRITES.labels("error").inc()
                     span.set_attribute("meshserve.cache.result", "error")
                     self._cache_failed("store", req, f"Redis: {type(e).__name__}: {e}")
-                    return
+                    return False
                 self._cache_worked()
                 metrics.CACHE_WRITES.labels("refused" if reason else "stored").inc()
                 span.set_attribute("meshserve.cache.result", "refused" if reason else "stored")
                 if reason:
                     log.debug("request %s: not cached: %s", req.request_id, reason)
-                elif mode == validation.CACHE_SEMANTIC and not self._semantic_breaker.is_open:
-                    await self._index(req, tenant)
-                return
+                    return False
+                return mode == validation.CACHE_SEMANTIC and not self._semantic_breaker.is_open
             try:
                 resp = await self._clients.cache.Store(
                     pb.StoreRequest(request=req, tenant=tenant, chunks=chunks),
@@ -672,11 +675,12 @@ class Orchestrator:
             except grpc.aio.AioRpcError as e:
                 span.set_attribute("meshserve.cache.result", "error")
                 self._cache_failed("store", req, f"{e.code().name} {e.details()}")
-                return
+                return False
             span.set_attribute("meshserve.cache.result", "stored" if resp.stored else "refused")
         self._cache_worked()
         if not resp.stored:
             log.debug("request %s: not cached: %s", req.request_id, resp.reason)
+        return False
 
     async def _index(self, req: pb.GenerateRequest, tenant: str) -> None:
         """Asks the cache service to index an entry the gateway stored by meaning. After the answer

@@ -13,6 +13,7 @@ from typing import Any
 
 import grpc
 import pytest
+import redis
 from prometheus_client import REGISTRY
 
 from cache_service.server import CacheServicer
@@ -140,6 +141,7 @@ class ObservedCache(CacheServicer):
         self.index_only: list[bool] = []  # of each Store call
         self.lookup_gate: asyncio.Event | None = None  # set: lookups answer (None: at once)
         self.semantic_answer: pb.LookupResponse | None = None  # the answer to lookups by meaning
+        self.index_gate: asyncio.Event | None = None  # set: index_only stores answer (None: at once)
 
     async def Lookup(self, request: pb.LookupRequest, context: grpc.aio.ServicerContext) -> pb.LookupResponse:
         self.lookups += 1
@@ -153,6 +155,8 @@ class ObservedCache(CacheServicer):
 
     async def Store(self, request: pb.StoreRequest, context: grpc.aio.ServicerContext) -> pb.StoreResponse:
         self.index_only.append(request.index_only)
+        if request.index_only and self.index_gate is not None:
+            await self.index_gate.wait()
         resp = await super().Store(request, context)
         self.stores.put_nowait(resp)
         return resp
@@ -605,6 +609,29 @@ async def test_a_gateway_with_the_redis_url_reads_and_writes_exact_entries_there
     assert m.cache.lookups == 1 and m.a.calls == 2  # both hits: Redis, read by the gateway
     assert (await redis_info(m.redis_url, "stats"))["keyspace_hits"] == redis_hits + 2
     assert sample("meshserve_gateway_cache_reads_total", {"result": "hit"}) == reads["hit"] + 2
+
+
+async def test_an_entry_in_redis_answers_while_it_is_still_being_indexed_by_meaning(mesh: MeshFactory) -> None:
+    # Once the gateway has stored an answer in Redis, an identical request is an exact hit there,
+    # even while the cache service is still indexing the entry by meaning (tens of ms under load);
+    # the finished flight no longer answers it from memory as "coalesced".
+    m = await mesh(reads_redis=True)
+    assert m.cache is not None
+    m.cache.index_gate = asyncio.Event()
+    request = greedy(prompt="indexed slowly", cache="semantic")
+    first = await collect(m.stub.Generate(request))
+    key = exact_key(greedy(prompt="indexed slowly", model=DEFAULT_MODEL), "", m.key_prefix)
+    with redis.Redis.from_url(m.redis_url) as client:
+        await wait_until(lambda: client.exists(key), WAIT_S, "the entry in Redis")
+    await wait_until(lambda: m.cache.index_only == [True], WAIT_S, "the entry sent to be indexed")
+
+    again = await collect(m.stub.Generate(greedy(prompt="indexed slowly", cache="semantic", request_id="again")))
+
+    assert joined(again) == joined(first) and m.a.calls + m.b.calls == 1
+    assert [(c.cached, c.cache_kind) for c in again] == [(True, "exact")]
+    m.cache.index_gate.set()
+    async with asyncio.timeout(WAIT_S):
+        await m.cache.stores.get()  # the indexing call ended (refused: no semantic store here)
 
 
 async def test_a_corrupt_entry_the_gateway_reads_is_deleted_and_a_miss(mesh: MeshFactory) -> None:
