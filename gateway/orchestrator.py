@@ -310,10 +310,7 @@ class Orchestrator:
         # flight answers identical requests from memory; from then on the cache does, while the
         # entry is indexed by meaning (a call to the cache service, off every request's path).
         if flight.chunks[-1].finish_reason in validation.FINISHED:
-            index = await self._store(view, tenant, mode, exact, flight.chunks)
-            self._flights.landed(flight)
-            if index:
-                await self._index(view, tenant)
+            await self._store(view, tenant, mode, exact, flight.chunks, lambda: self._flights.landed(flight))
 
     async def _generate_while(
         self, flight: Flight, req: pb.GenerateRequest, outcome: _Outcome,
@@ -642,13 +639,15 @@ class Orchestrator:
             span.end()
 
     async def _store(
-        self, req: pb.GenerateRequest, tenant: str, mode: str, exact: str, chunks: list[pb.GenerateResponse]
-    ) -> bool:
+        self, req: pb.GenerateRequest, tenant: str, mode: str, exact: str, chunks: list[pb.GenerateResponse],
+        stored: Callable[[], None],
+    ) -> None:
         """Stores a finished generation: in Redis by the gateway itself when it has the cache's
-        URL, else by the cache service. True when the cache service is still to index the
-        stored entry by meaning (``_index``: a semantic request the gateway stored itself)."""
+        URL (then, for a semantic request, the cache service indexes it by meaning), else by the
+        cache service. ``stored()`` as soon as the entry is written (or the attempt is over)."""
         if self._clients.cache is None or not self._breaker.allow():
-            return False
+            stored()
+            return
         with telemetry.tracer.start_as_current_span("cache store") as span:
             entries = self._clients.entries
             if entries is not None:
@@ -658,14 +657,17 @@ class Orchestrator:
                     metrics.CACHE_WRITES.labels("error").inc()
                     span.set_attribute("meshserve.cache.result", "error")
                     self._cache_failed("store", req, f"Redis: {type(e).__name__}: {e}")
-                    return False
+                    return
+                finally:
+                    stored()
                 self._cache_worked()
                 metrics.CACHE_WRITES.labels("refused" if reason else "stored").inc()
                 span.set_attribute("meshserve.cache.result", "refused" if reason else "stored")
                 if reason:
                     log.debug("request %s: not cached: %s", req.request_id, reason)
-                    return False
-                return mode == validation.CACHE_SEMANTIC and not self._semantic_breaker.is_open
+                elif mode == validation.CACHE_SEMANTIC and not self._semantic_breaker.is_open:
+                    await self._index(req, tenant)
+                return
             try:
                 resp = await self._clients.cache.Store(
                     pb.StoreRequest(request=req, tenant=tenant, chunks=chunks),
@@ -675,12 +677,13 @@ class Orchestrator:
             except grpc.aio.AioRpcError as e:
                 span.set_attribute("meshserve.cache.result", "error")
                 self._cache_failed("store", req, f"{e.code().name} {e.details()}")
-                return False
+                return
+            finally:
+                stored()
             span.set_attribute("meshserve.cache.result", "stored" if resp.stored else "refused")
         self._cache_worked()
         if not resp.stored:
             log.debug("request %s: not cached: %s", req.request_id, resp.reason)
-        return False
 
     async def _index(self, req: pb.GenerateRequest, tenant: str) -> None:
         """Asks the cache service to index an entry the gateway stored by meaning. After the answer
