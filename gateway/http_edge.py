@@ -154,6 +154,15 @@ def error_response(code: grpc.StatusCode, message: str, trailers: tuple[tuple[st
 # -- the server --------------------------------------------------------------------------------
 
 
+class SseResponse(web.StreamResponse):
+    """A stream whose status line and headers go out with its first chunk, in one send: aiohttp
+    sends a StreamResponse's headers on their own at ``prepare()`` unless told otherwise (its
+    ``Response`` is told), and on this machine a send costs the gateway ~40 us and Envoy a read."""
+
+    _send_headers_immediately = False
+
+
+
 class HttpEdge:
     """The streaming OpenAI paths on ``host:port`` over HTTP/1.1, served by ``servicer``."""
 
@@ -216,14 +225,19 @@ class HttpEdge:
                     {"error": {"message": str(e), "type": "invalid_request_error", "param": None,
                                "code": "invalid_request"}}), headers=dict(telemetry.trace_metadata()))
             response: web.StreamResponse | None = None
+            last = b""  # the usage chunk, which ends a stream: sent with the end of the response
             try:
                 async with contextlib.aclosing(method(call, HttpContext(headers))) as stream:
                     async for chunk in stream:
+                        data = b"data: " + chunk_json(chunk) + b"\n\n"
                         if response is None:
-                            response = web.StreamResponse(headers={"content-type": "text/event-stream",
-                                                                   **dict(telemetry.trace_metadata())})
+                            response = SseResponse(headers={"content-type": "text/event-stream",
+                                                            **dict(telemetry.trace_metadata())})
                             await response.prepare(request)
-                        await response.write(b"data: " + chunk_json(chunk) + b"\n\n")
+                        if chunk.HasField("usage") and not chunk.choices:
+                            last = data
+                        else:
+                            await response.write(data)
             except Aborted as e:
                 span.set_attribute("rpc.grpc.status_code", e.code.value[0])
                 span.set_status(Status(StatusCode.ERROR, f"{e.code.name}: {e.details}"))
@@ -234,8 +248,8 @@ class HttpEdge:
                 telemetry.mark_failed(span, e)
                 raise
             if response is None:  # a stream with no chunk at all
-                response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+                response = SseResponse(headers={"content-type": "text/event-stream"})
                 await response.prepare(request)
-            await response.write_eof()
+            await response.write_eof(last)
             return response
 
