@@ -213,6 +213,16 @@ def test_envoy_config_from_the_configmap_agrees_with_the_chart(objects: list[dic
     assert endpoint["endpoint"]["address"]["socket_address"] == {
         "address": gateway["metadata"]["name"], "port_value": gateway["spec"]["ports"][0]["port"]}
     assert gateway["spec"]["clusterIP"] == "None"
+    # Streams go to every gateway pod's HTTP edge: the port its container declares and its
+    # --http-port opens.
+    (http_cluster,) = [c for c in bootstrap["static_resources"]["clusters"] if c["name"] == envoy.HTTP_GATEWAY_CLUSTER]
+    assert http_cluster["type"] == "STRICT_DNS"
+    (http_endpoint,) = http_cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    gateway_pod = _named(objects, "Deployment", _name("gateway"))["spec"]["template"]["spec"]["containers"][0]
+    edge_port = {p["name"]: p["containerPort"] for p in gateway_pod["ports"]}["http-edge"]
+    assert http_endpoint["endpoint"]["address"]["socket_address"] == {
+        "address": gateway["metadata"]["name"], "port_value": edge_port}
+    assert int(_flag(_args(gateway_pod), "--http-port")) == edge_port
     # The container's command line reads that file; its preStop drains with the same settings.
     assert _flag(_args(container), "--settings").endswith("/envoy-settings.yaml")
     prestop = container["lifecycle"]["preStop"]["exec"]["command"]

@@ -91,3 +91,5 @@ def test_compose_envoy_config_is_valid_and_listens_where_published(compose: dict
     assert (cfg.listen_host, cfg.listen_port) == ("0.0.0.0", int(published["target"]))
     gateway_args = cli.build_parser().parse_args(compose["services"]["gateway"]["command"])
     assert cfg.gateways == [f"gateway:{gateway_args.port}"]
+    # Streaming OpenAI requests go to the gateway's HTTP edge, untranscoded (as `meshserve up`'s).
+    assert cfg.http_gateways == [f"gateway:{gateway_args.http_port}"] and gateway_args.http_port
