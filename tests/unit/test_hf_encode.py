@@ -1,0 +1,48 @@
+"""services.prompts.hf_encode gives transformers' token ids, on the short way and the long one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from transformers import AutoTokenizer
+
+from services.prompts import hf_encode, hf_prompt_ids
+
+TEXTS = [
+    "The quick brown fox",
+    "",
+    "  leading and trailing spaces  ",
+    "Unicode: naïve café, 東京, emoji 🤖, tabs\tand\nnewlines",
+    "numbers 3.14159 and 1,000,000 and code: def f(x): return x ** 2",
+    "a" * 3000,
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model: Path) -> Any:
+    return AutoTokenizer.from_pretrained(tiny_model)
+
+
+@pytest.mark.parametrize("special", [True, False])
+def test_the_same_ids_as_transformers(tokenizer: Any, special: bool) -> None:
+    for text in [*TEXTS, *(t + tokenizer.eos_token + t for t in TEXTS)]:
+        assert hf_encode(tokenizer, text, add_special_tokens=special) == tokenizer.encode(text, add_special_tokens=special)
+
+
+def test_a_chat_prompt_as_the_chat_template_and_transformers_make_it(tokenizer: Any) -> None:
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": TEXTS[3]}]
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert hf_prompt_ids(tokenizer, "", messages) == tokenizer.encode(text, add_special_tokens=False)
+    assert hf_prompt_ids(tokenizer, TEXTS[0], None) == tokenizer.encode(TEXTS[0])
+
+
+def test_a_truncation_left_on_the_backend_does_not_cut_the_prompt(tiny_model: Path) -> None:
+    # transformers' encode() truncates only when asked; a backend configured to truncate (some
+    # tokenizer.json files are) must not cut a prompt the engine would get whole.
+    fresh = AutoTokenizer.from_pretrained(tiny_model)
+    fresh.backend_tokenizer.enable_truncation(max_length=8)
+    text = TEXTS[4]
+    ids = hf_encode(fresh, text)
+    assert len(ids) > 8 and ids == AutoTokenizer.from_pretrained(tiny_model).encode(text)
