@@ -37,6 +37,9 @@ from services.validation import PARAM_METADATA
 
 log = logging.getLogger(__name__)
 
+# The last event of every stream, as OpenAI's API and `vllm serve` end theirs (after the usage
+# chunk, or after an error chunk); some clients read until it comes.
+DONE = b"data: [DONE]\n\n"
 CHAT_PATH = HTTP_EDGE_PATHS["/v1/chat/completions"]
 COMPLETIONS_PATH = HTTP_EDGE_PATHS["/v1/completions"]
 HEALTH_PATH = "/health"  # Envoy's health check of this edge: 200 while serving, 503 once draining
@@ -250,6 +253,6 @@ class HttpEdge:
             if response is None:  # a stream with no chunk at all
                 response = SseResponse(headers={"content-type": "text/event-stream"})
                 await response.prepare(request)
-            await response.write_eof(last)
+            await response.write_eof(last + DONE)
             return response
 
