@@ -28,6 +28,8 @@ _KIND = {
     SpanKind.PRODUCER: Span.SpanKind.SPAN_KIND_PRODUCER,
     SpanKind.CONSUMER: Span.SpanKind.SPAN_KIND_CONSUMER,
 }
+# The AnyValue field of each scalar type (exact types: a bool is not taken for an int).
+_SCALAR = {str: "string_value", bool: "bool_value", int: "int_value", float: "double_value"}
 _HAS_IS_REMOTE = SpanFlags.SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK
 _IS_REMOTE = SpanFlags.SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK
 
@@ -120,23 +122,11 @@ def _encode_attributes(out: Any, attributes: Mapping[str, Any] | None) -> None:
     if not attributes:
         return
     for key, value in attributes.items():
-        kind = type(value)
-        if kind is str:
+        field = _SCALAR.get(type(value))
+        if field is not None:
             kv = out.add()
             kv.key = key
-            kv.value.string_value = value
-        elif kind is bool:
-            kv = out.add()
-            kv.key = key
-            kv.value.bool_value = value
-        elif kind is int:
-            kv = out.add()
-            kv.key = key
-            kv.value.int_value = value
-        elif kind is float:
-            kv = out.add()
-            kv.key = key
-            kv.value.double_value = value
+            setattr(kv.value, field, value)
         else:
             try:
                 encoded = _value(value)
