@@ -165,7 +165,6 @@ class SseResponse(web.StreamResponse):
     _send_headers_immediately = False
 
 
-
 class HttpEdge:
     """The streaming OpenAI paths on ``host:port`` over HTTP/1.1, served by ``servicer``."""
 

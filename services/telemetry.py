@@ -78,8 +78,8 @@ class AioOTLPSpanExporter(SpanExporter):
     sim worker at 300 streams, +4% CPU per request with the channel merely connected and idle.
     Here the batch thread encodes (services.otlp: OpenTelemetry's OTLP message, built in a third
     of the library encoder's time) and the loop sends it, one unary Export per batch. Must be
-    created on the running loop; ``export`` is called from the
-    batch thread, never from the loop (``flush`` runs in a thread for that reason)."""
+    created on the running loop; ``export`` is called from the batch thread, never from the loop
+    (``flush`` runs in a thread for that reason)."""
 
     def __init__(self, endpoint: str, loop: asyncio.AbstractEventLoop, timeout_s: float = 5.0) -> None:
         self._endpoint = endpoint
