@@ -82,6 +82,9 @@ class WorkerMetrics:
                                 "Generate requests finished by a worker, by finish reason",
                                 ["worker", "finish_reason"]).labels
         self.worker_id = worker_id
+        self._engine = engine
+        self.preemptions: Any = None
+        self._preemptions_seen = 0
         self.ttft: Any = None
         self.itl: Any = None
         self.e2e: Any = None
@@ -106,6 +109,10 @@ class WorkerMetrics:
             _metric(Gauge, name, doc, ["worker"]).labels(worker_id).set_function(read)
         self.generation_tokens = _metric(Counter, "vllm:generation_tokens", "Generated tokens",
                                          ["worker"]).labels(worker_id)
+        if hasattr(engine, "num_preemptions"):  # the sim's KV pool preempts as vLLM's does
+            self.preemptions = _metric(Counter, "vllm:num_preemptions",
+                                       "Requests preempted because the KV cache was full (recomputed later)",
+                                       ["worker"]).labels(worker_id)
         self.ttft = _metric(Histogram, "vllm:time_to_first_token_seconds", "Time to first token",
                             ["worker"], buckets=TTFT_BUCKETS).labels(worker_id)
         self.itl = _metric(Histogram, "vllm:inter_token_latency_seconds", "Inter-token latency",
@@ -121,6 +128,10 @@ class WorkerMetrics:
         if self.prefix_queries is not None and last is not None:
             self.prefix_queries.inc(last.prompt_tokens)
             self.prefix_hits.inc(last.cached_prompt_tokens)
+        if self.preemptions is not None:  # the engine's count, brought up to date as requests end
+            count = self._engine.num_preemptions
+            self.preemptions.inc(count - self._preemptions_seen)
+            self._preemptions_seen = count
 
     def generated(self, tokens: int) -> None:
         if self.generation_tokens is not None:
