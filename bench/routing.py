@@ -23,6 +23,12 @@ Scenarios:
   multi   multi_turn: 100 users x 5 turns, a shared 100-word system prompt, 40-word questions,
           32-token answers; each turn sends the whole conversation so far (~550 tokens by the
           fifth), so a user's history is worth keeping on one engine.
+  multi-large  the same conversations on engines 4x slower per token (--sim-speed 0.25: prefill
+          0.24 ms a token, ~33 ms a step at 25 sequences, a larger model than the sim's 8B
+          default), so the engines' time, not the mesh's CPU on a small machine, is most of TTFT.
+
+Each run also records the engines' own mean TTFT (the workers' vllm:time_to_first_token_seconds:
+queueing and prefill, which routing controls) beside the client's.
 """
 
 from __future__ import annotations
@@ -74,18 +80,27 @@ SCENARIOS = {
     "slow": Scenario("slow", ["--sim-speed", "1", "1", "1", "0.5"], PREFIX_BENCH),
     "hot": Scenario("hot", [], [*PREFIX_BENCH, "--prefix-repetition-hot-share", "0.5"]),
     "multi": Scenario("multi", [], MULTI_BENCH),
+    "multi-large": Scenario("multi-large", ["--sim-speed", "0.25"], MULTI_BENCH),
+    "multi-ramp": Scenario("multi-ramp", [], [*MULTI_BENCH, "--multi-turn-ramp-up", "0.5"]),
+    "multi-large-ramp": Scenario("multi-large-ramp", ["--sim-speed", "0.25"], [*MULTI_BENCH, "--multi-turn-ramp-up", "2"]),
 }
 HEADLINE = ["output_throughput", "median_ttft_ms", "p99_ttft_ms", "mean_ttft_ms", "failed"]
 
 
-def worker_prefix_stats(metrics_urls: list[str]) -> dict[str, float]:
-    """Prompt tokens queried and hit in the workers' own prefix caches (their metrics)."""
-    out = {"prefix_cache_queries": 0.0, "prefix_cache_hits": 0.0}
+WORKER_SERIES = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total",
+                 "vllm:time_to_first_token_seconds_sum", "vllm:time_to_first_token_seconds_count")
+
+
+def worker_stats(metrics_urls: list[str]) -> dict[str, float]:
+    """The fleet's sums of the workers' own prefix-cache counters (prompt tokens queried and hit),
+    preemptions (KV cache full) and time-to-first-token histograms (from the engine's arrival to
+    its first token)."""
+    out = dict.fromkeys(WORKER_SERIES, 0.0)
     for url in metrics_urls:
         for line in urllib.request.urlopen(url, timeout=5).read().decode().splitlines():
-            for key in out:
-                if line.startswith(f"vllm:{key}_total"):
-                    out[key] += float(line.split()[-1])
+            name = line.partition("{")[0]
+            if name in out:
+                out[name] += float(line.split()[-1])
     return out
 
 
@@ -153,7 +168,7 @@ def run_one(out: Path, scenario: Scenario, label: str, up_args: list[str], seed:
         metrics = mesh.worker_metrics()
         router_metrics = mesh.metrics("router")
         gateway_metrics = mesh.metrics("gateway")
-        before = worker_prefix_stats(metrics)
+        before = worker_stats(metrics)
         result_file = run_dir / "bench.json"
         sampler = LoadSampler(metrics)
         sampler.start()
@@ -164,7 +179,7 @@ def run_one(out: Path, scenario: Scenario, label: str, up_args: list[str], seed:
                        cwd=tree, env=tree_env(tree))
         sampler.stop.set()
         sampler.join()
-        after = worker_prefix_stats(metrics)
+        after = worker_stats(metrics)
         result = json.loads(result_file.read_text())
         result["load_imbalance"] = sampler.imbalance()
         result["router_pick_p99_ms"] = pick_quantile_ms(router_metrics)
@@ -172,9 +187,14 @@ def run_one(out: Path, scenario: Scenario, label: str, up_args: list[str], seed:
         result["gateway_pick_mean_ms"] = pick_mean_ms(gateway_metrics, "meshserve_gateway_pick_seconds")
         for q in (50, 90, 99):
             result[f"gateway_pick_p{q}_ms"] = pick_quantile_ms(gateway_metrics, "meshserve_gateway_pick_seconds", q / 100)
-        hits = after["prefix_cache_hits"] - before["prefix_cache_hits"]
-        queries = after["prefix_cache_queries"] - before["prefix_cache_queries"]
-        result["engine_prefix_hit_rate"] = hits / queries if queries else 0.0
+        delta = {k: after[k] - before[k] for k in WORKER_SERIES}
+        queries = delta["vllm:prefix_cache_queries_total"]
+        result["engine_prefix_hit_rate"] = delta["vllm:prefix_cache_hits_total"] / queries if queries else 0.0
+        # What routing controls (queueing and prefill in the engines) apart from the mesh's own
+        # time before and after them, which on a small machine is most of a client's TTFT.
+        firsts = delta["vllm:time_to_first_token_seconds_count"]
+        result["engine_mean_ttft_ms"] = 1000 * delta["vllm:time_to_first_token_seconds_sum"] / firsts if firsts else 0.0
+        result["engine_preemptions"] = delta["vllm:num_preemptions_total"]
         save_result(result, result_file, timings=True)  # `meshserve plot` draws runs side by side
         return result
 
@@ -209,6 +229,8 @@ def main() -> int:
                 print(f"round {r + 1} {scenario.name:<7} {policy:<16} "
                       + " ".join(f"{k} {result[k]:.1f}" for k in HEADLINE)
                       + f" hit {result['engine_prefix_hit_rate']:.2f} imbalance {result['load_imbalance']:.2f}"
+                      + f" engine mean TTFT {result['engine_mean_ttft_ms']:.1f} ms"
+                      + f" preemptions {result['engine_preemptions']:.0f}"
                       + f" pick p99 {result['router_pick_p99_ms']:.2f} ms, mean {result['router_pick_mean_ms']:.3f} ms"
                       + f" (gateway p50 / p90 / p99 {result['gateway_pick_p50_ms']:.1f} / "
                         f"{result['gateway_pick_p90_ms']:.1f} / {result['gateway_pick_p99_ms']:.1f},"
@@ -224,22 +246,26 @@ def main() -> int:
 
 
 def summary(rows: dict[tuple[str, str], list[dict]], scenarios: list[Scenario], policies: list[str]) -> str:
+    keys = [*HEADLINE, "engine_mean_ttft_ms", "engine_prefix_hit_rate", "load_imbalance"]
     lines = []
     for scenario in scenarios:
         lines += [f"### {scenario.name}", "",
-                  "| policy | output tok/s | median TTFT ms | p99 TTFT ms | mean TTFT ms | failed | "
-                  "engine prefix hit rate | busiest worker / mean | p99 TTFT / round-robin | tok/s / round-robin |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
-        med = {p: {k: statistics.median(r[k] for r in rows[(scenario.name, p)])
-                   for k in [*HEADLINE, "engine_prefix_hit_rate", "load_imbalance"]}
+                  "| policy | output tok/s | median TTFT ms | p99 TTFT ms | mean TTFT ms | engine mean TTFT ms | "
+                  "failed | engine prefix hit rate | busiest worker / mean | p99 TTFT / round-robin | "
+                  "mean TTFT / round-robin | engine mean TTFT / round-robin | tok/s / round-robin |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        med = {p: {k: statistics.median(r.get(k, 0.0) for r in rows[(scenario.name, p)]) for k in keys}
                for p in policies if (scenario.name, p) in rows}
         base = med.get("round-robin")
         for p, m in med.items():
-            ratio = (f"{m['p99_ttft_ms'] / base['p99_ttft_ms']:.2f} | "
-                     f"{m['output_throughput'] / base['output_throughput']:.2f}") if base else "- | -"
+            ratios = " | ".join(
+                f"{m[k] / base[k]:.2f}" if base and base[k] else "-"
+                for k in ("p99_ttft_ms", "mean_ttft_ms", "engine_mean_ttft_ms", "output_throughput")
+            )
             lines.append(f"| {p} | {m['output_throughput']:,.0f} | {m['median_ttft_ms']:,.0f} | "
-                         f"{m['p99_ttft_ms']:,.0f} | {m['mean_ttft_ms']:,.0f} | {m['failed']:.0f} | "
-                         f"{m['engine_prefix_hit_rate']:.2f} | {m['load_imbalance']:.2f} | {ratio} |")
+                         f"{m['p99_ttft_ms']:,.0f} | {m['mean_ttft_ms']:,.0f} | {m['engine_mean_ttft_ms']:,.0f} | "
+                         f"{m['failed']:.0f} | {m['engine_prefix_hit_rate']:.2f} | {m['load_imbalance']:.2f} | "
+                         f"{ratios} |")
         lines.append("")
     return "\n".join(lines)
 

@@ -241,13 +241,17 @@ OpenTurn = Callable[[list[pb.ChatMessage], str, int], OpenStream]
 
 async def run_conversations(
     conversations: Sequence[Conversation], open_turn: OpenTurn, think_time: float = 0.0,
-    on_done: Callable[[], None] = lambda: None, id_prefix: str = "chat",
+    on_done: Callable[[], None] = lambda: None, id_prefix: str = "chat", ramp_up: float = 0.0,
 ) -> tuple[list[RequestResult], float]:
-    """Every user at once, each a closed loop: a turn sends the whole conversation so far (system
-    prompt, earlier questions and the answers the mesh gave) plus the next question, after the
-    previous answer arrived and ``think_time`` seconds. Results in (user, turn) order."""
+    """Every user a closed loop: a turn sends the whole conversation so far (system prompt,
+    earlier questions and the answers the mesh gave) plus the next question, after the previous
+    answer arrived and ``think_time`` seconds. The users start at once, or one after another
+    evenly over ``ramp_up`` seconds (as users join a service; turns of equal length started
+    together stay in lockstep, every turn a burst). Results in (user, turn) order."""
 
     async def user(u: int, conv: Conversation) -> list[RequestResult]:
+        if ramp_up and u:
+            await backoff(u * ramp_up / len(conversations))  # this user joins
         history = [pb.ChatMessage(role="system", content=conv.system)]
         words = len(conv.system.split())
         results = []
@@ -575,6 +579,7 @@ def format_summary(
 
 
 _positive_int = config.at_least(int, 1)
+_non_negative_float = config.at_least(float, 0.0)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -641,6 +646,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     turns.add_argument("--multi-turn-output-len", type=_positive_int, default=32, help="max_tokens per answer")
     turns.add_argument("--multi-turn-think-time", type=float, default=0.0,
                        help="seconds a user waits between an answer and the next question")
+    turns.add_argument("--multi-turn-ramp-up", type=_non_negative_float, default=0.0,
+                       help="seconds over which the users join, one after another (0: all at once)")
     sampling = parser.add_argument_group("sampling")
     sampling.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
     sampling.add_argument("--top-p", type=float, default=None, help="nucleus sampling top-p")
@@ -906,7 +913,7 @@ async def run(args: argparse.Namespace) -> int:
             if conversations:
                 results, duration = await run_conversations(
                     conversations, turn_opener(stubs, args), args.multi_turn_think_time,
-                    lambda: pbar.update(1), f"bench-{run_id}",
+                    lambda: pbar.update(1), f"bench-{run_id}", args.multi_turn_ramp_up,
                 )
             else:
                 results, duration = await _run_all(

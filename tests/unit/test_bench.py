@@ -513,6 +513,31 @@ class ChatFake(pb_grpc.WorkerServicer):
         yield pb.GenerateResponse(finish_reason="length", usage=pb.Usage(prompt_tokens=7, completion_tokens=4))
 
 
+async def test_multi_turn_users_join_one_after_another_over_the_ramp_up(
+    serve_fake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    waits: list[float] = []
+
+    async def wait(seconds: float) -> None:  # the users' waits, recorded instead of slept
+        waits.append(seconds)
+
+    monkeypatch.setattr(bench, "backoff", wait)
+    target = await serve_fake(ChatFake())
+    argv = ["--target", target, "--service", "worker", "--dataset-name", "multi_turn", "--multi-turn-num-users", "4",
+            "--multi-turn-num-turns", "2", "--multi-turn-ramp-up", "2", "--disable-tqdm",
+            "--save-result", str(tmp_path / "result.json")]  # fmt: skip
+
+    assert await asyncio.to_thread(bench.main, parse(argv)) == 0
+
+    assert sorted(waits) == [0.5, 1.0, 1.5]  # users 1-3 join 0.5 s apart; user 0 at once
+    assert json.loads((tmp_path / "result.json").read_text())["completed"] == 8
+
+
+def test_a_negative_ramp_up_is_refused() -> None:
+    with pytest.raises(SystemExit):
+        parse(["--multi-turn-ramp-up", "-1"])
+
+
 async def test_multi_turn_sends_each_turn_with_the_answers_the_mesh_gave(serve_fake, tmp_path: Path) -> None:
     fake = ChatFake()
     target = await serve_fake(fake)
