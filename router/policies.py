@@ -28,6 +28,7 @@ class PickContext:
 
     request_id: str = ""
     prompt: str = ""                        # the prompt, or the chat messages as "role: content" lines
+    first_user: str = ""                    # a chat's first user message ("" for a plain prompt)
     exclude: frozenset[str] = frozenset()   # worker ids that already failed this request
     session_key: str = ""                   # same key, same worker (session affinity)
     # The prompt's full-block hash chain and, by worker address, how many leading blocks of it
@@ -149,9 +150,12 @@ class LeastLoadScorer(Scorer):
 
 class PrefixAffinityScorer(Scorer):
     """1 for the worker that the prompt's first ``prefix_chars`` characters hash to, 0 for the
-    others: requests sharing a prefix (a system prompt, a conversation) meet on one worker and
-    reuse its prefix cache. Rendezvous hashing keeps the preference stable when workers come
-    and go, and when the preferred one is filtered out, the next in its order takes over."""
+    others: requests sharing a prefix (a document, a few-shot preamble) meet on one worker and
+    reuse its prefix cache. A chat's key also holds the first ``prefix_chars`` characters of its
+    first user message, which every turn of a conversation repeats: conversations that open
+    with the same system prompt (cached everywhere soon enough) spread over the workers, and
+    each keeps its history on one. Rendezvous hashing keeps the preference stable when workers
+    come and go, and when the preferred one is filtered out, the next in its order takes over."""
 
     def __init__(self, prefix_chars: int = 256) -> None:
         self.prefix_chars = prefix_chars
@@ -159,7 +163,10 @@ class PrefixAffinityScorer(Scorer):
     def score(self, ctx: PickContext, fleet: Fleet, rows: np.ndarray) -> np.ndarray:
         if not ctx.prompt:
             return np.zeros(len(rows))
-        return _rendezvous_home(ctx.prompt[: self.prefix_chars].encode(), fleet.seeds[rows])
+        key = ctx.prompt[: self.prefix_chars]
+        if ctx.first_user:
+            key += "\0" + ctx.first_user[: self.prefix_chars]
+        return _rendezvous_home(key.encode(), fleet.seeds[rows])
 
 
 class KvAwareScorer(Scorer):

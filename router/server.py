@@ -220,6 +220,7 @@ class RouterServicer(pb_grpc.RouterServicer):
         ctx = PickContext(
             request_id=request.request_id,
             prompt=request.prompt or "\n".join(f"{m['role']}: {m['content']}" for m in messages),
+            first_user=next((m["content"] for m in messages if m["role"] == "user"), ""),
             exclude=frozenset(request.exclude),
             session_key=request.session_key,
         )

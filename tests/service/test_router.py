@@ -96,6 +96,8 @@ async def start_mesh() -> AsyncIterator[StartMesh]:
         stale_after_s: float = 30.0,
         interval_s: float | None = None,
         lost_after_s: float = 60.0,
+        routing: str = "least-load",  # most tests here are about the load view
+        load_bound: float = 1.25,
     ) -> Mesh:
         for i in range(n):
             worker = FakeWorker(f"w{i}", interval_s)
@@ -103,7 +105,7 @@ async def start_mesh() -> AsyncIterator[StartMesh]:
             workers.append(worker)
         cfg = RouterConfig(
             port=0, metrics_port=-1, grace_seconds=0.5, stale_after_s=stale_after_s, lost_after_s=lost_after_s,
-            routing="least-load",  # these tests are about the load view
+            routing=routing, load_bound=load_bound,
             workers=[*(x.address for x in workers), *extra_addresses],
         )
         routers.append(await start_router(cfg))
@@ -359,3 +361,23 @@ async def test_picks_on_one_stream_answer_in_order_like_pick_calls(start_mesh: S
     assert "excluded" in refused.error_message
     state = await wait_for_workers(stub, lambda ws: len(ws) == 3)
     assert {k: v.assigned_unreported for k, v in state.items()} == {"w0": 2, "w1": 2, "w2": 2}
+
+
+async def test_prefix_affinity_keeps_a_conversation_together_and_spreads_conversations(
+    start_mesh: StartMesh,
+) -> None:
+    """Conversations that open with one system prompt: each one's turns meet on one worker (its
+    history is cached there), and the conversations do not all meet on one worker."""
+    stub, workers = await start_mesh(4, routing="prefix-affinity", load_bound=100.0)  # affinity alone
+    await wait_for_workers(stub, healthy_with({w.worker_id: 0 for w in workers}))
+    system = pb.ChatMessage(role="system", content="You are a helpful assistant who answers briefly. " * 8)
+    homes = set()
+    for i in range(12):
+        first = [system, pb.ChatMessage(role="user", content=f"Question {i}: what is {i} squared?")]
+        second = [*first, pb.ChatMessage(role="assistant", content=f"{i * i}."),
+                  pb.ChatMessage(role="user", content="And its cube?")]
+        turns = [await stub.Pick(pb.PickRequest(request_id=f"c{i}-t{t}", messages=m), timeout=5)
+                 for t, m in enumerate((first, second))]
+        assert turns[0].worker_id == turns[1].worker_id
+        homes.add(turns[0].worker_id)
+    assert len(homes) >= 2
