@@ -18,6 +18,7 @@ their own flight (their answers are still stored once each, under the same key).
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
@@ -77,9 +78,13 @@ class Flight:
 class Flights:
     """The flights of one gateway, by key."""
 
+    RECENT_LANDINGS = 4096  # keys remembered by ``landed_since``
+
     def __init__(self) -> None:
         self._flights: dict[str, Flight] = {}
         self._landed: set[asyncio.Task[None]] = set()  # tasks of landed flights, still running
+        self.landings = 0  # flights landed so far: a mark for ``landed_since``
+        self._landed_at: OrderedDict[str, int] = OrderedDict()  # key -> its last landing's number
 
     def __len__(self) -> int:
         return len(self._flights)
@@ -114,9 +119,19 @@ class Flights:
         and one that comes starts a flight of its own (its task may still run: ``close`` waits)."""
         if self._flights.get(flight.key) is flight:
             del self._flights[flight.key]
+            self.landings += 1
+            self._landed_at[flight.key] = self.landings
+            self._landed_at.move_to_end(flight.key)
+            if len(self._landed_at) > self.RECENT_LANDINGS:
+                self._landed_at.popitem(last=False)
             if flight.task is not None and not flight.task.done():
                 self._landed.add(flight.task)
                 flight.task.add_done_callback(self._landed.discard)
+
+    def landed_since(self, key: str, mark: int) -> bool:
+        """Whether a flight of ``key`` landed after ``landings`` was ``mark``: one that started and
+        ended while a request read the cache, so neither its read nor a flight to join has it."""
+        return self._landed_at.get(key, 0) > mark
 
     def _drop(self, flight: Flight) -> None:
         flight.finish(asyncio.CancelledError())  # a task that ended without finishing: readers stop

@@ -221,13 +221,16 @@ class Orchestrator:
         if self._clients.entries is not None and key not in self._flights:
             # An exact entry the gateway reads itself is answered here, without a flight (a task
             # and a reader's wake-up each): a hit is one Redis GET and one message.
+            mark = self._flights.landings
             hit = await self._lookup(view, tenant, mode, exact)
             if hit is not None:
                 metrics.CACHE_HITS.labels(hit.kind).inc()
                 outcome.cached = True
                 yield self._hit_chunk(req, hit)
                 return
-            missed = True  # the flight need not read it again (one that started meanwhile is joined)
+            # The flight need not read it again: one that started meanwhile is joined, unless it
+            # also stored its answer and landed meanwhile (then the flight reads that entry).
+            missed = not self._flights.landed_since(key, mark)
         flight, leader = self._flights.join(
             key, req.request_id, lambda f: self._fly(f, req, view, tenant, mode, exact, missed))
         if not leader:

@@ -18,6 +18,7 @@ from prometheus_client import REGISTRY
 
 from cache_service.server import CacheServicer
 from cache_service.store import ExactStore
+from gateway.entries import ExactEntries
 from gateway.server import TENANT_METADATA, start_gateway
 from services.cache_keys import connect, exact_key, parse_entry
 from services.config import DEFAULT_MODEL, GatewayConfig
@@ -632,6 +633,36 @@ async def test_an_entry_in_redis_answers_while_it_is_still_being_indexed_by_mean
     m.cache.index_gate.set()
     async with asyncio.timeout(WAIT_S):
         await m.cache.stores.get()  # the indexing call ended (refused: no semantic store here)
+
+
+async def test_a_request_whose_read_missed_an_identical_flight_that_came_and_landed_reads_again(
+    mesh: MeshFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A request reads Redis and misses; before its read returns, an identical request's flight
+    # starts, generates, stores and lands. No flight is left to join, so the late request starts
+    # its own: it must find the stored entry (exact), not generate again.
+    m = await mesh(reads_redis=True, cache_mode="exact")
+    read = ExactEntries.get
+    missed, gate = asyncio.Event(), asyncio.Event()
+
+    async def slow_first_read(self: ExactEntries, key: str) -> Any:
+        entry = await read(self, key)
+        if not missed.is_set():  # the first read: back from Redis (a miss), held here
+            missed.set()
+            await gate.wait()
+        return entry
+
+    monkeypatch.setattr(ExactEntries, "get", slow_first_read)
+    late = asyncio.create_task(collect(m.stub.Generate(greedy(prompt="came and went", request_id="late"))))
+    async with asyncio.timeout(WAIT_S):
+        await missed.wait()
+    first = await collect(m.stub.Generate(greedy(prompt="came and went", request_id="first")))
+    await stored_and_landed(m)
+    gate.set()
+    again = await late
+
+    assert joined(again) == joined(first) and m.a.calls + m.b.calls == 1
+    assert [(c.cached, c.cache_kind) for c in again] == [(True, "exact")]
 
 
 async def test_a_corrupt_entry_the_gateway_reads_is_deleted_and_a_miss(mesh: MeshFactory) -> None:
