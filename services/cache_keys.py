@@ -30,16 +30,23 @@ KIND_EXACT = "exact"
 # gateway's breaker stops asking while Redis is down.
 SOCKET_TIMEOUT_S = 0.25
 CONNECT_TIMEOUT_S = 0.25
+MAX_CONNECTIONS = 100  # per client (process): Redis's side of a burst stays bounded
 
 
 def connect(url: str, socket_timeout_s: float = SOCKET_TIMEOUT_S) -> aioredis.Redis:
-    """A redis.asyncio client that retries a broken connection once, without backoff."""
-    return aioredis.from_url(
+    """A redis.asyncio client over at most ``MAX_CONNECTIONS`` connections that retries a broken
+    one once, without backoff. A call waits up to ``socket_timeout_s`` for a free connection: a
+    burst of requests queues for them (redis-py's default pool refuses the 101st call at once
+    with MaxConnectionsError, which a burst of 300 cache reads met)."""
+    pool = aioredis.BlockingConnectionPool.from_url(
         url,
+        max_connections=MAX_CONNECTIONS,
+        timeout=socket_timeout_s,
         socket_timeout=socket_timeout_s,
         socket_connect_timeout=min(CONNECT_TIMEOUT_S, socket_timeout_s),
         retry=Retry(NoBackoff(), 1),
     )
+    return aioredis.Redis.from_pool(pool)
 
 
 def refusal(req: pb.GenerateRequest, chunks: Sequence[pb.GenerateResponse] | None = None) -> str:
