@@ -11,14 +11,10 @@ from services.config import WorkerConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.server import insecure_channel
+from tests.unit.test_sim_engine import words
 from worker.server import start_worker
 
 TIMEOUT = 30.0
-
-
-def words(tag: str, n: int) -> str:
-    """A prompt of ``n`` simulated tokens (4-character words), distinct per ``tag``."""
-    return " ".join(f"{tag}{i:03x}" for i in range(n))
 
 
 async def test_preemptions_are_exported_as_vllm_num_preemptions() -> None:
