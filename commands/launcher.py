@@ -31,7 +31,16 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from commands.supervisor import RestartPolicy, Supervisor
 from services import config
-from services.config import CacheConfig, EnvoyConfig, GatewayConfig, RouterConfig, TracesConfig, WorkerConfig
+from services.config import (
+    EMBEDDED_ROUTER,
+    ROUTING_FIELDS,
+    CacheConfig,
+    EnvoyConfig,
+    GatewayConfig,
+    RouterConfig,
+    TracesConfig,
+    WorkerConfig,
+)
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +77,9 @@ class MeshSpec:
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     sim_speeds: list[float] = field(default_factory=list)  # per worker (the last repeats); empty: the worker's
     router: RouterConfig = field(default_factory=RouterConfig)
+    # "service": one router process every gateway asks; "embedded": each gateway picks in its own
+    # process with the router's settings above (no router process, no hop per pick).
+    router_mode: str = "service"
     cache: CacheConfig = field(default_factory=CacheConfig)
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     envoy: EnvoyConfig = field(default_factory=EnvoyConfig)
@@ -183,7 +195,10 @@ class Mesh:
         # upstream for those paths.
         self.gateway_http_addresses = ([f"{spec.gateway.host}:{spec.gateway.http_port + GATEWAY_PORT_STEP * i}"
                                         for i in range(spec.gateways)] if spec.gateway.http_port > 0 else [])
-        self.router_address = f"{spec.router.host}:{spec.router.port}"
+        # Where the router's view is asked (ListWorkers): the router, or the first gateway when
+        # the gateways pick themselves.
+        self.router_address = (self.gateway_address if spec.router_mode == EMBEDDED_ROUTER
+                               else f"{spec.router.host}:{spec.router.port}")
         self.cache_address = f"{spec.cache.host}:{spec.cache.port}"
         self.envoy_address = f"{spec.envoy.listen_host}:{spec.envoy.listen_port}"
         self.traces_address = f"{spec.traces.host}:{spec.traces.port}"
@@ -300,7 +315,8 @@ class Mesh:
         """Refuses, before anything starts, a spec whose services would share a port."""
         spec = self.spec
         ports: dict[int, str] = {}
-        wanted = [(spec.cache.port, "cache"), (spec.router.port, "router"),
+        wanted = [(spec.cache.port, "cache"),
+                  *(((spec.router.port, "router"),) if spec.router_mode != EMBEDDED_ROUTER else ()),
                   (spec.envoy.listen_port, "Envoy"), (spec.envoy.admin_port, "Envoy admin"),
                   *((spec.worker.port + i, f"worker-{i}") for i in range(spec.workers)),
                   *((int(a.rpartition(":")[2]), self._gateway_name(i)) for i, a in enumerate(self.gateway_addresses)),
@@ -347,13 +363,19 @@ class Mesh:
                 self.worker_addresses.append(f"{cfg.host}:{cfg.port}")
                 self._serve(f"worker-{i}", "worker", cfg)
             # 3. Router (watches every worker), gateway, then Envoy in front.
-            self._serve("router", "router", dataclasses.replace(spec.router, workers=self.worker_addresses))
+            routing = {name: getattr(spec.router, name) for name in ROUTING_FIELDS}
+            routing["workers"] = self.worker_addresses
+            if spec.router_mode == EMBEDDED_ROUTER:  # each gateway picks, watching the workers itself
+                gateway_routing = {**routing, "router": EMBEDDED_ROUTER}
+            else:
+                self._serve("router", "router", dataclasses.replace(spec.router, **routing))
+                gateway_routing = {"router": self.router_address}
             for i, address in enumerate(self.gateway_addresses):
                 port = int(address.rpartition(":")[2])
                 # Exact entries: read and written in Redis by the gateway itself, as the cache's own.
                 http_port = int(self.gateway_http_addresses[i].rpartition(":")[2]) if self.gateway_http_addresses else -1
                 self._serve(self._gateway_name(i), "gateway", dataclasses.replace(
-                    spec.gateway, port=port, http_port=http_port, router=self.router_address, cache=self.cache_address,
+                    spec.gateway, port=port, http_port=http_port, **gateway_routing, cache=self.cache_address,
                     redis_url=self.redis_url, cache_key_prefix=spec.cache.key_prefix,
                     cache_ttl_seconds=spec.cache.ttl_seconds, cache_max_entry_bytes=spec.cache.max_entry_bytes))
             self._start_envoy()
@@ -441,7 +463,8 @@ class Mesh:
             ("Envoy (gRPC + HTTP/JSON)", self.envoy_address),
             ("Envoy admin", self.admin_url),
             *((self._gateway_name(i), a) for i, a in enumerate(self.gateway_addresses)),
-            ("router", self.router_address),
+            ("router", self.router_address if self.spec.router_mode != EMBEDDED_ROUTER
+             else "embedded in the gateway(s)"),
             ("cache", self.cache_address),
             ("redis", self.redis_url),
             ("traces (OTLP/gRPC)", self.otlp_endpoint or "off"),
@@ -484,6 +507,7 @@ WORKER_FLAGS = ("engine", "model", "tensor_parallel_size", "max_num_seqs", "enfo
                 "engine_core_cpus", "engine_priority", "stream_interval", "sim_prefill_ms_per_token",
                 "sim_itl_base_ms", "sim_itl_per_seq_ms", "sim_num_kv_blocks",
                 "sim_seed")  # not sim_speed: one per worker (--sim-speed)
+ROUTER_MODES = ("service", EMBEDDED_ROUTER)  # MeshSpec.router_mode
 ROUTER_FLAGS = ("routing", "load_bound", "kv_load_weight", "kv_home_weight", "kv_pending_s")
 CACHE_FLAGS = ("ttl_seconds", "max_entry_bytes", "semantic", "semantic_threshold", "semantic_max_entries",
                "embed_threads", "embed_runtime", "semantic_budget_s")
@@ -541,6 +565,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"{GATEWAY_PORT_STEP} * i (default: %(default)s)")
     parser.add_argument("--router-port", type=int, default=RouterConfig.port,
                         help="the router's gRPC port (default: %(default)s)")
+    parser.add_argument("--router", choices=ROUTER_MODES, default=MeshSpec.router_mode,
+                        help="service: one router process every gateway asks for each pick; embedded: each "
+                             "gateway picks in its own process, watching the workers itself (no router process, "
+                             "no hop per pick; with several gateways each counts only its own picks) "
+                             "(default: %(default)s)")
     parser.add_argument("--cache-port", type=int, default=CacheConfig.port,
                         help="the cache's gRPC port (default: %(default)s)")
     parser.add_argument("--worker-port", type=int, default=WorkerConfig.port,
@@ -571,6 +600,7 @@ def spec_from_args(args: argparse.Namespace) -> MeshSpec:
         worker=WorkerConfig(port=args.worker_port, **taken(WorkerConfig)),
         sim_speeds=list(args.sim_speed),
         router=RouterConfig(port=args.router_port, **taken(RouterConfig)),
+        router_mode=args.router,
         cache=CacheConfig(port=args.cache_port, **taken(CacheConfig)),
         gateway=GatewayConfig(port=args.gateway_port, max_in_flight=args.gateway_max_in_flight,
                               http_port=args.gateway_http_port if args.openai_edge == "http" else -1,

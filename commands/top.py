@@ -115,9 +115,18 @@ def discover(run_dir: Path) -> MeshFiles:
             except (OSError, IndexError):
                 pass  # restarting: its ready file comes back once it serves
         services.append(Service(name, kind, url, address))
+    if not any(s.kind == "router" for s in services):
+        # `meshserve up --router embedded`: the first gateway picks, and serves the router's view.
+        gateway = next((s for s in services if s.name == "gateway"), None)
+        if gateway is not None:
+            try:
+                address = (run_dir / "gateway.ready").read_text().split()[0]
+            except (OSError, IndexError):
+                address = ""
+            services.append(Service("router", "router", gateway.url, address))
     router = next((s.address for s in services if s.kind == "router" and s.address), "")
     if not router:
-        raise NoMesh(f"no router in {run_dir} (no router.ready)")
+        raise NoMesh(f"no router in {run_dir} (no router.ready, nor a gateway.ready with the router embedded)")
     return MeshFiles(run_dir, router, tuple(services))
 
 

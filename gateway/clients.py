@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import grpc
 
 from gateway.entries import ExactEntries
-from gateway.picks import PickStream
+from gateway.picks import LocalPicks, LocalRouterStub, PickStream, RouterInProcess
 from gateway.relay import WorkerSession
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
@@ -25,14 +25,24 @@ class Clients:
     the pool follows the fleet instead of growing with every address the router ever named.
 
     While the router is unreachable, ``fallback`` picks from the workers it named before.
+    ``router`` is the router service's address, or the router itself when the gateway picks in
+    its own process (``--router embedded``).
     """
 
     def __init__(
-        self, router: str, cache: str, stall_timeout_s: float = 0.0, entries: ExactEntries | None = None
+        self, router: str | RouterInProcess, cache: str, stall_timeout_s: float = 0.0,
+        entries: ExactEntries | None = None,
     ) -> None:
-        self._router_channel = insecure_channel(router)
-        self.router = pb_grpc.RouterStub(self._router_channel)
-        self.picks = PickStream(self.router)
+        self._router_channel: grpc.aio.Channel | None = None
+        self.router: pb_grpc.RouterStub | LocalRouterStub
+        self.picks: PickStream | LocalPicks
+        if isinstance(router, str):
+            self._router_channel = insecure_channel(router)
+            self.router = pb_grpc.RouterStub(self._router_channel)
+            self.picks = PickStream(self.router)
+        else:
+            self.router = LocalRouterStub(router)
+            self.picks = LocalPicks(router)
         self._cache_channel: grpc.aio.Channel | None = insecure_channel(cache) if cache else None
         self.cache = pb_grpc.CacheStub(self._cache_channel) if self._cache_channel else None
         self.entries = entries  # exact entries read from the cache's Redis, when the gateway has its URL
@@ -106,7 +116,9 @@ class Clients:
         for session in self._sessions.values():
             await session.close()
         self._sessions.clear()
-        channels = [self._router_channel, *(c for c, _ in self._workers.values())]
+        channels = [c for c, _ in self._workers.values()]
+        if self._router_channel is not None:
+            channels.append(self._router_channel)
         if self._cache_channel is not None:
             channels.append(self._cache_channel)
         self._workers.clear()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from typing import Any, Protocol
 
 import grpc
 
@@ -88,3 +89,39 @@ class PickStream:
 
     async def close(self) -> None:
         await end_call(self._call, self._reader, self._outbox.task if self._outbox else None)
+
+
+class RouterInProcess(Protocol):
+    """What a gateway with ``--router embedded`` calls: the router's servicer, in this process."""
+
+    def answer(self, request: pb.PickRequest, embedded: bool = False) -> pb.PickResponse: ...
+
+    def listing(self) -> pb.ListWorkersResponse: ...
+
+
+class LocalPicks:
+    """Picks made in the gateway's own process by the router's code (``--router embedded``): no
+    stream, no message, no wait for another process; the same answers and refusals as a
+    ``PickStream``'s."""
+
+    def __init__(self, router: RouterInProcess) -> None:
+        self._router = router
+
+    async def pick(self, request: pb.PickRequest, timeout_s: float) -> pb.PickResponse:
+        resp = self._router.answer(request, embedded=True)
+        if resp.error_code:
+            raise PickRefused(STATUS_BY_VALUE.get(resp.error_code, grpc.StatusCode.UNKNOWN), resp.error_message)
+        return resp
+
+    async def close(self) -> None:
+        pass
+
+
+class LocalRouterStub:
+    """The Router stub calls the gateway makes besides picks (``ListWorkers``), answered in process."""
+
+    def __init__(self, router: RouterInProcess) -> None:
+        self._router = router
+
+    async def ListWorkers(self, request: pb.ListWorkersRequest, **_: Any) -> pb.ListWorkersResponse:  # noqa: N802
+        return self._router.listing()

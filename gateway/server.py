@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 
@@ -11,7 +11,7 @@ from gateway.entries import ExactEntries
 from gateway.http_edge import HttpEdge
 from gateway.openai_servicer import OpenAIServicer
 from gateway.orchestrator import GatewayError, Orchestrator
-from services.config import GatewayConfig
+from services.config import EMBEDDED_ROUTER, GatewayConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.server import Lifecycle, Running, run_until_signal, start
@@ -62,21 +62,35 @@ def _build(cfg: GatewayConfig) -> tuple[Callable[[grpc.aio.Server], list[str]], 
     and so does the HTTP edge of the streaming OpenAI paths, when it is on."""
     entries = (ExactEntries(cfg.redis_url, cfg.cache_timeout_s, cfg.cache_ttl_seconds, cfg.cache_max_entry_bytes)
                if cfg.redis_url else None)
-    orchestrator = Orchestrator(cfg, Clients(cfg.router, cfg.cache, cfg.stall_timeout_s, entries))
+    core = None
+    if cfg.router == EMBEDDED_ROUTER:
+        from router.server import RouterCore  # only a gateway that picks itself has the router's parts
+
+        core = RouterCore(cfg)
+    orchestrator = Orchestrator(cfg, Clients(core.servicer if core else cfg.router, cfg.cache, cfg.stall_timeout_s,
+                                             entries))
     inference = InferenceServicer(orchestrator)
     openai = OpenAIServicer(orchestrator, cfg.model, _tenant)
 
     def register(server: grpc.aio.Server) -> list[str]:
         pb_grpc.add_InferenceServicer_to_server(inference, server)
         pb_grpc.add_OpenAIServicer_to_server(openai, server)
-        return [SERVICE_NAME, OpenAIServicer.SERVICE_NAME]
+        names = [SERVICE_NAME, OpenAIServicer.SERVICE_NAME]
+        if core is not None:  # the router's view is asked here (meshserve top, a router's clients)
+            pb_grpc.add_RouterServicer_to_server(core.servicer, server)
+            core.start("gateway's router")
+            names.append(pb.DESCRIPTOR.services_by_name["Router"].full_name)
+        return names
 
+    on_close: list[Callable[[], Awaitable[None]]] = [orchestrator.close]
+    if core is not None:
+        on_close.append(core.close)
     if cfg.http_port < 0:
-        return register, Lifecycle(on_close=[orchestrator.close]), None
+        return register, Lifecycle(on_close=on_close), None
     edge = HttpEdge(openai, cfg.host, cfg.http_port, cfg.grace_seconds)
     # Draining: the HTTP edge stops taking requests with the gRPC server and its streams finish
     # within the same grace; both are done before the orchestrator closes.
-    return register, Lifecycle(on_drain=[edge.drain], on_close=[edge.close, orchestrator.close]), edge
+    return register, Lifecycle(on_drain=[edge.drain], on_close=[edge.close, *on_close]), edge
 
 
 async def start_gateway(cfg: GatewayConfig) -> Running:

@@ -25,7 +25,7 @@ from router.state import WorkerTable, WorkerView
 from router.watcher import Watcher, load_to_pb
 from services import server as bootstrap
 from services import telemetry
-from services.config import RouterConfig
+from services.config import RouterConfig, RoutingConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 
@@ -172,7 +172,9 @@ async def set_workers(router: Router, watcher: Watcher, addresses: Iterable[str]
             log.info("worker %s added", address)
 
 
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Router"].full_name
 PICKS_SPAN_ATTRIBUTES = {"rpc.system": "grpc", "rpc.method": "/meshserve.v1.Router/Picks"}
+EMBEDDED_SPAN_ATTRIBUTES = {"meshserve.router.embedded": True}
 
 
 class RouterServicer(pb_grpc.RouterServicer):
@@ -193,18 +195,26 @@ class RouterServicer(pb_grpc.RouterServicer):
         """Pick for each request of the stream, answering in order; each pick has its own
         "Router/Pick" span in the request's trace, as a Pick call would."""
         async for request in request_iterator:
-            await context.write(self._traced_answer(request))
+            await context.write(self.answer(request))
 
     async def PickBatches(self, request_iterator: AsyncIterator[pb.PickBatch],
                           context: grpc.aio.ServicerContext) -> None:
         """The gateway's path: each batch of picks answered with one message, in order."""
         async for batch in request_iterator:
-            await context.write(pb.PickBatchResponse(answers=[self._traced_answer(r) for r in batch.picks]))
+            await context.write(pb.PickBatchResponse(answers=[self.answer(r) for r in batch.picks]))
 
-    def _traced_answer(self, request: pb.PickRequest) -> pb.PickResponse:
-        """The answer to one pick of a stream (a refusal as an answer, not a status), with its span."""
-        parent = telemetry.incoming_context(request.trace_context.items())
-        with telemetry.server_span("Router/Pick", parent, PICKS_SPAN_ATTRIBUTES) as span:
+    def answer(self, request: pb.PickRequest, embedded: bool = False) -> pb.PickResponse:
+        """The answer to one pick of a stream (a refusal as an answer, not a status), with its
+        span: a SERVER span, or with ``embedded`` (a gateway picking in its own process) an
+        INTERNAL one in the request's trace."""
+        if embedded:
+            span_cm = telemetry.tracer.start_as_current_span(
+                "Router/Pick", attributes=EMBEDDED_SPAN_ATTRIBUTES, record_exception=False,
+                set_status_on_exception=False)
+        else:
+            span_cm = telemetry.server_span("Router/Pick", telemetry.incoming_context(request.trace_context.items()),
+                                            PICKS_SPAN_ATTRIBUTES)
+        with span_cm as span:
             try:
                 answer = self._answer(request)
             except NoWorker as e:
@@ -258,6 +268,9 @@ class RouterServicer(pb_grpc.RouterServicer):
     async def ListWorkers(
         self, request: pb.ListWorkersRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListWorkersResponse:
+        return self.listing()
+
+    def listing(self) -> pb.ListWorkersResponse:
         return pb.ListWorkersResponse(workers=[_worker_state(w, healthy) for w, healthy in self._router.workers()])
 
 
@@ -273,41 +286,62 @@ def _worker_state(view: WorkerView, healthy: bool) -> pb.WorkerState:
     return state
 
 
+class RouterCore:
+    """The router's parts, wired: the policy over the worker table, the watcher of every worker's
+    load and KV events, and discovery when the workers come from Kubernetes. The router service
+    serves it over gRPC; a gateway with ``--router embedded`` calls ``servicer`` in its own
+    process. ``start`` inside the event loop; ``close`` stops the watching."""
+
+    def __init__(
+        self, cfg: RoutingConfig, rng: random.Random | None = None, clock: Callable[[], float] = time.monotonic,
+        kube_config: KubeConfig | None = None,
+    ) -> None:
+        self.cfg = cfg
+        policy = build_policy(cfg.routing, cfg.stale_after_s, cfg.load_bound, cfg.kv_load_weight, cfg.kv_home_weight)
+        table = WorkerTable(list(dict.fromkeys(cfg.workers)), clock=clock, pick_ttl_s=cfg.stale_after_s)
+        self.router = Router(table, policy, cfg.stale_after_s, rng, cfg.approx_blocks_per_worker,
+                             cfg.kv_pending_s, clock)
+        self.servicer = RouterServicer(self.router)
+        self.watcher = Watcher(table, cfg.stale_after_s, max(cfg.lost_after_s, cfg.stale_after_s),
+                               kv=self.router.kv if policy.prefix_view == "kv" else None, prefix=self.router.prefix)
+        self.discovery = None
+        if cfg.discovery == "kubernetes":
+            self.namespace = cfg.kubernetes_namespace or own_namespace()
+            self.discovery = EndpointSliceDiscovery(
+                api_client(kube_config), self.namespace, cfg.kubernetes_service, cfg.kubernetes_port,
+                on_change=functools.partial(set_workers, self.router, self.watcher),
+            )
+
+    def start(self, name: str = "router") -> None:
+        cfg, policy = self.cfg, self.router.policy
+        self.watcher.start()
+        if self.discovery is None:
+            log.info("%s: policy %s over %d workers: %s", name, policy.name, len(cfg.workers),
+                     " ".join(cfg.workers) or "none")
+        else:
+            self.discovery.start()
+            log.info("%s: policy %s, discovery kubernetes: service %s in namespace %s (port %s)",
+                     name, policy.name, cfg.kubernetes_service, self.namespace, cfg.kubernetes_port)
+
+    async def close(self) -> None:
+        if self.discovery is not None:  # first: nothing adds a worker to a watcher that is closing
+            await self.discovery.close()
+        await self.watcher.close()
+
+
 def _service(
     cfg: RouterConfig, rng: random.Random | None = None, clock: Callable[[], float] = time.monotonic,
     kube_config: KubeConfig | None = None,
 ) -> tuple[Callable[[grpc.aio.Server], list[str]], bootstrap.Lifecycle]:
     """The router's servicer registration and lifecycle; watching the workers starts with it."""
-    policy = build_policy(cfg.routing, cfg.stale_after_s, cfg.load_bound, cfg.kv_load_weight, cfg.kv_home_weight)
-    table = WorkerTable(list(dict.fromkeys(cfg.workers)), clock=clock, pick_ttl_s=cfg.stale_after_s)
-    router = Router(table, policy, cfg.stale_after_s, rng, cfg.approx_blocks_per_worker, cfg.kv_pending_s, clock)
-    watcher = Watcher(table, cfg.stale_after_s, max(cfg.lost_after_s, cfg.stale_after_s),
-                      kv=router.kv if policy.prefix_view == "kv" else None, prefix=router.prefix)
-    discovery = None
-    if cfg.discovery == "kubernetes":
-        namespace = cfg.kubernetes_namespace or own_namespace()
-        discovery = EndpointSliceDiscovery(
-            api_client(kube_config), namespace, cfg.kubernetes_service, cfg.kubernetes_port,
-            on_change=functools.partial(set_workers, router, watcher),
-        )
+    core = RouterCore(cfg, rng, clock, kube_config)
 
     def register(server: grpc.aio.Server) -> list[str]:
-        pb_grpc.add_RouterServicer_to_server(RouterServicer(router), server)
-        watcher.start()
-        if discovery is None:
-            log.info(
-                "router: policy %s over %d workers: %s",
-                policy.name, len(cfg.workers), " ".join(cfg.workers) or "none",
-            )
-        else:
-            discovery.start()
-            log.info("router: policy %s, discovery kubernetes: service %s in namespace %s (port %s)",
-                     policy.name, cfg.kubernetes_service, namespace, cfg.kubernetes_port)
-        return [pb.DESCRIPTOR.services_by_name["Router"].full_name]
+        pb_grpc.add_RouterServicer_to_server(core.servicer, server)
+        core.start()
+        return [SERVICE_NAME]
 
-    # Discovery stops first: nothing adds a worker to a watcher that is closing.
-    on_close = [watcher.close] if discovery is None else [discovery.close, watcher.close]
-    return register, bootstrap.Lifecycle(on_close=on_close)
+    return register, bootstrap.Lifecycle(on_close=[core.close])
 
 
 async def start_router(

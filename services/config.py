@@ -132,10 +132,10 @@ class WorkerConfig(ServerConfig):
 
 
 @dataclass
-class RouterConfig(ServerConfig):
-    """The router: picks a worker per request from live load and prefix affinity."""
+class RoutingConfig:
+    """How workers are found and picked: the router's settings, and a gateway's with ``--router
+    embedded`` (it picks in its own process, watching the workers itself)."""
 
-    port: int = _f(50052, "gRPC port (0 picks a free port)")
     workers: list[str] = _f([], "worker addresses host:port (static discovery)", nargs="*")
     discovery: str = _f(
         "static", "how the router finds its workers: static (--workers) or kubernetes (the ready endpoints "
@@ -176,8 +176,8 @@ class RouterConfig(ServerConfig):
         10.0, "a worker whose load stream is silent this long is lost: not picked, its stream reopened"
     )
 
-    def __post_init__(self) -> None:
-        # Settings that contradict each other: refused together, as argparse refuses a bad value.
+    def check_routing(self) -> None:
+        """Settings that contradict each other: refused together, as argparse refuses a bad value."""
         problems = []
         if self.discovery == "kubernetes" and not self.kubernetes_service:
             problems.append("--discovery kubernetes needs --kubernetes-service (the workers' headless Service)")
@@ -185,6 +185,20 @@ class RouterConfig(ServerConfig):
             problems.append("--workers are static discovery: with --discovery kubernetes the Service lists them")
         if problems:
             raise ValueError("; ".join(problems))
+
+
+ROUTING_FIELDS = tuple(f.name for f in dataclasses.fields(RoutingConfig))
+EMBEDDED_ROUTER = "embedded"  # GatewayConfig.router: the gateway picks in its own process
+
+
+@dataclass
+class RouterConfig(ServerConfig, RoutingConfig):
+    """The router: picks a worker per request from live load and prefix affinity."""
+
+    port: int = _f(50052, "gRPC port (0 picks a free port)")
+
+    def __post_init__(self) -> None:
+        self.check_routing()
 
 
 @dataclass
@@ -218,7 +232,7 @@ HTTP_EDGE_PATHS = {"/v1/chat/completions": "/v1/chat/completions:sse", "/v1/comp
 
 
 @dataclass
-class GatewayConfig(ServerConfig):
+class GatewayConfig(ServerConfig, RoutingConfig):
     """The gateway: cache lookup -> route -> stream from a worker -> store."""
 
     port: int = _f(50051, "gRPC port (0 picks a free port)")
@@ -226,7 +240,10 @@ class GatewayConfig(ServerConfig):
         -1, "also serve the streaming OpenAI paths over HTTP/1.1 on this port, for Envoy to proxy untranscoded "
             "(its envoy --http-gateways): a chunk written to HTTP costs the gateway about a third of a gRPC "
             "message (-1: off; 0 picks a free port)")
-    router: str = _f("127.0.0.1:50052", "router address host:port")
+    router: str = _f(
+        "127.0.0.1:50052", f"router address host:port, or '{EMBEDDED_ROUTER}': pick in this process from its own "
+                           "watch of the workers (the routing flags: --workers, --routing, ...), no router service "
+                           "and no hop per pick; each gateway then counts only its own picks")
     cache: str = _f("127.0.0.1:50053", "cache address host:port ('' disables the cache)")
     redis_url: str = _f(
         "", "the cache's Redis/Valkey URL: the gateway reads and writes exact entries there itself, a hop fewer "
@@ -264,6 +281,8 @@ class GatewayConfig(ServerConfig):
     )
 
     def __post_init__(self) -> None:
+        if self.router == EMBEDDED_ROUTER:
+            self.check_routing()
         if self.redis_url and not self.cache:
             raise ValueError("--redis-url is the cache's Redis: it needs the cache service (--cache), which "
                              "stores the entries the gateway reads there")

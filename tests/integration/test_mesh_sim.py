@@ -1,5 +1,7 @@
-"""A simulated fleet started by the launcher as real processes (Valkey, cache, router, two sim
-workers, gateway, Envoy): failover when a worker dies before answering, and a bench smoke run."""
+"""A simulated fleet started by the launcher as real processes (Valkey, cache, two sim workers,
+a gateway with the router embedded (`meshserve up --router embedded`), Envoy): failover when a
+worker dies before answering, and a bench smoke run. The router as its own process is what the
+other meshes of this folder run."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import pytest
 
 from commands import bench
 from commands.launcher import Mesh
-from services.config import WorkerConfig
+from services.config import EMBEDDED_ROUTER, WorkerConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.server import insecure_channel
@@ -33,8 +35,9 @@ LONG_PROMPT = " ".join(f"w{i}" for i in range(200))
 @pytest.fixture(scope="module")
 def sim_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
     spec = mesh_spec(tmp_path_factory.mktemp("sim-mesh"), "sim", workers=2,
-                     worker=WorkerConfig(sim_prefill_ms_per_token=SLOW_PREFILL_MS))
+                     worker=WorkerConfig(sim_prefill_ms_per_token=SLOW_PREFILL_MS), router_mode=EMBEDDED_ROUTER)
     with Mesh(spec) as mesh:
+        assert {p.name for p in mesh.procs}.isdisjoint({"router"})  # the gateway picks
         yield mesh
 
 

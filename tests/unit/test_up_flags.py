@@ -50,6 +50,7 @@ UP_OWN = {
     "otlp_endpoint": "every service's, but empty means the local trace receiver",
     "sim_speed": "one per worker (the last repeats)",
     "gateway_max_in_flight": "each gateway's max_in_flight; EnvoyConfig.gateway_max_in_flight is their total",
+    "router": "service or embedded; GatewayConfig.router is the router's address or 'embedded'",
 }
 
 
