@@ -580,6 +580,7 @@ def format_summary(
 
 _positive_int = config.at_least(int, 1)
 _non_negative_float = config.at_least(float, 0.0)
+_non_negative_int = config.at_least(int, 0)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -640,11 +641,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                       "request rate do not apply: the users are the load)")
     turns.add_argument("--multi-turn-num-users", type=_positive_int, default=100, help="concurrent users")
     turns.add_argument("--multi-turn-num-turns", type=_positive_int, default=5, help="turns per conversation")
-    turns.add_argument("--multi-turn-system-prompt-len", type=int, default=200,
+    turns.add_argument("--multi-turn-system-prompt-len", type=_non_negative_int, default=200,
                        help="words of the system prompt all users share")
     turns.add_argument("--multi-turn-question-len", type=_positive_int, default=32, help="words per question")
     turns.add_argument("--multi-turn-output-len", type=_positive_int, default=32, help="max_tokens per answer")
-    turns.add_argument("--multi-turn-think-time", type=float, default=0.0,
+    turns.add_argument("--multi-turn-think-time", type=_non_negative_float, default=0.0,
                        help="seconds a user waits between an answer and the next question")
     turns.add_argument("--multi-turn-ramp-up", type=_non_negative_float, default=0.0,
                        help="seconds over which the users join, one after another (0: all at once)")

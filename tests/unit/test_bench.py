@@ -533,9 +533,10 @@ async def test_multi_turn_users_join_one_after_another_over_the_ramp_up(
     assert json.loads((tmp_path / "result.json").read_text())["completed"] == 8
 
 
-def test_a_negative_ramp_up_is_refused() -> None:
+@pytest.mark.parametrize("flag", ["--multi-turn-ramp-up", "--multi-turn-think-time", "--multi-turn-system-prompt-len"])
+def test_a_negative_multi_turn_duration_or_length_is_refused(flag: str) -> None:
     with pytest.raises(SystemExit):
-        parse(["--multi-turn-ramp-up", "-1"])
+        parse([flag, "-1"])
 
 
 async def test_multi_turn_sends_each_turn_with_the_answers_the_mesh_gave(serve_fake, tmp_path: Path) -> None:
