@@ -24,8 +24,12 @@ class UpMesh:
     lines: list[str]  # what `meshserve up` printed up to its table
 
     def metrics(self, name: str) -> str:
-        """The metrics URL of service ``name`` ("gateway", "router", ...)."""
-        return next(ln.split()[-1] for ln in self.lines if ln.split()[:2] == [name, "metrics"])
+        """The metrics URL of service ``name`` ("gateway", "router", ...); the router's is the
+        first gateway's when the router is embedded there (``--router embedded``)."""
+        found = [ln.split()[-1] for ln in self.lines if ln.split()[:2] == [name, "metrics"]]
+        if not found and name == "router":
+            return self.metrics("gateway")
+        return found[0]
 
     def worker_metrics(self) -> list[str]:
         # "  worker-0 metrics   http://127.0.0.1:PORT/metrics"

@@ -41,7 +41,7 @@ PICK_SECONDS = prometheus_client.Histogram(
     "meshserve_gateway_pick_seconds",
     "From asking the router for a worker to its answer, as this gateway waits for it (answered "
     "picks; fallback picks while the router is away are not counted)",
-    buckets=[0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0],
+    buckets=[0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0],
 )
 FALLBACK_PICKS = prometheus_client.Counter(
     "meshserve_gateway_fallback_picks_total",
