@@ -11,7 +11,7 @@ from services import config
 
 # `meshserve serve NAME` -> (config class, module whose async `main(cfg)` runs the service).
 SERVICES: dict[str, tuple[type, str]] = {
-    "gateway": (config.GatewayConfig, "gateway.server"),
+    "gateway": (config.GatewayConfig, "commands.gateway_service"),
     "router": (config.RouterConfig, "router.server"),
     "cache": (config.CacheConfig, "cache_service.server"),
     "worker": (config.WorkerConfig, "worker.server"),

@@ -99,6 +99,18 @@ class RouterInProcess(Protocol):
     def listing(self) -> pb.ListWorkersResponse: ...
 
 
+class EmbeddedRouter(Protocol):
+    """The router's parts in the gateway's process (``--router embedded``; the command line builds
+    them: router.server.RouterCore): its servicer answers picks and ``ListWorkers``, and is also
+    served on the gateway's port; ``start`` begins watching the workers, ``close`` stops."""
+
+    servicer: Any  # a RouterInProcess that is also the Router gRPC servicer
+
+    def start(self, name: str = "router") -> None: ...
+
+    async def close(self) -> None: ...
+
+
 class LocalPicks:
     """Picks made in the gateway's own process by the router's code (``--router embedded``): no
     stream, no message, no wait for another process; the same answers and refusals as a

@@ -10,6 +10,7 @@ from gateway.clients import Clients
 from gateway.entries import ExactEntries
 from gateway.http_edge import HttpEdge
 from gateway.openai_servicer import OpenAIServicer
+from gateway.picks import EmbeddedRouter
 from gateway.orchestrator import GatewayError, Orchestrator
 from services.config import EMBEDDED_ROUTER, GatewayConfig
 from services.gen import meshserve_pb2 as pb
@@ -57,16 +58,17 @@ class InferenceServicer(pb_grpc.InferenceServicer):
             raise  # unreachable: abort raises
 
 
-def _build(cfg: GatewayConfig) -> tuple[Callable[[grpc.aio.Server], list[str]], Lifecycle, HttpEdge | None]:
+def _build(
+    cfg: GatewayConfig, core: EmbeddedRouter | None,
+) -> tuple[Callable[[grpc.aio.Server], list[str]], Lifecycle, HttpEdge | None]:
     """Both public services share one orchestrator (one admission bound, one set of channels),
-    and so does the HTTP edge of the streaming OpenAI paths, when it is on."""
+    and so does the HTTP edge of the streaming OpenAI paths, when it is on. ``core``: the
+    router's parts, for ``--router embedded``."""
     entries = (ExactEntries(cfg.redis_url, cfg.cache_timeout_s, cfg.cache_ttl_seconds, cfg.cache_max_entry_bytes)
                if cfg.redis_url else None)
-    core = None
-    if cfg.router == EMBEDDED_ROUTER:
-        from router.server import RouterCore  # only a gateway that picks itself has the router's parts
-
-        core = RouterCore(cfg)
+    if (core is not None) != (cfg.router == EMBEDDED_ROUTER):
+        raise ValueError(f"a gateway with --router {EMBEDDED_ROUTER} needs the router's parts and only it takes "
+                         "them (`meshserve serve gateway` builds them)")
     orchestrator = Orchestrator(cfg, Clients(core.servicer if core else cfg.router, cfg.cache, cfg.stall_timeout_s,
                                              entries))
     inference = InferenceServicer(orchestrator)
@@ -93,14 +95,15 @@ def _build(cfg: GatewayConfig) -> tuple[Callable[[grpc.aio.Server], list[str]], 
     return register, Lifecycle(on_drain=[edge.drain], on_close=[edge.close, *on_close]), edge
 
 
-async def start_gateway(cfg: GatewayConfig) -> Running:
+async def start_gateway(cfg: GatewayConfig, router: EmbeddedRouter | None = None) -> Running:
     """Starts the gateway in this process (tests use port 0), with its HTTP edge if configured
-    (listening before the gateway reports SERVING)."""
-    register, lifecycle, edge = _build(cfg)
+    (listening before the gateway reports SERVING); ``router``: the router's parts it picks with,
+    for ``--router embedded``."""
+    register, lifecycle, edge = _build(cfg, router)
     if edge is not None:
         await edge.start()
     return await start("gateway", cfg, register, lifecycle)
 
 
-async def main(cfg: GatewayConfig) -> None:
-    await run_until_signal("gateway", await start_gateway(cfg))
+async def main(cfg: GatewayConfig, router: EmbeddedRouter | None = None) -> None:
+    await run_until_signal("gateway", await start_gateway(cfg, router))

@@ -8,11 +8,12 @@ import re
 import subprocess
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
+import pytest
 
 from commands.launcher import MeshSpec
 from deploy import envoy_config as envoy
@@ -101,6 +102,16 @@ async def wait_until(predicate, timeout: float, what: str, interval: float = 0.0
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         await asyncio.sleep(interval)
+
+
+async def until(condition: Callable[[], Awaitable[bool]], what: str, timeout: float = 5.0) -> None:
+    """Awaits an observable condition (a listing, a metric) until it holds; fails after ``timeout``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not await condition():
+        if loop.time() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
 
 
 async def generate(target: str, **fields: object) -> list[pb.GenerateResponse]:

@@ -5,17 +5,18 @@ the router's ListWorkers itself."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
 from prometheus_client import REGISTRY
 
-from gateway.server import start_gateway
+from commands.gateway_service import start as start_gateway
 from services.config import EMBEDDED_ROUTER, GatewayConfig, WorkerConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.server import Running, insecure_channel
+from tests.integration.helpers import until
 from worker.server import start_worker
 
 PREFIX = " ".join(f"e{i:03d}" for i in range(200))  # 200 sim tokens: 12 full blocks of 16
@@ -47,14 +48,6 @@ async def ask(channel: grpc.aio.Channel, prompt: str) -> pb.GenerateResponse:
     chunks = [c async for c in stub.Generate(req, timeout=10)]
     return chunks[-1]
 
-
-async def until(condition: Callable[[], Awaitable[bool]], what: str, timeout: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not await condition():
-        if loop.time() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def straight(address: str, prompt: str) -> None:

@@ -16,6 +16,7 @@ from services.config import RouterConfig, WorkerConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.server import Running, insecure_channel
+from tests.integration.helpers import until
 from worker.server import WorkerServicer, start_worker
 
 PREFIX = " ".join(f"w{i:03d}" for i in range(200))  # 200 sim tokens: 12 full blocks of 16
@@ -29,14 +30,6 @@ def index_blocks() -> float | None:
 async def pick(router: pb_grpc.RouterStub, prompt: str) -> pb.PickResponse:
     return await router.Pick(pb.PickRequest(request_id="probe", prompt=prompt), timeout=5)
 
-
-async def until(condition, what: str, timeout: float = 5.0) -> None:  # noqa: ANN001
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not await condition():
-        if loop.time() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def generate(address: str, prompt: str) -> list[pb.GenerateResponse]:
