@@ -174,7 +174,6 @@ async def set_workers(router: Router, watcher: Watcher, addresses: Iterable[str]
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Router"].full_name
 PICKS_SPAN_ATTRIBUTES = {"rpc.system": "grpc", "rpc.method": "/meshserve.v1.Router/Picks"}
-EMBEDDED_SPAN_ATTRIBUTES = {"meshserve.router.embedded": True}
 
 
 class RouterServicer(pb_grpc.RouterServicer):
@@ -204,23 +203,22 @@ class RouterServicer(pb_grpc.RouterServicer):
             await context.write(pb.PickBatchResponse(answers=[self.answer(r) for r in batch.picks]))
 
     def answer(self, request: pb.PickRequest, embedded: bool = False) -> pb.PickResponse:
-        """The answer to one pick of a stream (a refusal as an answer, not a status), with its
-        span: a SERVER span, or with ``embedded`` (a gateway picking in its own process) an
-        INTERNAL one in the request's trace."""
+        """The answer to one pick of a stream (a refusal as an answer, not a status), in a SERVER
+        span of its own; with ``embedded`` (a gateway picking in its own process) on the span that
+        is current, the gateway's own "router pick": one span per pick either way."""
         if embedded:
-            span_cm = telemetry.tracer.start_as_current_span(
-                "Router/Pick", attributes=EMBEDDED_SPAN_ATTRIBUTES, record_exception=False,
-                set_status_on_exception=False)
-        else:
-            span_cm = telemetry.server_span("Router/Pick", telemetry.incoming_context(request.trace_context.items()),
-                                            PICKS_SPAN_ATTRIBUTES)
-        with span_cm as span:
-            try:
-                answer = self._answer(request)
-            except NoWorker as e:
-                code = grpc.StatusCode.UNAVAILABLE
-                span.set_status(trace.Status(trace.StatusCode.ERROR, f"{code.name}: {e}"))
-                answer = pb.PickResponse(error_code=code.value[0], error_message=str(e))
+            return self._answer_or_refusal(request, trace.get_current_span())
+        parent = telemetry.incoming_context(request.trace_context.items())
+        with telemetry.server_span("Router/Pick", parent, PICKS_SPAN_ATTRIBUTES) as span:
+            return self._answer_or_refusal(request, span)
+
+    def _answer_or_refusal(self, request: pb.PickRequest, span: trace.Span) -> pb.PickResponse:
+        try:
+            answer = self._answer(request)
+        except NoWorker as e:
+            code = grpc.StatusCode.UNAVAILABLE
+            span.set_status(trace.Status(trace.StatusCode.ERROR, f"{code.name}: {e}"))
+            answer = pb.PickResponse(error_code=code.value[0], error_message=str(e))
         answer.pick_id = request.pick_id
         return answer
 

@@ -24,6 +24,7 @@ from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.server import insecure_channel
 from tests.integration.helpers import generate, mesh_spec, text
+from trace_service import server as traces
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +36,8 @@ LONG_PROMPT = " ".join(f"w{i}" for i in range(200))
 @pytest.fixture(scope="module")
 def sim_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
     spec = mesh_spec(tmp_path_factory.mktemp("sim-mesh"), "sim", workers=2,
-                     worker=WorkerConfig(sim_prefill_ms_per_token=SLOW_PREFILL_MS), router_mode=EMBEDDED_ROUTER)
+                     worker=WorkerConfig(sim_prefill_ms_per_token=SLOW_PREFILL_MS), router_mode=EMBEDDED_ROUTER,
+                     tracing=True)
     with Mesh(spec) as mesh:
         assert {p.name for p in mesh.procs}.isdisjoint({"router"})  # the gateway picks
         yield mesh
@@ -98,3 +100,30 @@ async def test_grpc_status_of_an_empty_prompt_through_the_mesh(sim_mesh: Mesh) -
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     ok = await generate(sim_mesh.envoy_address, prompt="fine", max_tokens=3, temperature=0)
     assert text(ok)
+
+
+async def test_the_embedded_router_s_choice_is_on_the_gateway_s_own_pick_span(sim_mesh: Mesh) -> None:
+    async with insecure_channel(sim_mesh.envoy_address) as channel:
+        call = pb_grpc.InferenceStub(channel).Generate(pb.GenerateRequest(prompt="trace my pick", max_tokens=2,
+                                                                          cache="off"))
+        chunks = [c async for c in call]
+        trace_id = dict(await call.initial_metadata())["x-trace-id"]
+
+    async def whole_trace() -> list[traces.Span]:
+        while True:
+            try:
+                spans = await traces.fetch_trace(sim_mesh.traces_address, trace_id)
+            except grpc.aio.AioRpcError as e:
+                if e.code() != grpc.StatusCode.NOT_FOUND:
+                    raise
+                spans = []
+            if ("gateway", "Inference/Generate") in {(s.service, s.name) for s in spans}:  # ended last
+                return spans
+            await asyncio.sleep(0.2)  # the exporters flush about every second
+
+    spans = await asyncio.wait_for(whole_trace(), 30)
+    picks = [s for s in spans if s.name in ("router pick", "Router/Pick")]
+    # One span for the pick, the gateway's: no router process, no second span in the gateway.
+    assert [(s.service, s.name) for s in picks] == [("gateway", "router pick")]
+    assert picks[0].attributes["meshserve.router.policy"] == "kv-aware"
+    assert picks[0].attributes["meshserve.worker"] == chunks[0].worker
