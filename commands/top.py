@@ -108,26 +108,26 @@ def discover(run_dir: Path) -> MeshFiles:
             url = f"http://{target}/stats?filter={urllib.parse.quote(ENVOY_FILTER)}"
         else:
             url = f"http://{target}/metrics"
-        address = ""
-        if kind in ("router", "worker"):
-            try:
-                address = (run_dir / f"{name}.ready").read_text().split()[0]
-            except (OSError, IndexError):
-                pass  # restarting: its ready file comes back once it serves
+        address = _ready_address(run_dir, name) if kind in ("router", "worker") else ""
         services.append(Service(name, kind, url, address))
     if not any(s.kind == "router" for s in services):
         # `meshserve up --router embedded`: the first gateway picks, and serves the router's view.
         gateway = next((s for s in services if s.name == "gateway"), None)
         if gateway is not None:
-            try:
-                address = (run_dir / "gateway.ready").read_text().split()[0]
-            except (OSError, IndexError):
-                address = ""
-            services.append(Service("router", "router", gateway.url, address))
+            services.append(Service("router", "router", gateway.url, _ready_address(run_dir, "gateway")))
     router = next((s.address for s in services if s.kind == "router" and s.address), "")
     if not router:
         raise NoMesh(f"no router in {run_dir} (no router.ready, nor a gateway.ready with the router embedded)")
     return MeshFiles(run_dir, router, tuple(services))
+
+
+def _ready_address(run_dir: Path, name: str) -> str:
+    """The gRPC address in service ``name``'s ready file; '' while it restarts (the file comes back
+    once it serves)."""
+    try:
+        return (run_dir / f"{name}.ready").read_text().split()[0]
+    except (OSError, IndexError):
+        return ""
 
 
 # -- windows over scrapes ---------------------------------------------------------------------
