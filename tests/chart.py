@@ -13,17 +13,24 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "deploy" / "helm" / "meshserve"
-PROFILES = {"default": None, "gpu-tp4": ROOT / "deploy" / "helm" / "profiles" / "gpu-tp4.yaml"}
+PROFILES: dict[str, Path | dict[str, Any] | None] = {
+    "default": None,
+    "gpu-tp4": ROOT / "deploy" / "helm" / "profiles" / "gpu-tp4.yaml",
+    "router-embedded": {"router": {"mode": "embedded"}},  # the gateways pick; no router pod
+}
 RELEASE, NAMESPACE = "mesh", "llm"
 
 helm.enable_logging(logging.WARNING)  # Helm's INFO notes (the chart's symlinked files) stay quiet
 
 
+def values_of(profile: dict[str, Any] | Path | None) -> dict[str, Any] | None:
+    """A profile's values: its file's, or the overrides themselves."""
+    return yaml.safe_load(profile.read_text()) if isinstance(profile, Path) else profile
+
+
 def render(values: dict[str, Any] | Path | None = None) -> list[dict[str, Any]]:
     """Every object the chart renders for ``values`` (a profile's file, or overrides)."""
-    if isinstance(values, Path):
-        values = yaml.safe_load(values.read_text())
-    out = helm.Chart.load(CHART).render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    out = helm.Chart.load(CHART).render(values_of(values), name=RELEASE, namespace=NAMESPACE, is_install=True)
     return [doc for path, text in sorted(out.items()) if path.endswith(".yaml")
             for doc in yaml.safe_load_all(text) if doc]
 

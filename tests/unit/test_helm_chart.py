@@ -1,5 +1,5 @@
-"""The Helm chart (deploy/helm/meshserve), rendered by Helm's own engine for the default values
-and the 4-GPU tensor-parallel profile: every object validates against the Kubernetes schemas
+"""The Helm chart (deploy/helm/meshserve), rendered by Helm's own engine for the default values,
+the 4-GPU tensor-parallel profile and the router embedded in the gateways: every object validates against the Kubernetes schemas
 (kubernetes-validate; KEDA's ScaledObject against the schema of its CRD, from the
 @kubernetes-models/keda package), and the invariants that break real deployments hold."""
 
@@ -16,10 +16,10 @@ from typing import Any
 import helm_python as helm
 import kubernetes_validate
 import pytest
-import yaml
 
 from commands import cli
 from deploy import envoy_config as envoy
+from services import config
 from services.config import EnvoyConfig
 from tests import chart
 
@@ -66,7 +66,7 @@ def _flag(args: list[str], flag: str) -> str:
 
 def test_lint_passes_in_strict_mode() -> None:
     for values in chart.PROFILES.values():
-        report = helm.lint(chart.CHART, yaml.safe_load(values.read_text()) if values else None,
+        report = helm.lint(chart.CHART, chart.values_of(values),
                            strict=True, kube_version=f"v{KUBERNETES_VERSION}")
         errors = [m for m in report["messages"] if m["severity"] >= 2]
         assert not errors and not report["errors"], report
@@ -140,15 +140,26 @@ def test_images_are_pinned(objects: list[dict[str, Any]]) -> None:
         assert name and tag and tag != "latest" and "/" not in tag, c["image"]
 
 
+def _embedded(objects: list[dict[str, Any]]) -> bool:
+    """Whether the gateways pick themselves (router.mode: embedded)."""
+    containers = {w["metadata"]["name"]: c for w, c in _containers(objects)}
+    return _flag(_args(containers[_name("gateway")]), "--router") == "embedded"
+
+
 def test_every_meshserve_command_line_parses(objects: list[dict[str, Any]]) -> None:
-    """The args the chart writes are flags the services really take (the CLI's own parser)."""
+    """The args the chart writes are flags the services really take (the CLI's own parser), and
+    each service's configuration accepts them (its own checks: e.g. an embedded router's discovery)."""
     parser = cli.build_parser()
     seen = set()
     for _, c in _containers(objects):
         if c["image"].startswith("ghcr.io/meshserve/") and "command" not in c:
             parsed = parser.parse_args(_args(c))
-            seen.add(getattr(parsed, "service", None) or parsed.command)
-    assert seen == {"gateway", "router", "cache", "worker", "envoy-config"}
+            service = getattr(parsed, "service", None)
+            if service:
+                config.from_args(cli.SERVICES[service][0], parsed)
+            seen.add(service or parsed.command)
+    router = set() if _embedded(objects) else {"router"}
+    assert seen == {"gateway", "cache", "worker", "envoy-config"} | router
 
 
 def test_services_find_each_other_by_the_names_and_ports_the_chart_gives(objects: list[dict[str, Any]]) -> None:
@@ -160,10 +171,18 @@ def test_services_find_each_other_by_the_names_and_ports_the_chart_gives(objects
 
     containers = {w["metadata"]["name"]: c for w, c in _containers(objects)}
     gateway = _args(containers[_name("gateway")])
-    assert _flag(gateway, "--router") == f"{_name('router')}:{port_of(_name('router'))}"
+    if _embedded(objects):  # the gateways pick, under the account the Role below is bound to
+        assert _name("router") not in services and _name("router") not in containers
+        router = gateway
+        pod = _named(objects, "Deployment", _name("gateway"))["spec"]["template"]["spec"]
+        (binding,) = _of(objects, "RoleBinding")
+        assert [s["name"] for s in binding["subjects"]] == [pod["serviceAccountName"]]
+    else:
+        assert _flag(gateway, "--router") == f"{_name('router')}:{port_of(_name('router'))}"
+        router = _args(containers[_name("router")])
     assert _flag(gateway, "--cache") == f"{_name('cache')}:{port_of(_name('cache'))}"
     assert _flag(_args(containers[_name("cache")]), "--redis-url") == f"redis://{_name('redis')}:{port_of(_name('redis'))}/0"
-    router = _args(containers[_name("router")])
+    assert _flag(router, "--discovery") == "kubernetes"
     assert _flag(router, "--kubernetes-service") == _name("worker")
     worker_service = services[_name("worker")]
     assert worker_service["spec"]["clusterIP"] == "None"  # headless: one endpoint per worker pod
@@ -177,7 +196,7 @@ def test_services_find_each_other_by_the_names_and_ports_the_chart_gives(objects
         if pod["args"][:1] == ["serve"]:
             assert int(_flag(_args(pod), "--port")) == declared["grpc"] == port_of(name)
             assert int(_flag(_args(pod), "--metrics-port")) == declared["metrics"]
-    # The router may watch the workers' EndpointSlices.
+    # The router (or the gateways that pick) may watch the workers' EndpointSlices.
     (role,) = _of(objects, "Role")
     assert {"list", "watch"} <= set(role["rules"][0]["verbs"]) and role["rules"][0]["resources"] == ["endpointslices"]
 
@@ -256,6 +275,11 @@ def test_tensor_parallel_workers_get_their_gpus_and_shared_memory() -> None:
 def test_too_few_gpus_for_the_tensor_parallel_size_is_refused() -> None:
     with pytest.raises(helm.HelmError, match="worker.gpus"):
         chart.render({"worker": {"flavor": "gpu", "tensorParallelSize": 4, "gpus": 2}})
+
+
+def test_an_unknown_router_mode_is_refused_with_the_choices() -> None:
+    with pytest.raises(helm.HelmError, match="router.mode must be service or embedded, not \"sidecar\""):
+        chart.render({"router": {"mode": "sidecar"}})
 
 
 def test_keda_scales_workers_on_waiting_requests_without_scale_to_zero(objects: list[dict[str, Any]]) -> None:

@@ -175,3 +175,29 @@ spec:
 {{- end -}}
 {{- join "," $pairs -}}
 {{- end -}}
+
+{{/* "true" when every gateway picks in its own process (router.mode: embedded), "" for the router
+service; any other mode fails the render with the valid choices. */}}
+{{- define "meshserve.routerEmbedded" -}}
+{{- $mode := .Values.router.mode | default "service" -}}
+{{- if not (has $mode (list "service" "embedded")) -}}
+{{- fail (printf "router.mode must be service or embedded, not %q" $mode) -}}
+{{- end -}}
+{{- if eq $mode "embedded" }}true{{ end -}}
+{{- end -}}
+
+{{/* The routing flags, the router's or (router.mode embedded) every gateway's: the policy, and
+the workers found through the Kubernetes API (their headless Service's EndpointSlices). */}}
+{{- define "meshserve.routingArgs" -}}
+- --routing
+- {{ .Values.router.routing }}
+- --discovery
+- kubernetes
+- --kubernetes-service
+- {{ include "meshserve.name" (dict "root" . "component" "worker") }}
+- --kubernetes-port
+- grpc
+{{- with .Values.router.extraArgs }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
