@@ -10,6 +10,7 @@ needs the engine's own hash function or seed.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import zlib
@@ -65,22 +66,38 @@ def hf_prompt_ids(tokenizer: Any, prompt: str, messages: Sequence[Mapping[str, A
     """The prompt token ids vLLM gets from the worker: chat messages (and ``tools``, for
     templates that render them) through the model's chat template (generation prompt added),
     a plain prompt with the tokenizer's special tokens."""
+    text, add_special_tokens = hf_render(tokenizer, prompt, messages, tools)
+    return hf_encode(tokenizer, text, add_special_tokens)
+
+
+def hf_render(tokenizer: Any, prompt: str, messages: Sequence[Mapping[str, Any]] | None,
+              tools: list[dict[str, Any]] | None = None) -> tuple[str, bool]:
+    """The text vLLM's tokenizer gets for a prompt, and whether special tokens are added to it: a
+    chat through the template (which writes its own), a plain prompt as it is (with them)."""
     if messages:
-        text = tokenizer.apply_chat_template(list(messages), tools=tools, add_generation_prompt=True, tokenize=False)
-        return hf_encode(tokenizer, text, add_special_tokens=False)
-    return hf_encode(tokenizer, prompt)
+        return tokenizer.apply_chat_template(list(messages), tools=tools, add_generation_prompt=True,
+                                             tokenize=False), False
+    return prompt, True
+
+
+def _rust_backend(tokenizer: Any) -> Any:
+    """The tokenizer's Rust tokenizer when calling it straight gives what transformers would (no
+    truncation or padding set on it, special tokens split or not as transformers asks), else None."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or backend.truncation is not None or backend.padding is not None \
+            or backend.encode_special_tokens != bool(getattr(tokenizer, "split_special_tokens", False)):
+        return None
+    return backend
 
 
 def hf_encode(tokenizer: Any, text: str, add_special_tokens: bool = True) -> list[int]:
     """``tokenizer.encode(text, add_special_tokens=...)``: straight from its Rust tokenizer when
-    transformers would change nothing about the call (no truncation or padding set on it, special
-    tokens split or not as transformers asks), since transformers' Python around a call costs more
-    than encoding a short prompt (~45-65 us of ~70-200 us a call on the tiny model's tokenizer).
-    Otherwise, and for tokenizers without a Rust backend, through transformers (which also clears
-    a truncation or padding left on the backend, so later calls take the short way)."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None or backend.truncation is not None or backend.padding is not None \
-            or backend.encode_special_tokens != bool(getattr(tokenizer, "split_special_tokens", False)):
+    transformers would change nothing about the call, since transformers' Python around a call
+    costs more than encoding a short prompt (~45-65 us of ~70-200 us a call on the tiny model's
+    tokenizer). Otherwise, and for tokenizers without a Rust backend, through transformers (which
+    also clears a truncation or padding left on the backend, so later calls take the short way)."""
+    backend = _rust_backend(tokenizer)
+    if backend is None:
         return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
     return backend.encode(text, add_special_tokens=add_special_tokens).ids
 
@@ -108,19 +125,56 @@ def _arguments(text: str) -> Any:
         return text
 
 
-class PromptTokenizer(Protocol):
-    def __call__(self, prompt: str, messages: Sequence[Mapping[str, str]] | None) -> list[int]: ...
+class Encoder(Protocol):
+    """A prompt's token ids in two steps, the text then its tokens, with where each token ends in
+    the text: a caller that saw a text beginning the same way can take that beginning's tokens."""
+
+    def render(self, prompt: str, messages: Sequence[Mapping[str, str]] | None) -> tuple[str, bool]:
+        """The text the engine tokenizes, and whether special tokens are added to it."""
+        ...
+
+    def encode(self, text: str, add_special_tokens: bool) -> tuple[list[int], list[int] | None]:
+        """The token ids of ``text`` and the character offset where each ends (0 for an added
+        special token; None when the tokenizer cannot say)."""
+        ...
 
 
-def load_tokenizer(name: str) -> PromptTokenizer:
+class SimEncoder:
+    """The simulator's tokenizer as an Encoder (no special tokens)."""
+
+    def render(self, prompt: str, messages: Sequence[Mapping[str, str]] | None) -> tuple[str, bool]:
+        return sim_render(prompt, messages), False
+
+    def encode(self, text: str, add_special_tokens: bool) -> tuple[list[int], list[int] | None]:
+        pieces = _PIECE.findall(text)
+        return list(map(_SIM_IDS.__getitem__, pieces)), list(itertools.accumulate(map(len, pieces)))
+
+
+class HfEncoder:
+    """A Hugging Face tokenizer as an Encoder: the same ids as ``hf_prompt_ids`` (without tools)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+
+    def render(self, prompt: str, messages: Sequence[Mapping[str, str]] | None) -> tuple[str, bool]:
+        return hf_render(self._tokenizer, prompt, messages)
+
+    def encode(self, text: str, add_special_tokens: bool) -> tuple[list[int], list[int] | None]:
+        backend = _rust_backend(self._tokenizer)
+        if backend is None:
+            return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens)), None
+        encoding = backend.encode(text, add_special_tokens=add_special_tokens)
+        return encoding.ids, [end for _, end in encoding.offsets]
+
+
+def load_encoder(name: str) -> Encoder:
     """The prompt tokenizer a worker reports (``WorkerInfo.tokenizer``): ``sim`` or a path /
     Hugging Face name (loaded offline, from local files only)."""
     if name == SIM_TOKENIZER:
-        return lambda prompt, messages: sim_tokenize(sim_render(prompt, messages))
+        return SimEncoder()
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=True)
-    return lambda prompt, messages: hf_prompt_ids(tokenizer, prompt, messages)
+    return HfEncoder(AutoTokenizer.from_pretrained(name, local_files_only=True))
 
 
 # -- block hashes -----------------------------------------------------------------------------
@@ -135,13 +189,15 @@ def block_hash(parent: int, token_ids: Sequence[int]) -> int:
     return hash((parent, tuple(token_ids))) & U64
 
 
-def block_hashes(token_ids: Sequence[int], block_size: int, limit: int | None = None) -> list[int]:
-    """The chain hashes of the full blocks of ``token_ids`` (at most ``limit`` blocks)."""
+def block_hashes(token_ids: Sequence[int], block_size: int, limit: int | None = None,
+                 start: int = 0, parent: int = ROOT_HASH) -> list[int]:
+    """The chain hashes of the full blocks of ``token_ids`` (at most ``limit`` blocks), from block
+    ``start`` on (``parent``: the hash of the block before it)."""
     n = len(token_ids) // block_size
     if limit is not None:
         n = min(n, limit)
-    hashes, parent = [], ROOT_HASH
-    for i in range(n):
+    hashes = []
+    for i in range(start, n):
         parent = block_hash(parent, token_ids[i * block_size : (i + 1) * block_size])
         hashes.append(parent)
     return hashes

@@ -1,0 +1,75 @@
+"""router.prefix.TokenReuse: a text that begins like a recent one reuses that beginning's tokens
+and tokenizes only the rest, and its ids and block hashes are exactly those of tokenizing it
+whole — with the sim's tokenizer and with the tiny model's Hugging Face tokenizer."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from commands.bench import prefix_repetition_requests
+from router.prefix import TOKENIZED, PromptBlocks, TokenReuse
+from services.prompts import Encoder, HfEncoder, SimEncoder, block_hashes
+
+BLOCK = 16
+
+
+@pytest.fixture(scope="module", params=["sim", "hf"])
+def encoder(request: pytest.FixtureRequest, tiny_model: Path) -> Encoder:
+    if request.param == "sim":
+        return SimEncoder()
+    return HfEncoder(AutoTokenizer.from_pretrained(tiny_model))
+
+
+def _reused() -> float:
+    return TOKENIZED.labels(way="reused")._value.get()
+
+
+def _texts() -> list[str]:
+    """Families of texts sharing long beginnings, parting in every way a tokenizer could mind:
+    after a word, inside a word, in a run of spaces, at a newline, in punctuation and non-ASCII."""
+    rng = random.Random(7)
+    texts = [r.prompt for r in prefix_repetition_requests(12, 3, 400, 40, 1, rng)]
+    base = " ".join(rng.choice(["alpha", "beta", "gamma", "delta", "naïve", "東京", "x=1,", "(ok)"])
+                    for _ in range(300))
+    for tail in ["", " transform", "transformer", "  two  spaces", "\n\nnew paragraph", "!!?", "é🤖 end",
+                 "\t tab", " 12345.678", "ing"]:
+        texts.append(base + tail)
+    cut = len(base) // 2
+    texts += [base[:cut] + "Z" + base[cut:], base[:cut] + base[cut + 1:], base[:cut] + " " + base[cut:]]
+    return texts
+
+
+@pytest.mark.parametrize("special", [True, False])
+def test_reused_tokens_are_the_whole_texts_tokens(encoder: Encoder, special: bool) -> None:
+    reuse = TokenReuse(encoder, BLOCK)
+    before = _reused()
+    for text in _texts():
+        ids, _ = encoder.encode(text, special)
+        assert reuse.tokens(text, special) == (len(ids), block_hashes(ids, BLOCK)), text[-60:]
+    assert _reused() - before >= 10  # the texts did share their beginnings' tokens
+
+
+def test_a_repeated_text_and_an_evicted_one(encoder: Encoder) -> None:
+    reuse = TokenReuse(encoder, BLOCK, keep=2)
+    texts = _texts()[:4]
+    for text in texts + texts[::-1]:
+        ids, _ = encoder.encode(text, False)
+        assert reuse.tokens(text, False) == (len(ids), block_hashes(ids, BLOCK))
+
+
+def test_the_chain_of_a_chat_is_its_templates_tokens(tiny_model: Path) -> None:
+    blocks = PromptBlocks()
+    blocks.configure(str(tiny_model), BLOCK)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    system = {"role": "system", "content": " ".join(["be brief and exact"] * 60)}
+    history: list[dict[str, str]] = [system]
+    for turn in range(4):
+        history.append({"role": "user", "content": f"question {turn}: " + "why " * (turn + 3)})
+        text = tokenizer.apply_chat_template(history, add_generation_prompt=True, tokenize=False)
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        assert blocks.chain("", history) == tuple(block_hashes(ids, BLOCK, limit=(len(ids) - 1) // BLOCK))
+        history.append({"role": "assistant", "content": "because " * (turn + 5)})
