@@ -30,6 +30,8 @@ TOKENIZED = prometheus_client.Counter(
     "(the check failed: tokenized whole)",
     ["way"],
 )
+_WHOLE, _REUSED, _REPEATED, _MISMATCH = (TOKENIZED.labels(way=way)
+                                         for way in ("whole", "reused", "repeated", "mismatch"))
 
 CHUNK_CHARS = 256         # texts are matched with earlier ones this many characters at a time
 MIN_SHARED_CHARS = 512    # a shorter shared beginning is not worth the bookkeeping
@@ -70,10 +72,10 @@ class TokenReuse:
         if seen is None:
             ids, ends = self._encoder.encode(text, add_special_tokens)
             if ends is None:  # the tokenizer cannot say where its tokens end: nothing to reuse
-                TOKENIZED.labels(way="whole").inc()
+                _WHOLE.inc()
                 return len(ids), block_hashes(ids, self._block_size)
             seen = _Seen(text, add_special_tokens, ids, ends, block_hashes(ids, self._block_size), keys)
-            TOKENIZED.labels(way="whole").inc()
+            _WHOLE.inc()
         self._remember(seen)
         return len(seen.ids), seen.hashes
 
@@ -89,7 +91,7 @@ class TokenReuse:
 
     def _reuse(self, earlier: _Seen, text: str, add_special_tokens: bool, keys: list[int]) -> _Seen | None:
         if earlier.text == text:
-            TOKENIZED.labels(way="repeated").inc()
+            _REPEATED.inc()
             return earlier
         if add_special_tokens and not self._special_tail_ok:
             return None
@@ -107,7 +109,7 @@ class TokenReuse:
         start = earlier.ends[split - 1]
         rest, rest_ends = self._encoder.encode(text[start:], False)
         if rest_ends is None or rest[: end - split] != earlier.ids[split:end]:
-            TOKENIZED.labels(way="mismatch").inc()
+            _MISMATCH.inc()
             log.debug("token reuse check failed at character %d; tokenizing the whole text", start)
             return None
         ids = earlier.ids[:split] + rest
@@ -115,7 +117,7 @@ class TokenReuse:
         kept = split // self._block_size
         parent = earlier.hashes[kept - 1] if kept else ROOT_HASH
         hashes = earlier.hashes[:kept] + block_hashes(ids, self._block_size, start=kept, parent=parent)
-        TOKENIZED.labels(way="reused").inc()
+        _REUSED.inc()
         return _Seen(text, add_special_tokens, ids, ends, hashes, keys)
 
     def _remember(self, seen: _Seen) -> None:

@@ -1,7 +1,8 @@
 """The Helm chart (deploy/helm/meshserve), rendered by Helm's own engine for the default values,
-the 4-GPU tensor-parallel profile and the router embedded in the gateways: every object validates against the Kubernetes schemas
-(kubernetes-validate; KEDA's ScaledObject against the schema of its CRD, from the
-@kubernetes-models/keda package), and the invariants that break real deployments hold."""
+the 4-GPU tensor-parallel profile and the router embedded in the gateways: every object
+validates against the Kubernetes schemas (kubernetes-validate; KEDA's ScaledObject against the
+schema of its CRD, from the @kubernetes-models/keda package), and the invariants that break real
+deployments hold."""
 
 from __future__ import annotations
 
