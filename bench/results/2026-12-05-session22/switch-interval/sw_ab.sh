@@ -11,7 +11,7 @@ for i in $(seq 120); do sleep 1; grep -q "curl" $RUN/up.log && break; done
 B=$!
 sleep 6
 echo "== $LABEL switch=${2:-default}"
-.venv/bin/python bench/results/2026-12-05-session22/switch-interval/lag.py $RUN 10
+.venv/bin/python bench/results/2026-12-05-embedded-router/loop-lag/lag.py $RUN 10
 for T in 127.0.0.1:8080 127.0.0.1:50070; do echo "$T: $(.venv/bin/python bench/results/2026-12-03-cache-stores/probe.py $T 1000)"; done
 kill -TERM $B; wait $B 2>/dev/null
 grep -E "Output token throughput|Successful" $RUN/bench.log | head -3
