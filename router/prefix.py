@@ -38,6 +38,7 @@ MIN_SHARED_CHARS = 512    # a shorter shared beginning is not worth the bookkeep
 CHECK_TOKENS = 8          # reused tokens re-read before the split, which must come out the same
 WORD_SEARCH_TOKENS = 64   # how far back from the shared end to look for a word boundary
 KEEP_TEXTS = 128          # texts remembered (the least recently used go first)
+KEEP_TOKENS = 1 << 18     # and their tokens in all (~20 MB of lists; long contexts go first)
 
 
 @dataclass
@@ -53,10 +54,13 @@ class _Seen:
 class TokenReuse:
     """Token ids and block hashes of texts, reusing the tokens of a recent text that began the same."""
 
-    def __init__(self, encoder: Encoder, block_size: int, keep: int = KEEP_TEXTS) -> None:
+    def __init__(self, encoder: Encoder, block_size: int, keep: int = KEEP_TEXTS,
+                 keep_tokens: int = KEEP_TOKENS) -> None:
         self._encoder = encoder
         self._block_size = block_size
         self._keep = keep
+        self._keep_tokens = keep_tokens
+        self._tokens = 0  # held by the remembered texts
         self._seen: OrderedDict[int, _Seen] = OrderedDict()   # by id(), least recently used first
         self._by_chunk: dict[int, _Seen] = {}                 # chunk key -> latest text holding it
         # Reuse needs the special tokens, if any, in front: the tail of a text is tokenized without.
@@ -121,12 +125,16 @@ class TokenReuse:
         return _Seen(text, add_special_tokens, ids, ends, hashes, keys)
 
     def _remember(self, seen: _Seen) -> None:
-        self._seen[id(seen)] = seen
-        self._seen.move_to_end(id(seen))
+        if id(seen) in self._seen:
+            self._seen.move_to_end(id(seen))
+        else:
+            self._seen[id(seen)] = seen
+            self._tokens += len(seen.ids)
         for key in seen.chunks:
             self._by_chunk[key] = seen
-        while len(self._seen) > self._keep:
+        while len(self._seen) > self._keep or self._tokens > self._keep_tokens:
             _, old = self._seen.popitem(last=False)
+            self._tokens -= len(old.ids)
             for key in old.chunks:
                 if self._by_chunk.get(key) is old:
                     del self._by_chunk[key]

@@ -73,3 +73,14 @@ def test_the_chain_of_a_chat_is_its_templates_tokens(tiny_model: Path) -> None:
         ids = tokenizer.encode(text, add_special_tokens=False)
         assert blocks.chain("", history) == tuple(block_hashes(ids, BLOCK, limit=(len(ids) - 1) // BLOCK))
         history.append({"role": "assistant", "content": "because " * (turn + 5)})
+
+
+def test_the_remembered_tokens_stay_within_their_budget(encoder: Encoder) -> None:
+    reuse = TokenReuse(encoder, BLOCK, keep=100, keep_tokens=3000)
+    for text in _texts():
+        reuse.tokens(text, False)
+        remembered = list(reuse._seen.values())
+        assert sum(len(s.ids) for s in remembered) <= 3000
+        assert all(s in remembered for s in reuse._by_chunk.values())  # no key outlives its text
+    ids, _ = encoder.encode(_texts()[-1], False)
+    assert reuse.tokens(_texts()[-1], False) == (len(ids), block_hashes(ids, BLOCK))
