@@ -56,7 +56,7 @@ class TokenReuse:
 
     def __init__(self, encoder: Encoder, block_size: int, keep: int = KEEP_TEXTS,
                  keep_tokens: int = KEEP_TOKENS) -> None:
-        self._encoder = encoder
+        self.encoder = encoder
         self._block_size = block_size
         self._keep = keep
         self._keep_tokens = keep_tokens
@@ -69,21 +69,22 @@ class TokenReuse:
         self._special_tail_ok = ids[len(ids) - len(bare):] == bare
 
     def tokens(self, text: str, add_special_tokens: bool) -> tuple[int, list[int]]:
-        """How many tokens ``text`` has, and the chain hashes of its full blocks."""
-        keys = _chunk_keys(text)
-        earlier = self._earlier(text, add_special_tokens, keys)
+        """How many tokens ``text`` has, and the chain hashes of its full blocks. A text shorter
+        than MIN_SHARED_CHARS can share too little with any other: tokenized whole, not kept."""
+        keys = _chunk_keys(text) if len(text) >= MIN_SHARED_CHARS else []
+        earlier = self._earlier(add_special_tokens, keys)
         seen = self._reuse(earlier, text, add_special_tokens, keys) if earlier is not None else None
         if seen is None:
-            ids, ends = self._encoder.encode(text, add_special_tokens)
-            if ends is None:  # the tokenizer cannot say where its tokens end: nothing to reuse
-                _WHOLE.inc()
-                return len(ids), block_hashes(ids, self._block_size)
-            seen = _Seen(text, add_special_tokens, ids, ends, block_hashes(ids, self._block_size), keys)
+            ids, ends = self.encoder.encode(text, add_special_tokens)
+            hashes = block_hashes(ids, self._block_size)
             _WHOLE.inc()
+            if ends is None or not keys:  # nothing to reuse it for (or no offsets to reuse it by)
+                return len(ids), hashes
+            seen = _Seen(text, add_special_tokens, ids, ends, hashes, keys)
         self._remember(seen)
         return len(seen.ids), seen.hashes
 
-    def _earlier(self, text: str, add_special_tokens: bool, keys: list[int]) -> _Seen | None:
+    def _earlier(self, add_special_tokens: bool, keys: list[int]) -> _Seen | None:
         """The remembered text sharing the longest run of leading chunks with ``text``."""
         best = None
         for key in keys:
@@ -111,7 +112,7 @@ class TokenReuse:
         if split < stop:
             return None
         start = earlier.ends[split - 1]
-        rest, rest_ends = self._encoder.encode(text[start:], False)
+        rest, rest_ends = self.encoder.encode(text[start:], False)
         if rest_ends is None or rest[: end - split] != earlier.ids[split:end]:
             _MISMATCH.inc()
             log.debug("token reuse check failed at character %d; tokenizing the whole text", start)
@@ -168,13 +169,12 @@ class PromptBlocks:
     def __init__(self) -> None:
         self.tokenizer_name = ""
         self.block_size = 0
-        self._encoder: Encoder | None = None
         self._reuse: TokenReuse | None = None
         self._failed: set[str] = set()
 
     @property
     def ready(self) -> bool:
-        return self._encoder is not None
+        return self._reuse is not None
 
     def configure(self, tokenizer: str, block_size: int) -> None:
         """Takes a worker's tokenizer and block size; loads the tokenizer on first sight. One that
@@ -184,25 +184,24 @@ class PromptBlocks:
             return
         if tokenizer == self.tokenizer_name and block_size == self.block_size:
             return
-        if self._encoder is not None:
+        if self._reuse is not None:
             log.warning("workers disagree on their tokenizer or block size (%s/%d vs %s/%d); "
                         "keeping the first", tokenizer, block_size, self.tokenizer_name, self.block_size)
             return
         try:
-            encoder = load_encoder(tokenizer)
-            reuse = TokenReuse(encoder, block_size)
+            reuse = TokenReuse(load_encoder(tokenizer), block_size)
         except Exception as e:  # noqa: BLE001 - any loading failure means no prefix view
             self._failed.add(tokenizer)
             log.warning("cannot load the workers' tokenizer %r (%s); prefix routing falls back to "
                         "the prompt's text hash", tokenizer, e)
             return
-        self._encoder, self._reuse = encoder, reuse
+        self._reuse = reuse
         self.tokenizer_name, self.block_size = tokenizer, block_size
         log.info("prefix view: tokenizer %s, blocks of %d tokens", tokenizer, block_size)
 
     def chain(self, prompt: str, messages: Sequence[Mapping[str, str]] | None) -> tuple[int, ...]:
         """The hashes of the prompt's blocks an engine could take from its cache ((): not ready)."""
-        if self._encoder is None or self._reuse is None:
+        if self._reuse is None:
             return ()
-        n, hashes = self._reuse.tokens(*self._encoder.render(prompt, messages))
+        n, hashes = self._reuse.tokens(*self._reuse.encoder.render(prompt, messages))
         return tuple(hashes[: cacheable_blocks(n, self.block_size)])
