@@ -13,7 +13,8 @@ Scenarios (variants alternate round to round):
   repeats  the `repeats` dataset (questions, 20% asked again: half word for word, half in other
            words), 1,000 requests at 50 concurrent, 64 tokens each: --cache semantic, exact, off,
            exact on a cache service without the semantic store (--no-semantic), and semantic with
-           the embedder on torch (--embed-runtime torch) instead of ONNX Runtime.
+           the embedder on torch (--embed-runtime torch) instead of ONNX Runtime, and on its int8
+           network (--embed-runtime onnx-int8).
   paced    the repeats workload on a fleet 4x slower (--sim-speed 0.25: ~35 tok/s per user, a
            DeepSeek-class decode pace), where this machine's CPU is not saturated by the relay.
   redis    the same workload at 100 concurrent with the cache on, and valkey-server killed (-9)
@@ -64,6 +65,7 @@ SCENARIOS = {
     "repeats": Scenario("repeats", {
         "semantic": ([], ["--cache", "semantic"]),
         "semantic-torch": (["--embed-runtime", "torch"], ["--cache", "semantic"]),  # the embedder on torch
+        "semantic-int8": (["--embed-runtime", "onnx-int8"], ["--cache", "semantic"]),  # int8 weights
         "exact": ([], ["--cache", "exact"]),
         "exact-only-service": (["--no-semantic"], ["--cache", "exact"]),
         "off": ([], ["--cache", "off"]),
@@ -72,6 +74,7 @@ SCENARIOS = {
     # model decodes at on GPUs), which leaves this machine's CPU free enough to see a hit's own cost.
     "paced": Scenario("paced", {
         "semantic": (["--sim-speed", "0.25"], ["--cache", "semantic"]),
+        "semantic-int8": (["--sim-speed", "0.25", "--embed-runtime", "onnx-int8"], ["--cache", "semantic"]),
         "exact": (["--sim-speed", "0.25"], ["--cache", "exact"]),
         "off": (["--sim-speed", "0.25"], ["--cache", "off"]),
     }),
@@ -169,11 +172,30 @@ def run_one(out: Path, scenario: Scenario, label: str, seed: int, tree: Path) ->
                 killer.join()
             result = json.loads(result_file.read_text())
             result["engine_requests"] = worker_requests(workers) - before
+            result["cache_service"] = cache_counters(mesh.metrics("cache"))
             result["redis_killed_after_s"] = valkey.killed_at - started if valkey.killed_at else None
             result_file.write_text(json.dumps(result, indent=2) + "\n")
             return result
     finally:
         valkey.kill()
+
+
+# The cache service's own counters, summed over labels (why a lookup missed, what was skipped).
+CACHE_COUNTERS = ("meshserve_cache_lookups_total", "meshserve_cache_semantic_skipped_total",
+                  "meshserve_cache_embedded_texts_total", "meshserve_cache_embed_batches_total",
+                  "meshserve_cache_embed_seconds", "meshserve_cache_embed_batch_seconds",
+                  "meshserve_cache_stores_total")
+
+
+def cache_counters(url: str) -> dict[str, float]:
+    """The cache service's ``CACHE_COUNTERS`` by label set, e.g. ``lookups_total{result="hit",kind="semantic"}``
+    (empty when the service is down: a killed Redis leaves it up, so this is rare)."""
+    try:
+        text = urllib.request.urlopen(url, timeout=5).read().decode()
+    except OSError:
+        return {}
+    return {line.rsplit(" ", 1)[0].removeprefix("meshserve_cache_"): float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line.startswith(CACHE_COUNTERS)}
 
 
 def headline(r: dict) -> str:

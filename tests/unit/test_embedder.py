@@ -29,8 +29,20 @@ def test_onnx_runtime_gives_sentence_transformers_vectors() -> None:
     assert np.allclose(np.linalg.norm(onnx, axis=1), 1.0, atol=1e-5)
 
 
-def test_a_text_gets_the_same_vector_alone_or_padded_in_a_batch() -> None:
-    model = Embedder(runtime="onnx")
+def test_the_int8_runtime_stays_close_to_the_float_vectors() -> None:
+    every = texts()
+    full = Embedder(runtime="onnx").encode(every)
+    int8 = Embedder(runtime="onnx-int8").encode(every)
+    assert int8.shape == full.shape
+    similarity = np.sum(full * int8, axis=1)
+    assert float(np.min(similarity)) > 0.98 and float(np.mean(similarity)) > 0.99
+    assert float(np.max(similarity)) < 0.99999  # another network indeed, not the float one again
+    assert np.allclose(np.linalg.norm(int8, axis=1), 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("runtime", ["onnx", "onnx-int8"])
+def test_a_text_gets_the_same_vector_alone_or_padded_in_a_batch(runtime: str) -> None:
+    model = Embedder(runtime=runtime)
     batch = ["hi", "How do I convert a list of strings to integers in Python without a loop?", "ok then"]
     together = model.encode(batch)
     alone = np.vstack([model.encode([t]) for t in batch])
@@ -58,6 +70,18 @@ def test_the_model_is_exported_once(monkeypatch: pytest.MonkeyPatch) -> None:
     assert file.exists() and file.suffix == ".onnx"
 
 
+def test_the_model_is_quantized_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    Embedder(runtime="onnx-int8")  # quantized by now, by this test or an earlier one
+    from onnxruntime import quantization
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("quantized again")
+
+    monkeypatch.setattr(quantization, "quantize_dynamic", refuse)
+    file = embedder_module._quantized(embedder_module.model_path(), 1)
+    assert file.exists() and file != embedder_module._exported(embedder_module.model_path(), 1)
+
+
 def test_an_unknown_runtime_is_refused_naming_the_choices() -> None:
-    with pytest.raises(ValueError, match="onnx, torch"):
+    with pytest.raises(ValueError, match="onnx, onnx-int8, torch"):
         Embedder(runtime="tensorrt")

@@ -26,29 +26,30 @@ MIN_PARAPHRASE_HIT_RATE = 0.50
 
 
 @cache
-def embedder() -> Embedder:
-    return Embedder()
+def embedder(runtime: str = CacheConfig.embed_runtime) -> Embedder:
+    return Embedder(runtime=runtime)
 
 
-def matches(pairs: list[dict[str, str]], threshold: float) -> list[bool]:
+def matches(pairs: list[dict[str, str]], threshold: float, runtime: str = CacheConfig.embed_runtime) -> list[bool]:
     """Whether the cache would answer b with a's entry: similarity and every guard."""
-    a = embedder().encode([p["a"] for p in pairs])
-    b = embedder().encode([p["b"] for p in pairs])
+    a = embedder(runtime).encode([p["a"] for p in pairs])
+    b = embedder(runtime).encode([p["b"] for p in pairs])
     similarity = np.sum(a * b, axis=1)
     return [bool(s >= threshold) and not guards.differs(p["b"], p["a"]) for p, s in zip(pairs, similarity)]
 
 
+@pytest.mark.parametrize("runtime", ["onnx", "onnx-int8"])  # the default threshold on either network
 @pytest.mark.parametrize("name", ["semantic_pairs.jsonl", "semantic_pairs_holdout.jsonl"])
-def test_default_settings_match_paraphrases_and_almost_no_near_miss(name: str) -> None:
+def test_default_settings_match_paraphrases_and_almost_no_near_miss(name: str, runtime: str) -> None:
     pairs = [json.loads(line) for line in (DATA / name).read_text().splitlines() if line.strip()]
-    hit = matches(pairs, CacheConfig.semantic_threshold)
+    hit = matches(pairs, CacheConfig.semantic_threshold, runtime)
     near = [(p, h) for p, h in zip(pairs, hit) if p["label"] == "near_miss"]
     para = [(p, h) for p, h in zip(pairs, hit) if p["label"] == "paraphrase"]
     assert len(near) >= 100 and len(para) >= 80
     false_hits = [p for p, h in near if h]
     false_rate = len(false_hits) / len(near)
     para_rate = sum(h for _, h in para) / len(para)
-    print(f"{name}: false hits {len(false_hits)}/{len(near)} = {false_rate:.2%} "
+    print(f"{name} ({runtime}): false hits {len(false_hits)}/{len(near)} = {false_rate:.2%} "
           f"{dict(Counter(p['category'] for p in false_hits))}; paraphrase hits {para_rate:.1%}")
     assert false_rate <= MAX_FALSE_HIT_RATE, [f"{p['a']} | {p['b']}" for p in false_hits]
     assert para_rate >= MIN_PARAPHRASE_HIT_RATE
