@@ -314,9 +314,13 @@ async def test_lookups_under_load_share_embedding_batches(cache: CacheReplica) -
     await store(cache, ask("What is the population of Paris?"))
     await until_hit(cache, ask("what is the population of Paris?"))  # the index is not empty
     batches, texts = cache.metric("meshserve_cache_embed_batches_total"), cache.metric("meshserve_cache_embedded_texts_total")
+    timed = cache.metric("meshserve_cache_embed_batch_seconds_count")
     await asyncio.gather(*(lookup(cache, ask(f"What is the population of city number {i}?")) for i in range(40)))
     assert cache.metric("meshserve_cache_embedded_texts_total") - texts == 40
     assert cache.metric("meshserve_cache_embed_batches_total") - batches < 40
+    # Each call of the model timed once (its wall time: how long the embedder had a CPU for it).
+    calls = cache.metric("meshserve_cache_embed_batches_total") - batches
+    assert cache.metric("meshserve_cache_embed_batch_seconds_count") - timed == calls
 
 
 async def test_a_lookup_does_not_wait_past_its_budget_for_a_busy_embedder(replica: Replica) -> None:
