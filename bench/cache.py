@@ -187,6 +187,9 @@ CACHE_COUNTERS = ("meshserve_cache_lookups_total", "meshserve_cache_semantic_ski
                   "meshserve_cache_stores_total")
 
 
+SLOW = 'semantic_skipped_total{reason="slow"}'
+
+
 def cache_counters(url: str) -> dict[str, float]:
     """The cache service's ``CACHE_COUNTERS`` by label set, e.g. ``lookups_total{result="hit",kind="semantic"}``
     (empty when the service is down: a killed Redis leaves it up, so this is rare)."""
@@ -228,7 +231,7 @@ def main() -> int:
                 print(f"round {r + 1} {name:<8} {label:<12} {headline(result)}", flush=True)
     with open(args.out / "summary.md", "w") as f:
         f.write("| scenario | variant | runs | ok / failed | engine requests | output tok/s | TTFT p50 / p99 ms |"
-                " answers (TTFT p50 / p99 ms) |\n|---|---|---|---|---|---|---|---|\n")
+                " answers (TTFT p50 / p99 ms) | lookups given up on the budget |\n|---|---|---|---|---|---|---|---|---|\n")
         for (name, label), results in rows.items():
             def med(key: str) -> float:
                 return statistics.median(x[key] for x in results)
@@ -239,9 +242,10 @@ def main() -> int:
                 f" / {statistics.median(x['ttft_ms_by_answer'][k]['p99'] for x in results if k in x['answers']):.1f})"
                 for k in sorted({k for x in results for k in x["answers"]})
             )
+            slow = statistics.median(x["cache_service"].get(SLOW, 0.0) for x in results)
             f.write(f"| {name} | {label} | {len(results)} | {med('completed'):.0f} / {med('failed'):.0f} | "
                     f"{med('engine_requests'):.0f} | {med('output_throughput'):.0f} | "
-                    f"{med('median_ttft_ms'):.1f} / {med('p99_ttft_ms'):.1f} | {kinds} |\n")
+                    f"{med('median_ttft_ms'):.1f} / {med('p99_ttft_ms'):.1f} | {kinds} | {slow:.0f} |\n")
     print((args.out / "summary.md").read_text())
     return 0
 
