@@ -221,14 +221,18 @@ def _quantize(source: Path, out: str) -> None:
     paraphrases; quantizing the other ops as well (the embedding lookups) gained nothing."""
     from onnxruntime.quantization import QuantType, quantize_dynamic  # noqa: PLC0415
 
-    quiet = logging.getLogger()  # its advice to pre-process the graph is printed on the root logger
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
+    root = logging.getLogger()  # where the quantizer prints its advice to pre-process the graph
+    root.addFilter(_not_the_quantizers_advice)
     try:
         quantize_dynamic(source, out, op_types_to_quantize=["MatMul"], per_channel=True,
                          weight_type=QuantType.QInt8)
     finally:
-        quiet.setLevel(level)
+        root.removeFilter(_not_the_quantizers_advice)
+
+
+def _not_the_quantizers_advice(record: logging.LogRecord) -> bool:
+    """Drops the quantizer's warnings (not the operator's to act on), nothing else logged meanwhile."""
+    return not (record.levelno < logging.ERROR and f"onnxruntime{os.sep}quantization" in record.pathname)
 
 
 class Embedder:
