@@ -103,10 +103,14 @@ class Proc:
     popen: subprocess.Popen[bytes]
     log_path: Path
     ready: bool = False  # passed its readiness probe
+    log_start: int = 0  # where this process's output begins in the log (earlier runs' stay above it)
 
     def log_tail(self, lines: int = 30) -> str:
+        """The last ``lines`` lines this process wrote (not an earlier run's, in the same log)."""
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+            with open(self.log_path, "rb") as f:
+                f.seek(self.log_start)
+                return "\n".join(f.read().decode(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
 
@@ -218,12 +222,13 @@ class Mesh:
         log_path = self.run_dir / f"{name}.log"
         env = {**os.environ, **CHILD_ENV}
         with open(log_path, "ab") as out:
+            start = out.tell()
             popen = subprocess.Popen(
                 launch.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 start_new_session=True,  # its own process group: we stop it and all its children
             )
         log.info("started %s (pid %d), log %s", name, popen.pid, log_path)
-        return Proc(name, popen, log_path)
+        return Proc(name, popen, log_path, log_start=start)
 
     def _start(self, name: str, argv: list[str], ready: ReadyProbe, ready_file: Path | None = None) -> Proc:
         self.launches[name] = Launch(argv, ready, ready_file)

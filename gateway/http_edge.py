@@ -33,6 +33,7 @@ from gateway.openai_servicer import OpenAIServicer
 from services import openai_errors, telemetry
 from services.config import HTTP_EDGE_PATHS
 from services.gen import meshserve_pb2 as pb
+from services.server import CannotListen
 from services.validation import PARAM_METADATA
 
 log = logging.getLogger(__name__)
@@ -186,7 +187,10 @@ class HttpEdge:
     async def start(self) -> None:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port, reuse_port=False)
-        await site.start()
+        try:
+            await site.start()
+        except OSError:
+            raise CannotListen("gateway", "the OpenAI HTTP edge", self._host, self._port, "--http-port") from None
         self.port = self._runner.addresses[0][1]
         log.info("gateway serving the OpenAI streaming edge over HTTP on %s:%d", self._host, self.port)
 

@@ -156,6 +156,16 @@ def _write_loop(inner: Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[A
     return behavior
 
 
+class CannotListen(SystemExit):
+    """A service's port is taken (or its host is not this machine's): the process ends with this
+    one line on stderr, and exit status 1, instead of a traceback."""
+
+    def __init__(self, name: str, what: str, host: str, port: int, flag: str) -> None:
+        super().__init__(f"{name}: cannot serve {what} on {host}:{port}: the port is in use by another process, "
+                         f"or {host} is not an address of this machine; stop that process or choose another "
+                         f"port ({flag})")
+
+
 async def start(
     name: str,
     cfg: ServerConfig,
@@ -176,10 +186,16 @@ async def start(
         [*service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
         server,
     )
-    port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+    try:
+        port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+    except RuntimeError:  # grpc's own message says only "Failed to bind"
+        raise CannotListen(name, "gRPC", cfg.host, cfg.port, "--port") from None
     metrics_port = -1
     if cfg.metrics_port >= 0:
-        http_server, _ = prometheus_client.start_http_server(cfg.metrics_port, addr=cfg.host)
+        try:
+            http_server, _ = prometheus_client.start_http_server(cfg.metrics_port, addr=cfg.host)
+        except OSError:
+            raise CannotListen(name, "metrics", cfg.host, cfg.metrics_port, "--metrics-port") from None
         metrics_port = http_server.server_port
     await server.start()
     _settle_garbage_collector()

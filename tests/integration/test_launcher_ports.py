@@ -3,6 +3,7 @@ fails to start with the reason, instead of taking the stranger's answers for its
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import subprocess
 from pathlib import Path
@@ -51,6 +52,31 @@ def test_a_valkey_left_on_the_redis_port_is_not_taken_for_the_meshs(tmp_path: Pa
     finally:
         stranger.kill()
         stranger.wait()
+
+
+def test_a_service_whose_port_is_taken_says_so_in_one_line(tmp_path: Path) -> None:
+    """Another program on the router's port: the start fails with the service's own reason (the
+    port, and what to do), not a traceback, and not an earlier run's lines of the same log."""
+    holder = socket.create_server(("127.0.0.1", 0))  # another program's listener
+    port = holder.getsockname()[1]
+    try:
+        spec = mesh_spec(tmp_path / "mesh", "sim", ready_timeout_s=60)
+        spec.router = dataclasses.replace(spec.router, port=port)
+        (tmp_path / "mesh").mkdir()
+        (tmp_path / "mesh" / "router.log").write_text("Traceback (most recent call last):\nan earlier run's crash\n")
+        mesh = Mesh(spec)
+        try:
+            with pytest.raises(StartupError) as err:
+                mesh.start()
+        finally:
+            mesh.stop()
+    finally:
+        holder.close()
+    message = str(err.value)
+    assert message.startswith("router exited with code 1:")
+    assert f"router: cannot serve gRPC on 127.0.0.1:{port}: the port is in use by another process" in message
+    assert "choose another port" in message
+    assert "Traceback" not in message and "earlier run" not in message
 
 
 def _wait_listening(port: int) -> None:
