@@ -115,9 +115,21 @@ class Proc:
             return ""
 
 
+# The `meshserve up` flag of each service's ports (a service's own says --port / --http-port).
+UP_PORT_FLAGS = {"gRPC": {"router": "--router-port", "cache": "--cache-port", "traces": "--trace-port",
+                          "gateway": "--gateway-port", "worker": "--worker-port"},
+                 "the OpenAI HTTP edge": {"gateway": "--gateway-http-port"}}
+
+
 def _process_alive(proc: Proc) -> None:
     if proc.popen.poll() is not None:
-        raise StartupError(f"{proc.name} exited with code {proc.popen.returncode}:\n{proc.log_tail()}")
+        tail = proc.log_tail()
+        hint = ""
+        for what, flags in UP_PORT_FLAGS.items():
+            flag = flags.get(proc.name.partition("-")[0])
+            if flag and f"cannot serve {what} on" in tail:
+                hint = f"\n(meshserve up: choose another with {flag})"
+        raise StartupError(f"{proc.name} exited with code {proc.popen.returncode}:\n{tail}{hint}")
 
 
 def wait_grpc_serving(proc: Proc, address: str, deadline: float) -> None:

@@ -75,7 +75,7 @@ def test_a_service_whose_port_is_taken_says_so_in_one_line(tmp_path: Path) -> No
     message = str(err.value)
     assert message.startswith("router exited with code 1:")
     assert f"router: cannot serve gRPC on 127.0.0.1:{port}: the port is in use by another process" in message
-    assert "choose another port" in message
+    assert "choose another port" in message and message.endswith("(meshserve up: choose another with --router-port)")
     assert "Traceback" not in message and "earlier run" not in message
 
 
