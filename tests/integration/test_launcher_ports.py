@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from commands.launcher import Mesh, StartupError
+from commands.launcher import Mesh, MeshSpec, StartupError
 from services.config import EnvoyConfig
 from tests.conftest import free_port
 from tests.integration.helpers import mesh_spec, run_envoy
@@ -23,13 +23,8 @@ def test_an_envoy_left_on_the_admin_port_is_not_taken_for_the_meshs(tmp_path: Pa
     with run_envoy(stranger, tmp_path / "stranger.yaml"):
         spec = mesh_spec(tmp_path / "mesh", "sim", ready_timeout_s=60)
         spec.envoy = EnvoyConfig(listen_port=stranger.listen_port, admin_port=stranger.admin_port)
-        mesh = Mesh(spec)
-        try:
-            with pytest.raises(StartupError) as err:
-                mesh.start()
-        finally:
-            mesh.stop()  # a mesh that did start (the bug) leaves nothing behind either
-    assert "envoy exited" in str(err.value) and "Address already in use" in str(err.value)
+        message = _refused(spec)
+    assert "envoy exited" in message and "Address already in use" in message
 
 
 def test_a_valkey_left_on_the_redis_port_is_not_taken_for_the_meshs(tmp_path: Path) -> None:
@@ -42,13 +37,7 @@ def test_a_valkey_left_on_the_redis_port_is_not_taken_for_the_meshs(tmp_path: Pa
         _wait_listening(port)
         spec = mesh_spec(tmp_path / "mesh", "sim", ready_timeout_s=60)
         spec.redis_port = port
-        mesh = Mesh(spec)
-        try:
-            with pytest.raises(StartupError) as err:
-                mesh.start()
-        finally:
-            mesh.stop()
-        assert "valkey exited" in str(err.value)
+        assert "valkey exited" in _refused(spec)
     finally:
         stranger.kill()
         stranger.wait()
@@ -64,19 +53,24 @@ def test_a_service_whose_port_is_taken_says_so_in_one_line(tmp_path: Path) -> No
         spec.router = dataclasses.replace(spec.router, port=port)
         (tmp_path / "mesh").mkdir()
         (tmp_path / "mesh" / "router.log").write_text("Traceback (most recent call last):\nan earlier run's crash\n")
-        mesh = Mesh(spec)
-        try:
-            with pytest.raises(StartupError) as err:
-                mesh.start()
-        finally:
-            mesh.stop()
+        message = _refused(spec)
     finally:
         holder.close()
-    message = str(err.value)
     assert message.startswith("router exited with code 1:")
     assert f"router: cannot serve gRPC on 127.0.0.1:{port}: the port is in use by another process" in message
     assert "choose another port" in message and message.endswith("(meshserve up: choose another with --router-port)")
     assert "Traceback" not in message and "earlier run" not in message
+
+
+def _refused(spec: MeshSpec) -> str:
+    """Why ``spec``'s mesh refused to start (a StartupError's message)."""
+    mesh = Mesh(spec)
+    try:
+        with pytest.raises(StartupError) as err:
+            mesh.start()
+    finally:
+        mesh.stop()  # a mesh that did start (the bug) leaves nothing behind either
+    return str(err.value)
 
 
 def _wait_listening(port: int) -> None:

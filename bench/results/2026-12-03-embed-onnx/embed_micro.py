@@ -1,5 +1,6 @@
-"""One short text at a time, and batches of 16, through each embedding runtime on one thread:
-    taskset -c 1 .venv/bin/python bench/results/2026-12-03-embed-onnx/embed_micro.py"""
+"""One short text at a time, and batches of 16, through two embedding runtimes on one thread:
+    taskset -c 1 .venv/bin/python bench/results/2026-12-03-embed-onnx/embed_micro.py [RUNTIME RUNTIME]
+(onnx and torch unless named; session 23 ran it with onnx onnx-int8)."""
 
 import sys
 import time
@@ -12,9 +13,10 @@ from cache_service.embedder import Embedder  # noqa: E402
 
 TEXTS = ["How do I reset my password on the company portal?", "What is the capital of France and why?",
          "Write a python function that sorts a list of 3 numbers", "convert 5 miles to km"]
-models = {runtime: Embedder(runtime=runtime) for runtime in ("onnx", "torch")}
-a, b = (models[r].encode(TEXTS) for r in ("onnx", "torch"))
-print(f"cosine onnx/torch: min {float(np.min(np.sum(a * b, axis=1))):.6f}")
+RUNTIMES = sys.argv[1:3] or ["onnx", "torch"]
+models = {runtime: Embedder(runtime=runtime) for runtime in RUNTIMES}
+a, b = (models[r].encode(TEXTS) for r in RUNTIMES)
+print(f"cosine {'/'.join(RUNTIMES)}: min {float(np.min(np.sum(a * b, axis=1))):.6f}")
 for round_ in (1, 2):
     for runtime, model in models.items():
         times = []

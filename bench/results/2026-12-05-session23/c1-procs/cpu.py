@@ -21,9 +21,9 @@ def snap():
         out[k] = (u, s, vcs, ivcs)
     return out
 if sys.argv[1] == "start":
-    json.dump(snap(), open("/tmp/c1spy/cpu0.json", "w"))
+    json.dump(snap(), open("/tmp/c1spy-cpu0.json", "w"))
 else:
-    a = json.load(open("/tmp/c1spy/cpu0.json")); b = snap()
+    a = json.load(open("/tmp/c1spy-cpu0.json")); b = snap()
     for k in b:
         if k in a:
             print(f"{k:14s} user {b[k][0]-a[k][0]:6.2f} s  sys {b[k][1]-a[k][1]:6.2f} s  voluntary switches {b[k][2]-a[k][2]:7d}  involuntary {b[k][3]-a[k][3]:6d}")
