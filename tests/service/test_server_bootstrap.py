@@ -14,7 +14,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from services.config import ServerConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.server import Lifecycle, insecure_channel, start
+from services.server import CannotListen, Lifecycle, insecure_channel, start
 
 
 class SlowLoad(pb_grpc.WorkerServicer):
@@ -85,7 +85,8 @@ async def test_health_reflection_metrics_and_drain(tmp_path) -> None:  # noqa: A
 async def test_a_busy_port_is_refused_not_shared() -> None:
     first = await start("first", ServerConfig(port=0, metrics_port=-1, grace_seconds=0), _register(SlowLoad()))
     try:
-        with pytest.raises(RuntimeError):
+        # One line for the operator (a SystemExit: no traceback), naming the service and the port.
+        with pytest.raises(CannotListen, match=f"^second: cannot serve gRPC on 127.0.0.1:{first.port}: the port is in use"):
             await start("second", ServerConfig(port=first.port, metrics_port=-1), _register(SlowLoad()))
     finally:
         await first.shutdown()
