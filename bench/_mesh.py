@@ -6,12 +6,35 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 CLI = [sys.executable, "-m", "commands.cli"]
+
+
+def samples(url: str) -> dict[str, float]:
+    """A service's Prometheus samples, by name and labels as exported (``name{a="b"}``)."""
+    with urllib.request.urlopen(url, timeout=5) as r:
+        lines = r.read().decode().splitlines()
+    return {key: float(value) for key, _, value in (line.rpartition(" ") for line in lines)
+            if key and not key.startswith("#")}
+
+
+def by_name(url: str) -> dict[str, float]:
+    """A service's Prometheus samples, summed by name over their labels."""
+    out: dict[str, float] = {}
+    for key, value in samples(url).items():
+        name = key.partition("{")[0]
+        out[name] = out.get(name, 0.0) + value
+    return out
+
+
+def summed(url: str, prefix: str) -> float:
+    """The sum of the samples of ``url`` whose name and labels begin with ``prefix``."""
+    return sum(v for k, v in samples(url).items() if k.startswith(prefix))
 
 
 def tree_env(tree: Path) -> dict[str, str]:

@@ -34,14 +34,13 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench._mesh import CLI, meshserve_up, tree_env  # noqa: E402
+from bench._mesh import CLI, meshserve_up, samples, summed, tree_env  # noqa: E402
 
 PORT, ADMIN_PORT, REDIS_PORT = 8390, 9991, 6399
 FLEET = ["--engine", "sim", "--workers", "4", "--no-tracing", "--port", str(PORT), "--admin-port", str(ADMIN_PORT),
@@ -93,12 +92,7 @@ BENCH = {
 
 
 def worker_requests(urls: list[str]) -> float:
-    total = 0.0
-    for url in urls:
-        for line in urllib.request.urlopen(url, timeout=5).read().decode().splitlines():
-            if line.startswith("meshserve_worker_requests_total{"):
-                total += float(line.split()[-1])
-    return total
+    return sum(summed(url, "meshserve_worker_requests_total{") for url in urls)
 
 
 @dataclass
@@ -136,11 +130,7 @@ class Killer(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.wait(0.05):
-            done = 0.0
-            for line in urllib.request.urlopen(self.gateway_metrics, timeout=5).read().decode().splitlines():
-                if line.startswith("meshserve_gateway_requests_total{"):
-                    done += float(line.split()[-1])
-            if done >= self.at_requests:
+            if summed(self.gateway_metrics, "meshserve_gateway_requests_total{") >= self.at_requests:
                 self.valkey.kill()
                 return
 
@@ -194,11 +184,10 @@ def cache_counters(url: str) -> dict[str, float]:
     """The cache service's ``CACHE_COUNTERS`` by label set, e.g. ``lookups_total{result="hit",kind="semantic"}``
     (empty when the service is down: a killed Redis leaves it up, so this is rare)."""
     try:
-        text = urllib.request.urlopen(url, timeout=5).read().decode()
+        found = samples(url)
     except OSError:
         return {}
-    return {line.rsplit(" ", 1)[0].removeprefix("meshserve_cache_"): float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines() if line.startswith(CACHE_COUNTERS)}
+    return {k.removeprefix("meshserve_cache_"): v for k, v in found.items() if k.startswith(CACHE_COUNTERS)}
 
 
 def headline(r: dict) -> str:

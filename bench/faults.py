@@ -28,7 +28,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import psutil
@@ -36,7 +35,7 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO))
-from _mesh import CLI, meshserve_up, tree_env  # noqa: E402
+from _mesh import CLI, by_name, meshserve_up, tree_env  # noqa: E402
 
 from commands.bench import save_result  # noqa: E402
 
@@ -56,20 +55,8 @@ def process_group(name: str) -> int:
     raise RuntimeError(f"no process of {name}")
 
 
-def scrape(url: str) -> dict[str, float]:
-    """A worker's Prometheus samples, summed by name (its own labels)."""
-    out: dict[str, float] = {}
-    with urllib.request.urlopen(url, timeout=5) as r:
-        for line in r.read().decode().splitlines():
-            if line and not line.startswith("#"):
-                key, _, value = line.rpartition(" ")
-                name = key.partition("{")[0]
-                out[name] = out.get(name, 0.0) + float(value)
-    return out
-
-
 def streaming(url: str, first_tokens_before: float) -> bool:
-    m = scrape(url)
+    m = by_name(url)
     return (m.get("vllm:num_requests_running", 0) >= 1
             and m.get("vllm:time_to_first_token_seconds_count", 0) - first_tokens_before >= 10)
 
@@ -90,7 +77,7 @@ def run_fault(fault: str, args: argparse.Namespace, out: Path, tree: Path) -> di
     with tempfile.TemporaryDirectory(prefix="meshserve-faults-") as run_dir, meshserve_up(flags, run_dir, tree) as mesh:
         assert bench(args, out, f"{fault}-undisturbed", tree).wait() == 0, "the undisturbed run failed"
         worker_1 = mesh.worker_metrics()[1]
-        first_tokens = scrape(worker_1).get("vllm:time_to_first_token_seconds_count", 0)
+        first_tokens = by_name(worker_1).get("vllm:time_to_first_token_seconds_count", 0)
         faulted = bench(args, out, f"{fault}-faulted", tree)
         sent_at: list[float] = []
         sig, victim = FAULTS.get(fault, (None, "worker-1"))

@@ -42,14 +42,13 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench._mesh import CLI, meshserve_up, tree_env  # noqa: E402
+from bench._mesh import CLI, by_name, meshserve_up, samples, tree_env  # noqa: E402
 from commands.bench import TIMINGS, save_result  # noqa: E402
 from services.config import ROUTING_POLICIES  # noqa: E402
 
@@ -97,10 +96,9 @@ def worker_stats(metrics_urls: list[str]) -> dict[str, float]:
     its first token)."""
     out = dict.fromkeys(WORKER_SERIES, 0.0)
     for url in metrics_urls:
-        for line in urllib.request.urlopen(url, timeout=5).read().decode().splitlines():
-            name = line.partition("{")[0]
-            if name in out:
-                out[name] += float(line.split()[-1])
+        sums = by_name(url)
+        for name in out:
+            out[name] += sums.get(name, 0.0)
     return out
 
 
@@ -119,11 +117,11 @@ class LoadSampler(threading.Thread):
             row = []
             for url in self.urls:
                 try:
-                    text = urllib.request.urlopen(url, timeout=5).read().decode()
+                    found = samples(url)
                 except OSError:  # the mesh is stopping
                     return
-                row.append(sum(float(ln.split()[-1]) for ln in text.splitlines()
-                               if ln.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting"))))
+                row.append(sum(v for k, v in found.items()
+                               if k.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting"))))
             self.samples.append(row)
 
     def imbalance(self) -> float:
@@ -139,11 +137,8 @@ class LoadSampler(threading.Thread):
 def pick_quantile_ms(metrics_url: str, histogram: str = "meshserve_router_pick_seconds", q: float = 0.99) -> float:
     """A quantile of a pick-time histogram (the bound of the bucket holding it), in ms: the
     router's own pick time, or the gateway's wait for its answer (meshserve_gateway_pick_seconds)."""
-    buckets = []
-    for line in urllib.request.urlopen(metrics_url, timeout=5).read().decode().splitlines():
-        if line.startswith(f"{histogram}_bucket"):
-            bound = line.split('le="')[1].split('"')[0]
-            buckets.append((float(bound), float(line.split()[-1])))
+    buckets = [(float(key.split('le="')[1].split('"')[0]), count)
+               for key, count in samples(metrics_url).items() if key.startswith(f"{histogram}_bucket")]
     if not buckets or not buckets[-1][1]:
         return 0.0
     total = buckets[-1][1]
@@ -152,12 +147,9 @@ def pick_quantile_ms(metrics_url: str, histogram: str = "meshserve_router_pick_s
 
 def pick_mean_ms(metrics_url: str, histogram: str = "meshserve_router_pick_seconds") -> float:
     """The mean of a pick-time histogram (its sum over its count), in ms: finer than its buckets."""
-    values = {}
-    for line in urllib.request.urlopen(metrics_url, timeout=5).read().decode().splitlines():
-        for part in ("_sum", "_count"):
-            if line.startswith(f"{histogram}{part} "):
-                values[part] = float(line.split()[-1])
-    return 1000 * values["_sum"] / values["_count"] if values.get("_count") else 0.0
+    found = samples(metrics_url)
+    count = found.get(f"{histogram}_count", 0.0)
+    return 1000 * found[f"{histogram}_sum"] / count if count else 0.0
 
 
 def run_one(out: Path, scenario: Scenario, label: str, up_args: list[str], seed: int, tree: Path) -> dict:
