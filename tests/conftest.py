@@ -46,11 +46,14 @@ def _bindable(port: int) -> bool:
 def free_port_block(n: int) -> int:
     """The first of ``n`` consecutive free ports (the launcher gives worker i port + i), none of
     them handed out before in this session, and none the kernel hands out by itself."""
-    for _ in range((_HIGH - _LOW) // n):
-        first = _LOW + next(_handed) % (_HIGH - _LOW - n)
+    # Count k is port _LOW + k % span whatever n is (a modulus that depended on n handed a block's
+    # second port out again as a single port once the count wrapped); a block across the top skips.
+    span = _HIGH - _LOW
+    for _ in range(span // n + 1):
+        first = _LOW + next(_handed) % span
         for _ in range(n - 1):
             next(_handed)
-        if all(_bindable(port) for port in range(first, first + n)):
+        if first + n <= _HIGH and all(_bindable(port) for port in range(first, first + n)):
             return first
     raise RuntimeError(f"no {n} free consecutive ports in {_LOW}-{_HIGH}")
 
