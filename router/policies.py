@@ -14,7 +14,7 @@ import itertools
 import math
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -43,6 +43,8 @@ class Choice:
     worker: WorkerView
     score: float
     num_candidates: int
+    # Each scorer's score of the chosen worker, before its weight (by ``Scorer.name``): why it won.
+    scores: Mapping[str, float] = field(default_factory=dict)
 
 
 class NoWorker(Exception):
@@ -61,6 +63,8 @@ class Filter(abc.ABC):
 
 class Scorer(abc.ABC):
     """Rates each candidate from 0 (worst) to 1 (best) for this request."""
+
+    name: str  # in traces: the span attribute meshserve.router.score.<name>
 
     @abc.abstractmethod
     def score(self, ctx: PickContext, fleet: Fleet, rows: np.ndarray) -> np.ndarray:
@@ -140,6 +144,8 @@ class LeastLoadScorer(Scorer):
     """1 for the fewest outstanding requests (running + waiting + assigned but not yet
     reported), 0 for the most, linear in between; all equal scores 1."""
 
+    name = "load"
+
     def score(self, ctx: PickContext, fleet: Fleet, rows: np.ndarray) -> np.ndarray:
         loads = fleet.outstanding[rows]
         low, high = np.minimum.reduce(loads), np.maximum.reduce(loads)
@@ -157,6 +163,8 @@ class PrefixAffinityScorer(Scorer):
     each keeps its history on one. Rendezvous hashing keeps the preference stable when workers
     come and go, and when the preferred one is filtered out, the next in its order takes over."""
 
+    name = "prefix-home"
+
     def __init__(self, prefix_chars: int = 256) -> None:
         self.prefix_chars = prefix_chars
 
@@ -173,6 +181,8 @@ class KvAwareScorer(Scorer):
     """The fraction of the prompt's blocks a worker holds in its prefix cache beyond what every
     candidate holds (leading blocks only: an engine reuses a prefix), from the router's KV index. Without a view (KV events
     off, no tokenizer) it falls back to ``fallback``, the text-hash affinity."""
+
+    name = "kv"
 
     def __init__(self, fallback: Scorer | None = None) -> None:
         self.fallback = fallback or PrefixAffinityScorer()
@@ -196,6 +206,8 @@ class KvAwareScorer(Scorer):
 class SessionAffinityScorer(Scorer):
     """1 for the worker the request's session key hashes to (rendezvous), 0 for the others; 0
     for all when the request has no key. A conversation's turns meet its cached history."""
+
+    name = "session"
 
     def score(self, ctx: PickContext, fleet: Fleet, rows: np.ndarray) -> np.ndarray:
         if not ctx.session_key:
@@ -281,11 +293,15 @@ class Policy:
                 raise NoWorker(f.empty_reason)
         rows = mask.nonzero()[0]
         totals = np.zeros(len(rows))
+        parts = []
         for scorer, weight in self.scorers:
             if weight:  # a knob at 0 switches its scorer off
-                totals += weight * scorer.score(ctx, fleet, rows)
+                score = scorer.score(ctx, fleet, rows)
+                totals += weight * score
+                parts.append((scorer.name, score))
         at = self.picker.pick(totals, rng)
-        return Choice(fleet.views[int(rows[at])], float(totals[at]), len(rows))
+        return Choice(fleet.views[int(rows[at])], float(totals[at]), len(rows),
+                      {name: float(score[at]) for name, score in parts})
 
 
 def _eligible(stale_after_s: float) -> list[Filter]:

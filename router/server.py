@@ -267,6 +267,7 @@ class RouterServicer(pb_grpc.RouterServicer):
             "meshserve.router.outstanding": worker.outstanding,
             "meshserve.router.excluded": len(ctx.exclude),
             "meshserve.router.predicted_cached_tokens": pick.predicted_cached_tokens,
+            **{f"meshserve.router.score.{name}": score for name, score in choice.scores.items()},
         })
         return pb.PickResponse(worker_id=worker.worker_id, address=worker.address, reason=detail,
                                predicted_cached_tokens=pick.predicted_cached_tokens)

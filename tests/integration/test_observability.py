@@ -110,6 +110,10 @@ def _assert_one_linked_trace(spans: list[traces.Span], trace_id: str, gateway_rp
     assert pick.attributes["meshserve.router.reason"] == "kv-aware"  # the default policy
     assert "meshserve.router.predicted_cached_tokens" in pick.attributes
     assert pick.attributes["meshserve.router.candidates"] == 1
+    # Each scorer's score of the chosen worker: the only candidate, so it holds what every
+    # candidate holds (kv 0) and is the least loaded (load 1).
+    assert pick.attributes["meshserve.router.score.kv"] == 0.0
+    assert pick.attributes["meshserve.router.score.load"] == 1.0
     worker = _one(spans, "worker", "Worker/Generate")
     assert worker.attributes["meshserve.finish_reason"] == "length"
     assert worker.attributes["meshserve.tokens"] == 6

@@ -392,6 +392,17 @@ def test_kv_aware_goes_where_the_prefix_is_unless_that_worker_is_over_the_load_b
     assert policy.pick(ctx, hot, random.Random(0)).worker.worker_id == "c"
 
 
+def test_a_choice_says_what_each_scorer_gave_the_chosen_worker() -> None:
+    """The router's span shows why a worker won: each scorer's score of it, before weights."""
+    ctx = PickContext(block_hashes=(1, 2, 3, 4), cached_blocks={"b:1": 3})
+    choice = build_policy("kv-aware", 2.0).pick(ctx, [w("a", running=4), w("b", running=5), w("c", running=6)],
+                                                random.Random(0))
+    assert choice.worker.worker_id == "b"
+    assert choice.scores == {"kv": 0.75, "load": 0.5}  # a scorer at weight 0 (prefix-home) is off
+    assert choice.score == pytest.approx(0.75 + 0.3 * 0.5)
+    assert build_policy("round-robin", 2.0).pick(ctx, [w("a")], random.Random(0)).scores == {}
+
+
 @pytest.mark.parametrize(("knobs", "named"), [({"load_bound": 0.9}, "load_bound"), ({"kv_load_weight": -1}, "kv_load_weight"),
                                               ({"kv_home_weight": -0.1}, "kv_home_weight")])
 def test_bad_weights_are_refused_naming_the_knob(knobs: dict, named: str) -> None:
