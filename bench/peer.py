@@ -43,6 +43,7 @@ import psutil
 VENV_BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from bench._mesh import summed  # noqa: E402
 from services.config import DEFAULT_MODEL as MODEL_NAME  # noqa: E402
 
 VLLM_PORT, ROUTER_PORT, MESH_PORT = 8100, 8200, 8080
@@ -131,6 +132,7 @@ class Stack:
         self.up_args = up_args or []  # and extra `meshserve up` flags
         self.procs: list[subprocess.Popen[bytes]] = []
         self._labels: dict[int, str] = {}  # pid of each process started here -> its label
+        self.gateway_metrics: list[str] = []  # a meshserve stack: its gateways' metrics URLs
 
     def _spawn(self, label: str, argv: list[str], src: Path | None = None) -> subprocess.Popen[bytes]:
         env = {**os.environ, **CHILD_ENV}
@@ -160,11 +162,28 @@ class Stack:
         run_dir = self.log_dir / f"{self.name}-run"
         # The command line moved from services/ to commands/: a tree from before runs its own.
         cli = "commands.cli" if self.src is None or (self.src / "commands" / "cli.py").exists() else "services.cli"
+        log = self.log_dir / f"{self.name}-up.log"
+        seen = log.stat().st_size if log.exists() else 0  # earlier rounds' lines: not this start's
         up = self._spawn("up", [sys.executable, "-m", cli, "up", "--engine", "vllm", "--workers",
                                 "1", "--model", self.model, "--enforce-eager", "--run-dir", str(run_dir),
                                 "--port", str(MESH_PORT), *self.up_args], src=self.src)
         wait_http(f"http://127.0.0.1:{MESH_PORT}/v1/models", up, "meshserve up")
+        # "  gateway metrics   http://127.0.0.1:PORT/metrics" in the table it printed ("gateway-1 ..." for more)
+        with open(log, "rb") as f:
+            f.seek(seen)
+            lines = f.read().decode(errors="replace").splitlines()
+        self.gateway_metrics = [ln.split()[-1] for ln in lines
+                                if ln.split()[:1] and ln.split()[0].startswith("gateway") and ln.split()[1:2] == ["metrics"]]
         return MESH_PORT
+
+    def relayed(self) -> tuple[float, float]:
+        """Tokens its gateways streamed from the engine so far, and the chunks they came in
+        (0, 0: not a meshserve stack, or a tree from before these metrics)."""
+        tokens = messages = 0.0
+        for url in self.gateway_metrics:
+            tokens += summed(url, 'meshserve_gateway_output_tokens_total{source="engine"}')
+            messages += summed(url, 'meshserve_gateway_stream_messages_total{source="engine"}')
+        return tokens, messages
 
     def groups(self) -> dict[int, str]:
         """pid -> the part of the stack it belongs to."""
@@ -277,18 +296,22 @@ def run_round(rnd: int, stacks: list[str], meshes: dict[str, Path], up_args: dic
             bench(port, model, Workload("warmup", 64, 16, 40, 20), 99, out, f"warmup-{name}-{rnd}")
             for i, w in enumerate(workloads):
                 seed = 1000 * rnd + i
-                before = cpu_by_group(groups)
+                before, relayed_before = cpu_by_group(groups), stack.relayed()
                 result = bench(port, model, w, seed, out, f"{name}-{w.name}-{rnd}")
-                after = cpu_by_group(groups)
+                after, relayed_after = cpu_by_group(groups), stack.relayed()
                 cpu = {g: round(after.get(g, 0.0) - before.get(g, 0.0), 3) for g in after}
+                tokens, messages = (a - b for a, b in zip(relayed_after, relayed_before))
                 row = {"round": rnd, "stack": name, "workload": w.name, "seed": seed,
                        **{k: result.get(k) for k in KEYS}, "cpu_s": cpu,
-                       "cpu_ms_per_request": 1000 * sum(cpu.values()) / max(1, result["completed"])}
+                       "cpu_ms_per_request": 1000 * sum(cpu.values()) / max(1, result["completed"]),
+                       # a meshserve stack: tokens per chunk its gateways sent (merged when they queued)
+                       "tokens_per_message": round(tokens / messages, 2) if messages else None}
                 rows.append(row)
+                merged = f"  {row['tokens_per_message']} tokens/chunk" if messages else ""
                 print(f"round {rnd} {name:<6} {w.name:<5} {row['output_throughput']:>9.0f} tok/s  "
                       f"TTFT {row['median_ttft_ms']:>7.1f} ms  TPOT {row['median_tpot_ms']:>6.2f} ms  "
                       f"ITL {row['median_itl_ms']:>6.2f} ms  "
-                      f"CPU {row['cpu_ms_per_request']:>6.2f} ms/req  failed {row['failed']}  {cpu}",
+                      f"CPU {row['cpu_ms_per_request']:>6.2f} ms/req  failed {row['failed']}{merged}  {cpu}",
                       flush=True)
         finally:
             stack.stop()
@@ -340,6 +363,12 @@ def summary(rows: list[dict], stacks: list[str], workloads: list[Workload]) -> s
                                      for g in groups)
         lines.append("\nCPU seconds per run by process (median over rounds): "
                      + "; ".join(f"{s}: {v}" for s, v in split.items()))
+        merged = {s: " / ".join(str(r["tokens_per_message"]) for r in sorted(rs, key=lambda r: r["round"]))
+                  for s in stacks if (rs := [r for r in rows if r["stack"] == s and r["workload"] == w.name
+                                             and r.get("tokens_per_message")])}
+        if merged:
+            lines.append("\nTokens per chunk the gateways sent, by round: "
+                         + "; ".join(f"{s}: {v}" for s, v in merged.items()))
     return "\n".join(lines) + "\n"
 
 

@@ -8,6 +8,17 @@ import prometheus_client
 REQUESTS = prometheus_client.Counter(
     "meshserve_gateway_requests_total", "Requests finished by the gateway, by gRPC status code", ["code"]
 )
+OUTPUT_TOKENS = prometheus_client.Counter(
+    "meshserve_gateway_output_tokens", "Tokens the gateway streamed to clients, by source (engine or cache)",
+    ["source"],
+)
+STREAM_MESSAGES = prometheus_client.Counter(
+    "meshserve_gateway_stream_messages",
+    "Chunks the gateway streamed to clients, by source; output_tokens / stream_messages is the "
+    "tokens a chunk carried on average (tokens that queued while the client's side was slower "
+    "than the worker's go as one chunk: under load, fewer chunks for the same tokens)",
+    ["source"],
+)
 IN_FLIGHT = prometheus_client.Gauge("meshserve_gateway_in_flight", "Requests the gateway is serving now")
 TIME_TO_FIRST_TOKEN = prometheus_client.Histogram(
     "meshserve_gateway_time_to_first_token_seconds",

@@ -66,6 +66,7 @@ class _Outcome:
     cached: bool = False
     ttft: float | None = None
     tokens: int = 0
+    messages: int = 0
     code: grpc.StatusCode = grpc.StatusCode.OK
     detail: str = ""
 
@@ -128,6 +129,7 @@ class Orchestrator:
                             metrics.INTER_TOKEN_LATENCY.observe(now - last)
                         last = now
                         outcome.tokens += len(chunk.token_ids)
+                        outcome.messages += 1
                         yield chunk
             finally:
                 self._in_flight -= 1
@@ -722,6 +724,9 @@ class Orchestrator:
         e2e = self._clock() - started
         metrics.REQUESTS.labels(outcome.code.name).inc()
         metrics.E2E_REQUEST_LATENCY.observe(e2e)
+        source = "cache" if outcome.cached else "engine"
+        metrics.OUTPUT_TOKENS.labels(source).inc(outcome.tokens)
+        metrics.STREAM_MESSAGES.labels(source).inc(outcome.messages)
         if outcome.ttft is not None and outcome.tokens > 1 and not outcome.cached:
             metrics.TIME_PER_OUTPUT_TOKEN.observe((e2e - outcome.ttft) / (outcome.tokens - 1))
         span = trace.get_current_span()  # the gateway's span of this call (tracing interceptor)

@@ -285,6 +285,9 @@ def sample(name: str, labels: dict[str, str] | None = None) -> float:
 async def test_streams_chunks_through_with_an_assigned_request_id(mesh: MeshFactory) -> None:
     m = await mesh()
     ok_before = sample("meshserve_gateway_requests_total", {"code": "OK"})
+    engine = {"source": "engine"}
+    tokens_before = sample("meshserve_gateway_output_tokens_total", engine)
+    messages_before = sample("meshserve_gateway_stream_messages_total", engine)
     chunks = await collect(m.stub.Generate(greedy(skip_cache=True)))
 
     assert joined(chunks) == "".join(PIECES) and tokens(chunks) == [10, 11, 12]
@@ -295,6 +298,9 @@ async def test_streams_chunks_through_with_an_assigned_request_id(mesh: MeshFact
     assert m.router.picks[0].request_id == request_id and m.router.picks[0].prompt == "Hello there"
     assert m.cache is not None and m.cache.lookups == 0  # skip_cache
     assert sample("meshserve_gateway_requests_total", {"code": "OK"}) == ok_before + 1
+    # What the client got: the tokens, and the messages they came in.
+    assert sample("meshserve_gateway_output_tokens_total", engine) == tokens_before + 3
+    assert sample("meshserve_gateway_stream_messages_total", engine) == messages_before + len(chunks)
 
 
 async def test_client_request_id_is_kept(mesh: MeshFactory) -> None:
@@ -321,8 +327,13 @@ async def test_second_identical_greedy_request_is_a_cache_hit(mesh: MeshFactory,
     hits_before = sample("meshserve_cache_hits_total", {"kind": "exact"})
     first = await collect(m.stub.Generate(greedy()))
     await stored_and_landed(m)
+    cache = {"source": "cache"}
+    tokens_before = sample("meshserve_gateway_output_tokens_total", cache)
+    messages_before = sample("meshserve_gateway_stream_messages_total", cache)
 
     second = await collect(m.stub.Generate(greedy(request_id="again")))
+    assert sample("meshserve_gateway_output_tokens_total", cache) == tokens_before + 3
+    assert sample("meshserve_gateway_stream_messages_total", cache) == messages_before + len(second)
 
     assert [c.text for c in second] == [c.text for c in first] and joined(first) == "".join(PIECES)
     assert [list(c.token_ids) for c in second] == [list(c.token_ids) for c in first]
