@@ -26,6 +26,7 @@ from tests.integration.helpers import exact_entries, indexed_texts, mesh_spec, m
 pytestmark = pytest.mark.integration
 
 USERS = 24
+ROLLED_PREFIX = "meshserve:cache:v2:"
 
 
 class Valkey:
@@ -79,9 +80,10 @@ def valkey(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Valkey]:
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory: pytest.TempPathFactory, valkey: Valkey) -> Iterator[Mesh]:
     # A generous embedding budget: on a loaded machine a slow embedding must not turn the
-    # semantic lookups this test makes into misses.
+    # semantic lookups this test makes into misses. A key prefix of its own, as an operator
+    # rolling the cache with new weights gives it (`meshserve up --key-prefix`).
     spec = mesh_spec(tmp_path_factory.mktemp("faults-redis"), "sim", workers=2, grace_seconds=1,
-                     redis_url=valkey.url, cache=CacheConfig(semantic_budget_s=10.0))
+                     redis_url=valkey.url, cache=CacheConfig(semantic_budget_s=10.0, key_prefix=ROLLED_PREFIX))
     with Mesh(spec) as m:
         yield m
 
@@ -124,6 +126,8 @@ async def test_redis_killed_under_load_fails_nothing_and_hits_come_back(mesh: Me
         stub = pb_grpc.InferenceStub(channel)
         await cached_twice(mesh, stub, "What is the capital of France?", "what's the capital of france?",
                            "What is the capital of France, please?", "what is the capital of france")
+        # Every service kept to the mesh's prefix: nothing under the default one.
+        assert exact_entries(mesh.redis_url) == 0 and not indexed_texts(mesh.redis_url)
 
         done = 0
         failures: list[str] = []
