@@ -55,9 +55,13 @@ class UpMesh:
         return found[0]
 
     def worker_metrics(self) -> list[str]:
-        # "  worker-0 metrics   http://127.0.0.1:PORT/metrics"
-        return [ln.split()[-1] for ln in self.lines if ln.split()[:1] and ln.split()[0].startswith("worker-")
-                and ln.split()[1] == "metrics"]
+        return self.all_metrics("worker")
+
+    def all_metrics(self, kind: str) -> list[str]:
+        """The metrics URLs of every service of a kind, in order: "worker-0", "worker-1", ...;
+        "gateway", "gateway-1", ... ("  worker-0 metrics   http://127.0.0.1:PORT/metrics")."""
+        return [ln.split()[-1] for ln in self.lines
+                if ln.split()[1:2] == ["metrics"] and ln.split()[0].partition("-")[0] == kind]
 
 
 @contextmanager

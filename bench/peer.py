@@ -43,7 +43,7 @@ import psutil
 VENV_BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from bench._mesh import summed  # noqa: E402
+from bench._mesh import UpMesh, summed  # noqa: E402
 from services.config import DEFAULT_MODEL as MODEL_NAME  # noqa: E402
 
 VLLM_PORT, ROUTER_PORT, MESH_PORT = 8100, 8200, 8080
@@ -168,12 +168,9 @@ class Stack:
                                 "1", "--model", self.model, "--enforce-eager", "--run-dir", str(run_dir),
                                 "--port", str(MESH_PORT), *self.up_args], src=self.src)
         wait_http(f"http://127.0.0.1:{MESH_PORT}/v1/models", up, "meshserve up")
-        # "  gateway metrics   http://127.0.0.1:PORT/metrics" in the table it printed ("gateway-1 ..." for more)
-        with open(log, "rb") as f:
+        with open(log, "rb") as f:  # the table this start printed
             f.seek(seen)
-            lines = f.read().decode(errors="replace").splitlines()
-        self.gateway_metrics = [ln.split()[-1] for ln in lines
-                                if ln.split()[:1] and ln.split()[0].startswith("gateway") and ln.split()[1:2] == ["metrics"]]
+            self.gateway_metrics = UpMesh(f.read().decode(errors="replace").splitlines()).all_metrics("gateway")
         return MESH_PORT
 
     def relayed(self) -> tuple[float, float]:
