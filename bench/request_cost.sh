@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # What one request costs each process of the mesh, beyond its tokens: `meshserve up --engine sim
-# --workers 1` (from TREE, default this tree), wrk sending streaming chat requests of 2 tokens
+# --workers 1` (ENGINE=vllm: the real engine) (from TREE, default this tree), wrk sending streaming chat requests of 2 tokens
 # (32 connections, 5 s warm-up, then 20 s measured), CPU seconds of each service read from /proc
 # around the measured run, divided by the requests served. Steadier than throughput on a shared
 # machine: each figure is one process's own CPU.
 #   bench/request_cost.sh OUT_DIR [meshserve up flags]      (TREE=/path/to/other/tree for an A/B)
 #   SPY=gateway bench/request_cost.sh ...    also records a py-spy profile of that service (raw)
+#   ENGINE=vllm bench/request_cost.sh ...    on the real vLLM engine (the model's own tokenizer)
 # Needs wrk (Debian's package) and, for SPY, py-spy on PATH.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")/.." && pwd)
@@ -15,7 +16,7 @@ mkdir -p "$OUT"
 command -v wrk >/dev/null || { echo "request_cost.sh needs wrk (apt-get install wrk)"; exit 1; }
 cd "$TREE"
 export PYTHONPATH=$TREE  # every service the launcher starts runs this tree
-"$HERE/.venv/bin/python" -m commands.cli up --engine sim --workers 1 --run-dir "$OUT/run" "$@" > "$OUT/up.log" 2>&1 &
+"$HERE/.venv/bin/python" -m commands.cli up --engine "${ENGINE:-sim}" --workers 1 --run-dir "$OUT/run" "$@" > "$OUT/up.log" 2>&1 &
 UP=$!
 trap 'kill -INT $UP; wait $UP || true' EXIT
 until grep -q "meshserve is up" "$OUT/up.log"; do kill -0 $UP 2>/dev/null || { cat "$OUT/up.log"; exit 1; }; sleep 1; done

@@ -11,6 +11,7 @@ the whole text is tokenized. The ids are the same either way (tests/unit/test_pr
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import logging
 from collections import OrderedDict
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 
 import prometheus_client
 
-from services.prompts import ROOT_HASH, Encoder, block_hashes, cacheable_blocks, load_encoder
+from services.prompts import ROOT_HASH, SIM_TOKENIZER, Encoder, block_hashes, cacheable_blocks, load_encoder
 
 log = logging.getLogger(__name__)
 
@@ -171,25 +172,34 @@ class PromptBlocks:
         self.block_size = 0
         self._reuse: TokenReuse | None = None
         self._failed: set[str] = set()
+        self._loading = asyncio.Lock()  # one tokenizer load at a time, off the event loop
 
     @property
     def ready(self) -> bool:
         return self._reuse is not None
 
-    def configure(self, tokenizer: str, block_size: int) -> None:
-        """Takes a worker's tokenizer and block size; loads the tokenizer on first sight. One that
+    async def configure(self, tokenizer: str, block_size: int) -> None:
+        """Takes a worker's tokenizer and block size; loads the tokenizer on first sight (a Hugging
+        Face one in a thread: seconds, during which the router's picks go by load). One that
         cannot be loaded here (a path only the workers see) leaves the router without a prefix
         view: its prefix policies fall back to the text hash, and the log says why, once."""
-        if not tokenizer or block_size <= 0 or tokenizer in self._failed:
-            return
-        if tokenizer == self.tokenizer_name and block_size == self.block_size:
-            return
-        if self._reuse is not None:
-            log.warning("workers disagree on their tokenizer or block size (%s/%d vs %s/%d); "
-                        "keeping the first", tokenizer, block_size, self.tokenizer_name, self.block_size)
-            return
+        async with self._loading:
+            if not tokenizer or block_size <= 0 or tokenizer in self._failed:
+                return
+            if tokenizer == self.tokenizer_name and block_size == self.block_size:
+                return
+            if self._reuse is not None:
+                log.warning("workers disagree on their tokenizer or block size (%s/%d vs %s/%d); "
+                            "keeping the first", tokenizer, block_size, self.tokenizer_name, self.block_size)
+                return
+            await self._load(tokenizer, block_size)
+
+    async def _load(self, tokenizer: str, block_size: int) -> None:
         try:
-            reuse = TokenReuse(load_encoder(tokenizer), block_size)
+            # The sim's stand-in at once; a Hugging Face tokenizer off the loop.
+            encoder = (load_encoder(tokenizer) if tokenizer == SIM_TOKENIZER
+                       else await asyncio.to_thread(load_encoder, tokenizer))
+            reuse = TokenReuse(encoder, block_size)
         except Exception as e:  # noqa: BLE001 - any loading failure means no prefix view
             self._failed.add(tokenizer)
             log.warning("cannot load the workers' tokenizer %r (%s); prefix routing falls back to "

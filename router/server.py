@@ -21,7 +21,7 @@ from router.discovery import EndpointSliceDiscovery, api_client, own_namespace
 from router.kv_index import KvIndex
 from router.policies import Choice, NoWorker, PickContext, Policy, build_policy
 from router.prefix import PromptBlocks
-from router.state import WorkerTable, WorkerView
+from router.state import Fleet, WorkerTable, WorkerView
 from router.watcher import Watcher, load_to_pb
 from services import server as bootstrap
 from services import telemetry
@@ -56,6 +56,11 @@ PREDICTED_CACHED = prometheus_client.Counter(
     "meshserve_router_predicted_cached_tokens_total",
     "Prompt tokens the router expected the chosen workers to find in their prefix caches "
     "(compare with the workers' vllm:prefix_cache_hits_total)",
+)
+PREFIX_READY = prometheus_client.Gauge(
+    "meshserve_router_prefix_view_ready",
+    "1 once the router hashes prompts with the workers' tokenizer; 0 before (loading it, or no "
+    "worker yet) or when it cannot load it (prefix policies then use the prompt's text hash)",
 )
 INDEX_BLOCKS = prometheus_client.Gauge(
     "meshserve_router_kv_index_blocks", "Distinct KV blocks in the router's index, by view", ["view"]
@@ -101,6 +106,7 @@ class Router:
         self._clock = clock
         self._next_expiry = 0.0
         self._rng = rng or random.Random()
+        PREFIX_READY.set_function(lambda: float(self.prefix.ready))
         INDEX_BLOCKS.labels(view="kv").set_function(lambda: len(self.kv))
         INDEX_BLOCKS.labels(view="approx").set_function(lambda: len(self.approx))
         INDEX_BLOCKS.labels(view="pending").set_function(lambda: len(self.pending))
@@ -111,12 +117,17 @@ class Router:
         view = self.policy.prefix_view
         now = self._clock()
         known: dict[str, Any] = {"now": self.table.now()}  # the time the workers' reports are on
-        if view and self.prefix.ready:
+        fleet = self.table.fleet()
+        if view and not _choices(fleet, ctx.exclude):
+            # One worker to choose from: the prompt's blocks would change nothing. Not worked out
+            # (no tokenizing, not even the text hash), no cached tokens predicted.
+            known.update(block_hashes=(), cached_blocks={})
+        elif view and self.prefix.ready:
             hashes = self.prefix.chain(ctx.prompt if not messages else "", messages)
             known.update(block_hashes=hashes, cached_blocks=self._cached(view, hashes, now))
         ctx = replace(ctx, **known)
         try:
-            choice = self.policy.pick(ctx, self.table.fleet(), self._rng)
+            choice = self.policy.pick(ctx, fleet, self._rng)
         except NoWorker:
             NO_WORKER.inc()
             raise
@@ -161,6 +172,13 @@ class Router:
         self.table.remove(address)
         self.approx.drop(address)
         self.pending.drop(address)
+
+
+def _choices(fleet: Fleet, exclude: frozenset[str]) -> bool:
+    """Whether more than one of ``fleet``'s workers is not excluded."""
+    if len(fleet.views) > 1 + len(exclude):
+        return True
+    return sum(view.worker_id not in exclude for view in fleet.views) > 1
 
 
 async def set_workers(router: Router, watcher: Watcher, addresses: Iterable[str]) -> None:
@@ -247,7 +265,7 @@ class RouterServicer(pb_grpc.RouterServicer):
             raise
         choice, reason = pick.choice, pick.reason
         worker = choice.worker
-        log.info(
+        log.debug(  # the same on the pick's span; a line per pick costs ~30 us at INFO
             "request %s -> %s (%s, score %.2f of %d candidates, outstanding %d, cached %d tokens)",
             request.request_id, worker.worker_id, reason, choice.score, choice.num_candidates,
             worker.outstanding, pick.predicted_cached_tokens,

@@ -77,6 +77,7 @@ class Watcher:
         self._initial_backoff_s = initial_backoff_s
         self._max_backoff_s = max_backoff_s
         self._tasks: dict[str, asyncio.Task[None]] = {}  # by address
+        self._configuring: set[asyncio.Task[None]] = set()  # the prompt view's tokenizer, loading
 
     def start(self) -> None:
         for address in self._table.addresses():
@@ -96,7 +97,7 @@ class Watcher:
             await asyncio.gather(task, return_exceptions=True)
 
     async def close(self) -> None:
-        tasks, self._tasks = list(self._tasks.values()), {}
+        tasks, self._tasks = [*self._tasks.values(), *self._configuring], {}
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -121,8 +122,11 @@ class Watcher:
         async with insecure_channel(address) as channel:
             stub = pb_grpc.WorkerStub(channel)
             info = await stub.Info(pb.InfoRequest(), timeout=self._stale_after_s)
-            if self._prefix is not None:
-                self._prefix.configure(info.tokenizer, info.block_size)
+            if self._prefix is not None:  # meanwhile the worker's reports flow
+                configuring = asyncio.create_task(self._prefix.configure(info.tokenizer, info.block_size),
+                                                  name=f"tokenizer of {address}")
+                self._configuring.add(configuring)
+                configuring.add_done_callback(self._configuring.discard)
             kv_events = self._kv is not None and info.kv_events
             kv_task = None
             try:

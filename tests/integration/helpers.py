@@ -26,9 +26,10 @@ from tests.conftest import free_port, free_port_block
 
 def mesh_spec(run_dir: Path, engine: str, *, workers: int = 1, grace_seconds: float = 2,
               worker: WorkerConfig | None = None, gateway: GatewayConfig | None = None,
-              envoy: EnvoyConfig | None = None, cache: CacheConfig | None = None, **spec: object) -> MeshSpec:
+              envoy: EnvoyConfig | None = None, cache: CacheConfig | None = None,
+              router: RouterConfig | None = None, **spec: object) -> MeshSpec:
     """A mesh for one test module: every service on free ports (workers on a block of them),
-    short grace periods; ``worker``/``gateway``/``envoy``/``cache`` give other settings (their ports are
+    short grace periods; ``worker``/``gateway``/``envoy``/``cache``/``router`` give other settings (their ports are
     replaced), ``spec`` other MeshSpec fields."""
     grace = {"grace_seconds": grace_seconds}
     return MeshSpec(
@@ -37,7 +38,7 @@ def mesh_spec(run_dir: Path, engine: str, *, workers: int = 1, grace_seconds: fl
         redis_port=free_port(),
         run_dir=run_dir,
         worker=dataclasses.replace(worker or WorkerConfig(), port=free_port_block(workers), **grace),
-        router=RouterConfig(port=free_port(), **grace),
+        router=dataclasses.replace(router or RouterConfig(), port=free_port(), **grace),
         cache=dataclasses.replace(cache or CacheConfig(), port=free_port(), **grace),
         gateway=dataclasses.replace(gateway or GatewayConfig(), port=free_port(), **grace),
         envoy=dataclasses.replace(envoy or EnvoyConfig(), listen_port=free_port(), admin_port=free_port()),

@@ -24,10 +24,12 @@ from typing import Any
 import httpx
 import jsonschema
 import openai
+import prometheus_client
 import psutil
 import pytest
 
-from services.config import DEFAULT_MODEL
+from router.server import start_router
+from services.config import DEFAULT_MODEL, RouterConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.server import insecure_channel
@@ -41,6 +43,7 @@ from tests.integration.helpers import (
     scrape,
     text,
     token_ids,
+    until,
     wait_until,
     worker_generate,
 )
@@ -65,13 +68,13 @@ class UpMesh:
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator[UpMesh]:
     run_dir = tmp_path_factory.mktemp("up")
-    ports = {name: free_port() for name in ("port", "admin", "gw", "http", "router", "cache", "worker", "redis")}
+    ports = {name: free_port() for name in ("port", "admin", "gw", "http", "router", "cache", "worker", "redis", "trace")}
     argv = [
         sys.executable, "-m", "commands.cli", "up", "--engine", "vllm", "--workers", "1",
         "--port", str(ports["port"]), "--admin-port", str(ports["admin"]),
         "--gateway-port", str(ports["gw"]), "--gateway-http-port", str(ports["http"]), "--router-port", str(ports["router"]),
         "--cache-port", str(ports["cache"]), "--worker-port", str(ports["worker"]),
-        "--redis-port", str(ports["redis"]), "--run-dir", str(run_dir), "--enforce-eager",
+        "--redis-port", str(ports["redis"]), "--trace-port", str(ports["trace"]), "--run-dir", str(run_dir), "--enforce-eager",
         "--routing", "kv-aware", "--tool-call-parser", "pythonic",
     ]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ})
@@ -166,22 +169,35 @@ async def test_router_predicts_the_prefix_vllm_finds_cached(mesh: UpMesh, kind: 
                                  pb.ChatMessage(role="user", content=question)]}
         return {"prompt": PREFIX + question}
 
-    router_metrics = mesh.metrics_url("router")
-    before = metric_sum(scrape(router_metrics), "meshserve_router_kv_index_blocks", view="kv")
-    # Straight to the worker: the router hears of it only through vLLM's events.
-    first = await worker_generate(mesh.worker, **request(f"Where is order {kind} 1?"), max_tokens=2,
-                                  temperature=0)
-    prompt_tokens = first[-1].usage.prompt_tokens
-    assert prompt_tokens > 4 * 32  # several blocks of 32 tokens (vLLM's block on CPU)
+    # A router of its own (in this process) over the mesh's worker and a second one that is down:
+    # with one worker to choose from, a router has no choice to make and predicts nothing.
+    router = await start_router(RouterConfig(port=0, metrics_port=-1, grace_seconds=0.5, routing="kv-aware",
+                                             workers=[mesh.worker, f"127.0.0.1:{free_port()}"]))
+    channel = insecure_channel(f"127.0.0.1:{router.port}")
+    stub = pb_grpc.RouterStub(channel)
 
-    def indexed() -> bool:
-        return metric_sum(scrape(router_metrics), "meshserve_router_kv_index_blocks", view="kv") >= before + 4
+    def index_blocks() -> float:
+        return prometheus_client.REGISTRY.get_sample_value("meshserve_router_kv_index_blocks", {"view": "kv"}) or 0
 
-    await wait_until(indexed, 10, "the router to index the worker's new blocks")
-    router = (mesh.run_dir / "router.ready").read_text().split()[0]
-    second = request(f"And order {kind} 2?")
-    async with insecure_channel(router) as channel:
-        pick = await pb_grpc.RouterStub(channel).Pick(pb.PickRequest(request_id=f"kv-{kind}", **second), timeout=10)
+    async def ready() -> bool:  # the first report brings what the engine holds already
+        listing = await stub.ListWorkers(pb.ListWorkersRequest(), timeout=5)
+        loaded = prometheus_client.REGISTRY.get_sample_value("meshserve_router_prefix_view_ready")
+        return loaded == 1 and any(w.healthy for w in listing.workers)
+
+    try:
+        await until(ready, "the router to hear from the worker and load its tokenizer", timeout=30)
+        before = index_blocks()
+        # Straight to the worker: the router hears of it only through vLLM's events.
+        first = await worker_generate(mesh.worker, **request(f"Where is order {kind} 1?"), max_tokens=2,
+                                      temperature=0)
+        prompt_tokens = first[-1].usage.prompt_tokens
+        assert prompt_tokens > 4 * 32  # several blocks of 32 tokens (vLLM's block on CPU)
+        await wait_until(lambda: index_blocks() >= before + 4, 10, "the router to index the worker's new blocks")
+        second = request(f"And order {kind} 2?")
+        pick = await stub.Pick(pb.PickRequest(request_id=f"kv-{kind}", **second), timeout=10)
+    finally:
+        await channel.close()
+        await router.shutdown()
     answer = await worker_generate(pick.address, **second, max_tokens=2, temperature=0)
     cached = answer[-1].usage.cached_prompt_tokens
     assert cached >= 4 * 32, "vLLM found the prefix cached"

@@ -23,6 +23,7 @@ import yaml
 
 from commands.launcher import Mesh, MeshSpec
 from deploy import envoy_config
+from services.config import RouterConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.server import insecure_channel
@@ -37,7 +38,9 @@ WAIT_S = 20.0  # spans are exported in batches about every second (services and 
 
 
 def _spec(tmp_path_factory: pytest.TempPathFactory, name: str, ratio: float) -> MeshSpec:
-    return mesh_spec(tmp_path_factory.mktemp(name), "sim", tracing=True, trace_sampling_ratio=ratio)
+    # The router logs each pick (with its trace id) at debug level only.
+    return mesh_spec(tmp_path_factory.mktemp(name), "sim", tracing=True, trace_sampling_ratio=ratio,
+                     router=RouterConfig(log_level="DEBUG"))
 
 
 @pytest.fixture(scope="module")
@@ -108,10 +111,10 @@ def _assert_one_linked_trace(spans: list[traces.Span], trace_id: str, gateway_rp
     pick = _one(spans, "router", "Router/Pick")
     assert pick.attributes["meshserve.worker"] == "worker-0"
     assert pick.attributes["meshserve.router.reason"] == "kv-aware"  # the default policy
-    assert "meshserve.router.predicted_cached_tokens" in pick.attributes
+    assert pick.attributes["meshserve.router.predicted_cached_tokens"] == 0
     assert pick.attributes["meshserve.router.candidates"] == 1
-    # Each scorer's score of the chosen worker: the only candidate, so it holds what every
-    # candidate holds (kv 0) and is the least loaded (load 1).
+    # Each scorer's score of the chosen worker: the only candidate, so its prompt was not worked
+    # out (kv 0, no cached tokens predicted) and it is the least loaded (load 1).
     assert pick.attributes["meshserve.router.score.kv"] == 0.0
     assert pick.attributes["meshserve.router.score.load"] == 1.0
     worker = _one(spans, "worker", "Worker/Generate")

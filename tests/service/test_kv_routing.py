@@ -5,16 +5,19 @@ worker that goes away, and is rebuilt by a router that restarts."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator
 
 import grpc
 import prometheus_client
 import pytest
 
+from router import prefix
 from router.server import start_router
 from services.config import RouterConfig, WorkerConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
+from services.prompts import SimEncoder
 from services.server import Running, insecure_channel
 from tests.integration.helpers import until
 from worker.server import WorkerServicer, start_worker
@@ -22,9 +25,10 @@ from worker.server import WorkerServicer, start_worker
 PREFIX = " ".join(f"w{i:03d}" for i in range(200))  # 200 sim tokens: 12 full blocks of 16
 
 
-def index_blocks() -> float | None:
-    """The router's own gauge of the blocks in its KV index (the router runs in this process)."""
-    return prometheus_client.REGISTRY.get_sample_value("meshserve_router_kv_index_blocks", {"view": "kv"})
+def index_blocks(view: str = "kv") -> float | None:
+    """The router's own gauge of the blocks in its KV index (the router runs in this process);
+    ``pending``: the blocks of the prompts it sent that the workers have not reported yet."""
+    return prometheus_client.REGISTRY.get_sample_value("meshserve_router_kv_index_blocks", {"view": view})
 
 
 async def pick(router: pb_grpc.RouterStub, prompt: str) -> pb.PickResponse:
@@ -39,14 +43,20 @@ async def generate(address: str, prompt: str) -> list[pb.GenerateResponse]:
         return [c async for c in stub.Generate(req, timeout=10)]
 
 
-@pytest.fixture
-async def workers() -> AsyncIterator[list[tuple[Running, str]]]:
+async def start_sim_workers(n: int) -> list[tuple[Running, str]]:
+    """``n`` sim workers, kv0 onwards, and their addresses."""
     started = []
-    for i in range(2):
+    for i in range(n):
         cfg = WorkerConfig(host="127.0.0.1", port=0, metrics_port=-1, engine="sim", worker_id=f"kv{i}",
                            grace_seconds=1.0, sim_itl_base_ms=1.0)
-        running, servicer = await start_worker(cfg)
+        running, _ = await start_worker(cfg)
         started.append((running, f"127.0.0.1:{running.port}"))
+    return started
+
+
+@pytest.fixture
+async def workers() -> AsyncIterator[list[tuple[Running, str]]]:
+    started = await start_sim_workers(2)
     yield started
     for running, _ in started:
         await running.shutdown()
@@ -104,6 +114,72 @@ async def test_router_predicts_the_engines_cached_tokens_and_follows_its_workers
         await channel.close()
 
 
+async def test_a_pick_with_one_worker_to_choose_from_does_not_work_out_the_prompt(
+    workers: list[tuple[Running, str]],
+) -> None:
+    """With one worker left to choose from (the others excluded, or the only one), the prompt's
+    blocks would change nothing: the router does not work them out, so it predicts no cached
+    tokens and records no pending blocks, even on a worker that holds the prefix."""
+    addresses = [a for _, a in workers]
+    router, stub, channel = await router_on(addresses)
+    try:
+        await generate(addresses[0], PREFIX + " first question")
+
+        async def indexed() -> bool:
+            return (index_blocks() or 0) >= 12
+
+        await until(indexed, "the router to index kv0's blocks")
+        alone = await stub.Pick(pb.PickRequest(request_id="alone", prompt=PREFIX + " second question",
+                                               exclude=["kv1"]), timeout=5)
+        assert (alone.worker_id, alone.predicted_cached_tokens) == ("kv0", 0)
+        assert index_blocks("pending") == 0
+        choosing = await pick(stub, PREFIX + " second question")
+        assert (choosing.worker_id, choosing.predicted_cached_tokens) == ("kv0", 12 * 16)
+        assert (index_blocks("pending") or 0) >= 12
+    finally:
+        await router.shutdown()
+        await channel.close()
+
+
+async def test_picks_go_by_load_while_the_workers_tokenizer_loads(
+    workers: list[tuple[Running, str]], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Hugging Face tokenizer takes seconds to load: the router loads it in a thread, the workers'
+    reports and KV events flow meanwhile and picks go by load; once it is loaded, picks predict."""
+    loaded = threading.Event()
+
+    def slow_load(name: str) -> SimEncoder:
+        loaded.wait(30)
+        return SimEncoder()
+
+    monkeypatch.setattr(prefix, "load_encoder", slow_load)
+    monkeypatch.setattr(prefix, "SIM_TOKENIZER", "")  # the sim's tokenizer loads as any other would
+    addresses = [a for _, a in workers]
+    router, stub, channel = await router_on(addresses)
+    try:
+        await generate(addresses[1], PREFIX + " first question")
+
+        async def indexed() -> bool:
+            return (index_blocks() or 0) >= 12
+
+        await until(indexed, "the router to index kv1's blocks while its tokenizer loads")
+        waiting = await pick(stub, PREFIX + " second question")
+        assert waiting.predicted_cached_tokens == 0
+        assert prometheus_client.REGISTRY.get_sample_value("meshserve_router_prefix_view_ready") == 0
+        loaded.set()
+
+        async def ready() -> bool:
+            return prometheus_client.REGISTRY.get_sample_value("meshserve_router_prefix_view_ready") == 1
+
+        await until(ready, "the tokenizer to load")
+        choice = await pick(stub, PREFIX + " third question")
+        assert (choice.worker_id, choice.predicted_cached_tokens) == ("kv1", 12 * 16)
+    finally:
+        loaded.set()
+        await router.shutdown()
+        await channel.close()
+
+
 async def test_a_busy_worker_merges_its_load_and_kv_changes_into_one_report_per_interval() -> None:
     cfg = WorkerConfig(host="127.0.0.1", port=0, metrics_port=-1, engine="sim", worker_id="busy",
                        grace_seconds=1.0, sim_itl_base_ms=5.0, load_report_min_interval_s=0.2,
@@ -147,29 +223,29 @@ async def test_a_busy_worker_merges_its_load_and_kv_changes_into_one_report_per_
 
 
 async def test_an_older_worker_s_kv_events_are_read_from_their_own_stream(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A worker from before KV events rode on WatchLoad sends its reports without them: the router
-    reads its WatchKvEvents stream instead and knows its cache all the same."""
+    """Workers from before KV events rode on WatchLoad send their reports without them: the router
+    reads their WatchKvEvents streams instead and knows their caches all the same (two of them:
+    with one, the router has no choice to make and predicts nothing)."""
     real = WorkerServicer.WatchLoad
 
     def older(self: WorkerServicer, request: pb.WatchLoadRequest, context: grpc.aio.ServicerContext):  # noqa: ANN202
         return real(self, pb.WatchLoadRequest(), context)  # the kv_events field unknown to it
 
-    monkeypatch.setattr(WorkerServicer, "WatchLoad", older)
-    cfg = WorkerConfig(host="127.0.0.1", port=0, metrics_port=-1, engine="sim", worker_id="old",
-                       grace_seconds=1.0, sim_itl_base_ms=1.0)
-    running, _ = await start_worker(cfg)
-    address = f"127.0.0.1:{running.port}"
-    router, stub, channel = await router_on([address])
+    monkeypatch.setattr(WorkerServicer, "WatchLoad", older)  # before the workers' servers start
+    workers = await start_sim_workers(2)
+    addresses = [a for _, a in workers]
+    router, stub, channel = await router_on(addresses)
     try:
-        await generate(address, PREFIX + " first question")
+        await generate(addresses[1], PREFIX + " first question")
 
         async def indexed() -> bool:
             return (index_blocks() or 0) >= 12
 
-        await until(indexed, "the router to index the older worker's blocks")
+        await until(indexed, "the router to index the older workers' blocks")
         choice = await pick(stub, PREFIX + " second question")
-        assert (choice.worker_id, choice.predicted_cached_tokens) == ("old", 12 * 16)
+        assert (choice.worker_id, choice.predicted_cached_tokens) == ("kv1", 12 * 16)
     finally:
         await router.shutdown()
         await channel.close()
-        await running.shutdown()
+        for running, _ in workers:
+            await running.shutdown()

@@ -61,9 +61,9 @@ def test_a_repeated_text_and_an_evicted_one(encoder: Encoder) -> None:
         assert reuse.tokens(text, False) == (len(ids), block_hashes(ids, BLOCK))
 
 
-def test_the_chain_of_a_chat_is_its_templates_tokens(tiny_model: Path) -> None:
+async def test_the_chain_of_a_chat_is_its_templates_tokens(tiny_model: Path) -> None:
     blocks = PromptBlocks()
-    blocks.configure(str(tiny_model), BLOCK)
+    await blocks.configure(str(tiny_model), BLOCK)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     system = {"role": "system", "content": " ".join(["be brief and exact"] * 60)}
     history: list[dict[str, str]] = [system]

@@ -1,3 +1,4 @@
+import asyncio
 import random, sys, time, statistics
 sys.path.insert(0, sys.argv[1] if len(sys.argv) > 1 else "/work/main")
 from router.server import Router
@@ -12,7 +13,9 @@ prefix_blocks = [block_hashes(sim_tokenize(p), BLOCK) for p in prompts[:64]]
 addrs = [f"10.0.0.{i}:50051" for i in range(N)]
 table = WorkerTable(addrs)
 router = Router(table, build_policy("kv-aware"), 2.0, random.Random(1))
-router.prefix.configure("sim", BLOCK)
+configured = router.prefix.configure("sim", BLOCK)
+if asyncio.iscoroutine(configured):  # async since session 25
+    asyncio.run(configured)
 for i, a in enumerate(addrs):
     r = random.Random(i)
     table.on_connected(a, f"sim-{i}")

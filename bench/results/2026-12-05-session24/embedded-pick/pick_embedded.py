@@ -4,7 +4,7 @@ benchmark's prefix workload: 4 sim workers, prefix_repetition prompts of 1,000-w
 
     taskset -c 1 .venv/bin/python bench/results/2026-12-05-session24/embedded-pick/pick_embedded.py TREE [SECONDS] [--profile]
 """
-import cProfile, pstats, random, sys, time
+import asyncio, cProfile, pstats, random, sys, time
 tree = sys.argv[1]
 sys.path.insert(0, tree)
 seconds = float(sys.argv[2]) if len(sys.argv) > 2 and not sys.argv[2].startswith("-") else 5.0
@@ -23,7 +23,9 @@ prompts = [r.prompt for r in prefix_repetition_requests(1200, 16, 1000, 64, 32, 
 addrs = [f"127.0.0.1:{50051 + i}" for i in range(4)]
 table = WorkerTable(addrs)
 router = Router(table, build_policy("kv-aware"), 2.0, random.Random(1))
-router.prefix.configure("sim", 16)
+configured = router.prefix.configure("sim", 16)
+if asyncio.iscoroutine(configured):  # async since session 25
+    asyncio.run(configured)
 chains = [block_hashes(sim_tokenize(p), 16) for p in prompts[:16]]
 for i, a in enumerate(addrs):
     table.on_connected(a, f"worker-{i}")
