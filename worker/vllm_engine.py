@@ -216,8 +216,10 @@ class VllmEngine(Engine):
         self._tokenizer = AutoTokenizer.from_pretrained(self._model_path)
         before = {p.pid for p in psutil.Process().children()}
         self._llm = AsyncLLM.from_engine_args(args, stat_loggers=[self._make_stat_logger])
-        # The engine-core processes AsyncLLM just started (an embedding process may have others).
-        cores = [p for p in psutil.Process().children() if p.pid not in before]
+        # The engine-core processes AsyncLLM just started (an embedding process may have others),
+        # not multiprocessing's resource tracker, started with the first of them: it is this
+        # process's and exits with it, so closing the engine must not wait for it.
+        cores = [p for p in psutil.Process().children() if p.pid not in before and not _resource_tracker(p)]
         self.processes = cores
         if on_cpu and _on_small_machine(cfg.engine_core_cpus, on="shared"):
             colocate_engine_core(cores)
@@ -398,6 +400,15 @@ def _token_logprobs(token_ids: Any, positions: Any, num_top: int) -> list[TokenL
             top=[(tid, lp.decoded_token or "", max(lp.logprob, LOGPROB_FLOOR)) for _, tid, lp in top[:num_top]],
         ))
     return out
+
+
+def _resource_tracker(proc: psutil.Process) -> bool:
+    """Whether ``proc`` is Python multiprocessing's resource tracker (it runs ``-c "from
+    multiprocessing.resource_tracker import main; ..."``)."""
+    try:
+        return any("multiprocessing.resource_tracker" in arg for arg in proc.cmdline())
+    except psutil.Error:
+        return False
 
 
 def _reap(processes: list[psutil.Process], timeout_s: float = 10.0) -> None:

@@ -108,6 +108,8 @@ def mesh(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator
     assert code == 0, "".join(output)
     gone, alive = psutil.wait_procs(children, timeout=10)
     assert not alive, f"left running after Ctrl-C: {[(p.pid, p.name()) for p in alive]}"
+    # vLLM's processes went when asked: none had to be killed (the worker waits 10 s for one first).
+    assert "outlived its shutdown" not in (run_dir / "worker-0.log").read_text()
 
 
 async def test_grpc_stream_from_vllm_through_envoy(mesh: UpMesh) -> None:
