@@ -180,7 +180,7 @@ class PromptBlocks:
 
     async def configure(self, tokenizer: str, block_size: int) -> None:
         """Takes a worker's tokenizer and block size; loads the tokenizer on first sight (a Hugging
-        Face one in a thread: seconds, during which the router's picks go by load). One that
+        Face one in a thread: seconds, during which picks use the text hash and load). One that
         cannot be loaded here (a path only the workers see) leaves the router without a prefix
         view: its prefix policies fall back to the text hash, and the log says why, once."""
         async with self._loading:

@@ -147,7 +147,7 @@ async def test_picks_go_by_load_while_the_workers_tokenizer_loads(
     workers: list[tuple[Running, str]], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A Hugging Face tokenizer takes seconds to load: the router loads it in a thread, the workers'
-    reports and KV events flow meanwhile and picks go by load; once it is loaded, picks predict."""
+    reports and KV events flow meanwhile and picks predict nothing; once it is loaded, they do."""
     loaded = threading.Event()
 
     def slow_load(name: str) -> SimEncoder:
