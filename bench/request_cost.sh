@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What one request costs each process of the mesh, beyond its tokens: `meshserve up --engine sim
-# --workers 1` (ENGINE=vllm: the real engine) (from TREE, default this tree), wrk sending streaming chat requests of 2 tokens
+# --workers 1` (from TREE, default this tree), wrk sending streaming chat requests of 2 tokens
 # (32 connections, 5 s warm-up, then 20 s measured), CPU seconds of each service read from /proc
 # around the measured run, divided by the requests served. Steadier than throughput on a shared
 # machine: each figure is one process's own CPU.

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
+import prometheus_client
 import pytest
 
 from commands.launcher import MeshSpec
@@ -45,6 +46,18 @@ def mesh_spec(run_dir: Path, engine: str, *, workers: int = 1, grace_seconds: fl
         traces=TracesConfig(port=free_port(), grace_seconds=1),
         **{"ready_timeout_s": 120, **spec},
     )
+
+
+def index_blocks(view: str = "kv") -> float | None:
+    """The gauge of the blocks in the KV index of a router running in this process (its metrics
+    are this process's registry's); ``pending``: the blocks of the prompts it sent that the
+    workers have not reported yet."""
+    return prometheus_client.REGISTRY.get_sample_value("meshserve_router_kv_index_blocks", {"view": view})
+
+
+def prefix_view_ready() -> float | None:
+    """1 once a router running in this process hashes prompts with its workers' tokenizer."""
+    return prometheus_client.REGISTRY.get_sample_value("meshserve_router_prefix_view_ready")
 
 
 def scrape(url: str) -> dict[str, float]:

@@ -24,7 +24,6 @@ from typing import Any
 import httpx
 import jsonschema
 import openai
-import prometheus_client
 import psutil
 import pytest
 
@@ -38,8 +37,10 @@ from tests.integration import api_shapes
 from tests.integration.helpers import (
     exact_entries,
     generate,
+    index_blocks,
     invalid_argument,
     metric_sum,
+    prefix_view_ready,
     scrape,
     text,
     token_ids,
@@ -178,23 +179,19 @@ async def test_router_predicts_the_prefix_vllm_finds_cached(mesh: UpMesh, kind: 
     channel = insecure_channel(f"127.0.0.1:{router.port}")
     stub = pb_grpc.RouterStub(channel)
 
-    def index_blocks() -> float:
-        return prometheus_client.REGISTRY.get_sample_value("meshserve_router_kv_index_blocks", {"view": "kv"}) or 0
-
     async def ready() -> bool:  # the first report brings what the engine holds already
         listing = await stub.ListWorkers(pb.ListWorkersRequest(), timeout=5)
-        loaded = prometheus_client.REGISTRY.get_sample_value("meshserve_router_prefix_view_ready")
-        return loaded == 1 and any(w.healthy for w in listing.workers)
+        return prefix_view_ready() == 1 and any(w.healthy for w in listing.workers)
 
     try:
         await until(ready, "the router to hear from the worker and load its tokenizer", timeout=30)
-        before = index_blocks()
+        before = index_blocks() or 0
         # Straight to the worker: the router hears of it only through vLLM's events.
         first = await worker_generate(mesh.worker, **request(f"Where is order {kind} 1?"), max_tokens=2,
                                       temperature=0)
         prompt_tokens = first[-1].usage.prompt_tokens
         assert prompt_tokens > 4 * 32  # several blocks of 32 tokens (vLLM's block on CPU)
-        await wait_until(lambda: index_blocks() >= before + 4, 10, "the router to index the worker's new blocks")
+        await wait_until(lambda: (index_blocks() or 0) >= before + 4, 10, "the router to index the worker's new blocks")
         second = request(f"And order {kind} 2?")
         pick = await stub.Pick(pb.PickRequest(request_id=f"kv-{kind}", **second), timeout=10)
     finally:

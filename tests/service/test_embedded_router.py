@@ -9,14 +9,13 @@ from collections.abc import AsyncIterator
 
 import grpc
 import pytest
-from prometheus_client import REGISTRY
 
 from commands.gateway_service import start as start_gateway
 from services.config import EMBEDDED_ROUTER, GatewayConfig, WorkerConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.server import Running, insecure_channel
-from tests.integration.helpers import until
+from tests.integration.helpers import index_blocks, until
 from worker.server import start_worker
 
 PREFIX = " ".join(f"e{i:03d}" for i in range(200))  # 200 sim tokens: 12 full blocks of 16
@@ -81,7 +80,7 @@ async def test_the_gateway_picks_itself_from_the_workers_kv_events_and_lists_the
             await straight(workers[k % 2], prefix + " first question")
 
         async def indexed() -> bool:
-            return (REGISTRY.get_sample_value("meshserve_router_kv_index_blocks", {"view": "kv"}) or 0) >= 4 * 12
+            return (index_blocks() or 0) >= 4 * 12
 
         await until(indexed, "the gateway's router to index the four prefixes")
         for k, prefix in enumerate(prefixes):

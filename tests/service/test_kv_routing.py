@@ -9,7 +9,6 @@ import threading
 from collections.abc import AsyncIterator
 
 import grpc
-import prometheus_client
 import pytest
 
 from router import prefix
@@ -19,16 +18,10 @@ from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.prompts import SimEncoder
 from services.server import Running, insecure_channel
-from tests.integration.helpers import until
+from tests.integration.helpers import index_blocks, prefix_view_ready, until
 from worker.server import WorkerServicer, start_worker
 
 PREFIX = " ".join(f"w{i:03d}" for i in range(200))  # 200 sim tokens: 12 full blocks of 16
-
-
-def index_blocks(view: str = "kv") -> float | None:
-    """The router's own gauge of the blocks in its KV index (the router runs in this process);
-    ``pending``: the blocks of the prompts it sent that the workers have not reported yet."""
-    return prometheus_client.REGISTRY.get_sample_value("meshserve_router_kv_index_blocks", {"view": view})
 
 
 async def pick(router: pb_grpc.RouterStub, prompt: str) -> pb.PickResponse:
@@ -162,11 +155,11 @@ async def test_picks_go_by_load_while_the_workers_tokenizer_loads(
         await compute_prefix(addresses[1], "the router to index kv1's blocks while its tokenizer loads")
         waiting = await pick(stub, PREFIX + " second question")
         assert waiting.predicted_cached_tokens == 0
-        assert prometheus_client.REGISTRY.get_sample_value("meshserve_router_prefix_view_ready") == 0
+        assert prefix_view_ready() == 0
         loaded.set()
 
         async def ready() -> bool:
-            return prometheus_client.REGISTRY.get_sample_value("meshserve_router_prefix_view_ready") == 1
+            return prefix_view_ready() == 1
 
         await until(ready, "the tokenizer to load")
         choice = await pick(stub, PREFIX + " third question")
