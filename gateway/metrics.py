@@ -84,6 +84,11 @@ FLIGHTS = prometheus_client.Gauge(
 CACHE_SKIPPED = prometheus_client.Counter(
     "meshserve_gateway_cache_skipped_total", "Cache calls not made because the cache breaker was open"
 )
+WEIGHTS_UNKNOWN = prometheus_client.Counter(
+    "meshserve_gateway_weights_unknown_total",
+    "Cacheable requests generated on their own (not looked up, coalesced or stored) because the router "
+    "had listed no healthy worker, so the weights the cache keys answers by were not known",
+)
 CACHE_BREAKER_OPEN = prometheus_client.Gauge(
     "meshserve_gateway_cache_breaker_open", "1 while the cache breaker is open (the cache is not called)"
 )

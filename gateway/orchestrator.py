@@ -26,6 +26,7 @@ from gateway.clients import Clients
 from gateway.flights import Flight, Flights
 from gateway.picks import PickFailed, PickRefused
 from gateway.relay import WorkerFailed, add_tool_call_piece, merge
+from gateway.weights import FleetWeights
 from services import cache_keys, telemetry, validation
 from services.config import GatewayConfig
 from services.gen import meshserve_pb2 as pb
@@ -91,6 +92,7 @@ class Orchestrator:
         self._in_flight = 0
         self._flights = Flights()
         metrics.FLIGHTS.set_function(lambda: len(self._flights))
+        self._weights = FleetWeights(clients.router)  # what the cache keys answers by
         self._router_ok = True  # the same for the router
         self._max_model_len: int | None = None  # the workers' context length, once one said it
         self._breaker = Breaker(cfg.cache_breaker_failures, cfg.cache_breaker_s, clock)
@@ -176,6 +178,7 @@ class Orchestrator:
     async def close(self) -> None:
         """Lets pending cache stores finish (bounded by the cache timeout), then closes channels."""
         await self._flights.close(self._cfg.cache_timeout_s)
+        await self._weights.close()
         await self._clients.close()
 
     # -- pipeline steps ---------------------------------------------------------------------------
@@ -207,7 +210,12 @@ class Orchestrator:
         self, req: pb.GenerateRequest, tenant: str, outcome: _Outcome
     ) -> AsyncIterator[pb.GenerateResponse]:
         mode = validation.cache_mode(req, self._cfg.cache_mode)
-        if mode == validation.CACHE_OFF or not (self._clients.cache is not None or self._cfg.coalesce):
+        cached = mode != validation.CACHE_OFF and (self._clients.cache is not None or self._cfg.coalesce)
+        # The weights the fleet serves are part of the key: none known yet, nothing shared.
+        weights = await self._weights.serving() if cached else None
+        if weights is None:
+            if cached:
+                metrics.WEIGHTS_UNKNOWN.inc()
             # Sampled (or opted out): this request's own generation, nothing shared or stored.
             async with aclosing(self._stream_with_failover(req, outcome)) as stream:
                 async for chunk in stream:
@@ -216,7 +224,7 @@ class Orchestrator:
         # 3. Deterministic: identical requests in flight share one answer (gateway.flights), which
         # is a cache hit or one generation; the leader's flight stores what it generated. The
         # mode is part of the key: an "exact" request must not get a "semantic" one's hit.
-        view = self._cache_view(req)  # the request as the cache keys it, for the key, lookup and store
+        view = self._cache_view(req, weights)  # the request as the cache keys it, for the key, lookup and store
         exact = cache_keys.exact_key(view, tenant, self._cfg.cache_key_prefix)  # its entry's Redis key
         key = f"{exact}/{mode}" if self._cfg.coalesce else req.request_id  # else a flight of its own
         missed = False
@@ -234,7 +242,7 @@ class Orchestrator:
             # also stored its answer and landed meanwhile (then the flight reads that entry).
             missed = not self._flights.landed_since(key, mark)
         flight, leader = self._flights.join(
-            key, req.request_id, lambda f: self._fly(f, req, view, tenant, mode, exact, missed))
+            key, req.request_id, lambda f: self._fly(f, req, view, tenant, mode, exact, weights, missed))
         if not leader:
             metrics.COALESCED.inc()
             trace.get_current_span().set_attribute("meshserve.coalesced_with", flight.leader_request_id)
@@ -279,10 +287,11 @@ class Orchestrator:
 
     async def _fly(
         self, flight: Flight, req: pb.GenerateRequest, view: pb.GenerateRequest, tenant: str, mode: str, exact: str,
-        missed: bool = False,
+        weights: str, missed: bool = False,
     ) -> None:
         """A flight's task: the cache (unless its exact entry was just ``missed``), else one
-        generation, stored once it finished."""
+        generation, stored once it finished under the weights of the worker that generated it
+        (``view`` and ``exact`` are scoped by ``weights``, the fleet's)."""
         outcome = _Outcome(req.request_id)
         try:
             hit = None if missed else await self._lookup(view, tenant, mode, exact)
@@ -314,8 +323,16 @@ class Orchestrator:
         # 6. Store: the readers have their answer already; until the entry is stored, the finished
         # flight answers identical requests from memory; from then on the cache does, while the
         # entry is indexed by meaning (a call to the cache service, off every request's path).
-        if flight.chunks[-1].finish_reason in validation.FINISHED:
-            await self._store(view, tenant, mode, exact, flight.chunks, lambda: self._flights.landed(flight))
+        if flight.chunks[-1].finish_reason not in validation.FINISHED:
+            return
+        generated_by = await self._weights.of_worker(flight.worker)
+        if generated_by is None:  # a worker the router no longer lists: its weights are not known
+            self._flights.landed(flight)
+            return
+        if generated_by != weights:  # while new weights roll out, another worker's than the fleet's
+            view = self._cache_view(req, generated_by)
+            exact = cache_keys.exact_key(view, tenant, self._cfg.cache_key_prefix)
+        await self._store(view, tenant, mode, exact, flight.chunks, lambda: self._flights.landed(flight))
 
     async def _generate_while(
         self, flight: Flight, req: pb.GenerateRequest, outcome: _Outcome,
@@ -417,13 +434,18 @@ class Orchestrator:
             span.set_attribute("meshserve.cache.similarity", resp.similarity)
         return resp if hit else None
 
-    def _cache_view(self, req: pb.GenerateRequest) -> pb.GenerateRequest:
-        """The request as the cache keys it: an unnamed model is the served model."""
-        if req.model:
+    def _cache_view(self, req: pb.GenerateRequest, weights_id: str) -> pb.GenerateRequest:
+        """The request as the cache keys it: an unnamed model is the served model, and the weights
+        that answer it are part of the model's name (``name@weights_id``) when the workers say
+        which (WorkerInfo.weights_id): new weights under the same name have entries of their own."""
+        model = req.model or self._cfg.model
+        if weights_id:
+            model = f"{model}@{weights_id}"
+        if model == req.model:
             return req
         view = pb.GenerateRequest()
         view.CopyFrom(req)
-        view.model = self._cfg.model
+        view.model = model
         return view
 
     async def serving_workers(self) -> tuple[int, str]:

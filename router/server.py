@@ -305,6 +305,7 @@ def _worker_state(view: WorkerView, healthy: bool) -> pb.WorkerState:
         address=view.address,
         healthy=healthy,
         assigned_unreported=view.assigned_unreported,
+        weights_id=view.weights_id,
     )
     if view.load is not None:
         state.load.CopyFrom(load_to_pb(view.worker_id, view.load))

@@ -44,13 +44,14 @@ class WorkerView(NamedTuple):
     # Requests the worker holds or is about to receive: the engine's running + waiting, or the
     # streams it accepted if more (its engine has not queued them yet), plus the unreported picks.
     outstanding: int = 0
+    weights_id: str = ""                 # WorkerInfo.weights_id, from its connection
 
     @classmethod
     def of(cls, worker_id: str, address: str, connected: bool = False, load: WorkerLoad | None = None,
-           reported_at: float | None = None, assigned_unreported: int = 0) -> WorkerView:
+           reported_at: float | None = None, assigned_unreported: int = 0, weights_id: str = "") -> WorkerView:
         engine = 0 if load is None else max(load.num_running + load.num_waiting, load.num_in_flight)
         return cls(worker_id, address, connected, load, reported_at, assigned_unreported,
-                   engine + assigned_unreported)
+                   engine + assigned_unreported, weights_id)
 
     def is_healthy(self, stale_after_s: float, now: float) -> bool:
         """Connected, and its last report is fresh at clock time ``now``."""
@@ -199,10 +200,10 @@ class WorkerTable:
         for e in changed:
             self._refresh(e)
 
-    def on_connected(self, address: str, worker_id: str) -> None:
+    def on_connected(self, address: str, worker_id: str, weights_id: str = "") -> None:
         entry = self._workers[address]
         entry.received = None  # the next report starts the count on this stream
-        self._refresh(entry, worker_id=worker_id or address, connected=True)
+        self._refresh(entry, worker_id=worker_id or address, connected=True, weights_id=weights_id)
 
     def on_report(self, address: str, load: WorkerLoad) -> None:
         entry = self._workers[address]
@@ -228,7 +229,8 @@ class WorkerTable:
     def _refresh(self, entry: _Entry, **changed: Any) -> None:
         """Remakes the worker's view with ``changed`` fields and its current unsettled picks."""
         v = entry.view._replace(**changed)
-        entry.view = WorkerView.of(v.worker_id, v.address, v.connected, v.load, v.reported_at, len(entry.picks))
+        entry.view = WorkerView.of(v.worker_id, v.address, v.connected, v.load, v.reported_at, len(entry.picks),
+                                   v.weights_id)
         self._views[entry.index] = entry.view
         self._columns.set(entry.index, entry.view)
 

@@ -190,7 +190,7 @@ class Watcher:
                 return
             if first:
                 first = False
-                self._table.on_connected(address, info.worker_id or report.worker_id)
+                self._table.on_connected(address, info.worker_id or report.worker_id, info.weights_id)
                 log.info("worker %s (%s) connected: %s engine", info.worker_id, address, info.engine)
             self._table.on_report(address, load_from_pb(report))
             yield report

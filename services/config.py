@@ -77,6 +77,10 @@ class WorkerConfig(ServerConfig):
         "vllm", "engine: vllm (real), sim (latency simulator) or transformers (baseline)", choices=WORKER_ENGINES,
     )
     model: str = _f("", "model path (default: the project's tiny model, built on first use)")
+    weights_id: str = _f(
+        "", "what the response cache keys this worker's answers by beyond the model's name (a model "
+        "version, say); default: a fingerprint of the model's files (vllm, transformers), none (sim)",
+    )
     tensor_parallel_size: int = _f(1, "tensor-parallel degree of the vLLM engine")
     max_model_len: int = _f(2048, "context length (prompt + completion) in tokens")
     max_num_seqs: int = _f(256, "most requests in one running batch")

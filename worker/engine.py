@@ -158,6 +158,7 @@ class EngineInfo:
     max_num_seqs: int
     tokenizer: str = ""   # what the router tokenizes prompts with ("sim", a path or a name)
     tool_call_parser: str = ""  # vLLM's tool parser for tool_choice "auto"; "" none
+    weights_id: str = ""  # what its answers depend on beyond the model's name (worker.weights)
 
 
 _DEFAULT_REQUEST = Request(request_id="")

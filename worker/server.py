@@ -409,7 +409,7 @@ class WorkerServicer(pb_grpc.WorkerServicer):
             tensor_parallel_size=info.tensor_parallel_size, max_model_len=info.max_model_len,
             block_size=info.block_size, max_num_seqs=info.max_num_seqs,
             tokenizer=info.tokenizer, kv_events=self.engine.kv_cache is not None,
-            tool_call_parser=info.tool_call_parser,
+            tool_call_parser=info.tool_call_parser, weights_id=info.weights_id,
         )
 
     async def Tokenize(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:

@@ -248,6 +248,7 @@ class SimEngine(Engine):
             block_size=cfg.block_size,
             max_num_seqs=cfg.max_num_seqs,
             tokenizer=SIM_TOKENIZER,
+            weights_id=cfg.weights_id,  # none of its own: its answers depend on no files
         )
         self.load_signal = LoadSignal()
         self.kv_cache = KvCacheView(cfg.block_size) if cfg.kv_events and cfg.enable_prefix_caching else None

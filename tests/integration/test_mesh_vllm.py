@@ -26,9 +26,11 @@ import jsonschema
 import openai
 import psutil
 import pytest
+import redis
 
 from router.server import start_router
-from services.config import DEFAULT_MODEL, RouterConfig
+from services.cache_keys import exact_key
+from services.config import DEFAULT_MODEL, CacheConfig, RouterConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.server import insecure_channel
@@ -48,6 +50,8 @@ from tests.integration.helpers import (
     wait_until,
     worker_generate,
 )
+from worker.tiny_model import ensure_model
+from worker.weights import fingerprint
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
 
@@ -218,6 +222,13 @@ async def test_second_identical_greedy_request_is_served_from_cache(mesh: UpMesh
     assert all(c.cached for c in second) and second[0].worker == ""
     assert text(second) == text(first) and token_ids(second) == token_ids(first)
     assert metric_sum(scrape(worker_metrics), "meshserve_worker_requests_total") == served_before
+    # Keyed by the weights the worker loaded (a fingerprint of the model's files), not the name alone.
+    async with insecure_channel(mesh.worker) as channel:
+        info = await pb_grpc.WorkerStub(channel).Info(pb.InfoRequest(), timeout=5)
+    assert info.weights_id == fingerprint(str(ensure_model()))
+    scoped = pb.GenerateRequest(**req, model=f"{DEFAULT_MODEL}@{info.weights_id}")
+    with redis.Redis.from_url(mesh.redis_url) as client:
+        assert client.exists(exact_key(scoped, "", CacheConfig.key_prefix))
 
 
 async def test_a_burst_of_identical_requests_is_one_engine_generation(mesh: UpMesh) -> None:

@@ -26,7 +26,7 @@ from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.server import insecure_channel
 from tests.conftest import free_port
-from tests.integration.helpers import wait_until
+from tests.integration.helpers import until, wait_until
 from worker.session import Session
 
 WAIT_S = 10.0   # upper bound on any wait; a healthy run takes milliseconds
@@ -96,10 +96,12 @@ class FakeWorker(pb_grpc.WorkerServicer):
 
 @dataclass(eq=False)
 class FakeRouter(pb_grpc.RouterServicer):
-    """Picks the first worker in order that is not excluded."""
+    """Picks the first worker in order that is not excluded; lists them all, healthy, serving the
+    weights in ``weights`` (worker id -> weights id; none given: '')."""
 
     workers: list[tuple[str, str]]
     picks: list[pb.PickRequest] = field(default_factory=list)
+    weights: dict[str, str] = field(default_factory=dict)
 
     def _answer(self, request: pb.PickRequest) -> pb.PickResponse:
         self.picks.append(request)
@@ -107,6 +109,13 @@ class FakeRouter(pb_grpc.RouterServicer):
             if worker_id not in request.exclude:
                 return pb.PickResponse(worker_id=worker_id, address=address, reason="first")
         return pb.PickResponse(error_code=grpc.StatusCode.UNAVAILABLE.value[0], error_message="no worker available")
+
+    async def ListWorkers(self, request: pb.ListWorkersRequest, context: grpc.aio.ServicerContext
+                          ) -> pb.ListWorkersResponse:
+        return pb.ListWorkersResponse(workers=[
+            pb.WorkerState(worker_id=worker_id, address=address, healthy=True, weights_id=self.weights.get(worker_id, ""))
+            for worker_id, address in self.workers
+        ])
 
     async def Pick(self, request: pb.PickRequest, context: grpc.aio.ServicerContext) -> pb.PickResponse:
         answer = self._answer(request)
@@ -621,6 +630,54 @@ async def test_a_gateway_with_the_redis_url_reads_and_writes_exact_entries_there
     assert m.cache.lookups == 1 and m.a.calls == 2  # both hits: Redis, read by the gateway
     assert (await redis_info(m.redis_url, "stats"))["keyspace_hits"] == redis_hits + 2
     assert sample("meshserve_gateway_cache_reads_total", {"result": "hit"}) == reads["hit"] + 2
+
+
+def _keys(m: Mesh, *models: str) -> list[bool]:
+    """Whether Redis holds the entry of ``greedy()`` for each model name (``name@weights``)."""
+    with redis.Redis.from_url(m.redis_url) as client:
+        return [bool(client.exists(exact_key(greedy(model=model), "", m.key_prefix))) for model in models]
+
+
+@pytest.mark.parametrize("reads_redis", [False, True], ids=["via-cache-service", "gateway-reads-redis"])
+async def test_new_weights_under_the_same_name_never_get_the_old_weights_answers(
+    mesh: MeshFactory, reads_redis: bool
+) -> None:
+    m = await mesh(reads_redis=reads_redis, cache_mode="exact")
+    m.router.weights.update(A="w1", B="w1")
+    old, new = f"{DEFAULT_MODEL}@w1", f"{DEFAULT_MODEL}@w2"
+    await collect(m.stub.Generate(greedy(request_id="first")))
+    await stored_and_landed(m)
+    hit = await collect(m.stub.Generate(greedy(request_id="hit")))
+    assert m.a.calls == 1 and [c.cached for c in hit] == [True]
+    # Keyed by the weights that answered (Redis's own keys), not by the model's name alone.
+    assert _keys(m, old, new, DEFAULT_MODEL) == [True, False, False]
+
+    m.router.weights.update(A="w2", B="w2")  # new weights rolled out under the same name
+
+    async def answered_by_the_engine() -> bool:
+        return not (await collect(m.stub.Generate(greedy())))[0].cached
+
+    await until(answered_by_the_engine, "a request answered by the new weights", timeout=WAIT_S)
+    await stored_and_landed(m)
+    calls = m.a.calls
+    again = await collect(m.stub.Generate(greedy(request_id="again")))
+    assert [c.cached for c in again] == [True] and m.a.calls == calls  # the new weights' entry
+    assert _keys(m, old, new) == [True, True]
+
+
+async def test_an_answer_is_stored_under_the_weights_of_the_worker_that_generated_it(mesh: MeshFactory) -> None:
+    # Halfway through a rollout the fleet holds two weights; lookups use the one of most workers
+    # (a tie: the first, w1), but A, which the fake router picks, serves w2: its answer must not be
+    # found under w1's key.
+    m = await mesh(reads_redis=True, cache_mode="exact")
+    m.router.weights.update(A="w2", B="w1")
+    await collect(m.stub.Generate(greedy(request_id="first")))
+    await stored_and_landed(m)
+    second = await collect(m.stub.Generate(greedy(request_id="second")))
+    await stored_and_landed(m)
+
+    assert not any(c.cached for c in second) and m.a.calls == 2
+    assert _keys(m, f"{DEFAULT_MODEL}@w1", f"{DEFAULT_MODEL}@w2") == [False, True]
 
 
 async def test_an_entry_in_redis_answers_while_it_is_still_being_indexed_by_meaning(mesh: MeshFactory) -> None:

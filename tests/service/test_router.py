@@ -28,6 +28,7 @@ class FakeWorker(pb_grpc.WorkerServicer):
         self.interval_s = interval_s  # also repeat the report this often, as real workers do
         self.frozen = False           # keep streams open but send nothing (a hung worker)
         self.streams = 0              # WatchLoad streams opened
+        self.weights_id = f"weights-of-{worker_id}"
         self._report = pb.LoadReport(worker_id=worker_id, max_num_seqs=256, sequence=1)
         self._changed = asyncio.Condition()
         self._server: grpc.aio.Server | None = None
@@ -58,7 +59,7 @@ class FakeWorker(pb_grpc.WorkerServicer):
         return sequence
 
     async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.WorkerInfo:
-        return pb.WorkerInfo(worker_id=self.worker_id, engine="fake", max_num_seqs=256)
+        return pb.WorkerInfo(worker_id=self.worker_id, engine="fake", max_num_seqs=256, weights_id=self.weights_id)
 
     async def WatchLoad(
         self, request: pb.WatchLoadRequest, context: grpc.aio.ServicerContext
@@ -171,6 +172,18 @@ async def test_picks_go_to_the_least_loaded_worker(start_mesh: StartMesh) -> Non
     seqs["w1"] = await workers[1].set_load(num_running=0, draining=True)
     await wait_for_workers(stub, healthy_with(seqs))
     assert (await pick(stub)).worker_id == "w2"
+
+
+async def test_the_list_says_which_weights_each_worker_serves(start_mesh: StartMesh) -> None:
+    # What the gateways key cache entries by; a worker restarted on new weights says so again.
+    stub, (w0, w1) = await start_mesh(2)
+    listed = await wait_for_workers(stub, lambda ws: len(ws) == 2 and all(w.healthy for w in ws.values()))
+    assert {w: s.weights_id for w, s in listed.items()} == {"w0": "weights-of-w0", "w1": "weights-of-w1"}
+    await w1.stop()
+    await wait_for_workers(stub, lambda ws: not ws["w1"].healthy)
+    w1.weights_id = "new"
+    await w1.start()
+    await wait_for_workers(stub, lambda ws: ws["w1"].healthy and ws["w1"].weights_id == "new")
 
 
 async def test_a_burst_spreads_across_workers_before_they_report(start_mesh: StartMesh) -> None:

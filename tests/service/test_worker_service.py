@@ -17,6 +17,7 @@ from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.server import Running, insecure_channel
 from worker.server import WorkerServicer, start_worker
+from worker.weights import fingerprint
 
 TIMEOUT = 30.0
 LONG = 1500  # tokens: several seconds of one-at-a-time generate, far longer than any check
@@ -141,6 +142,7 @@ async def test_info_describes_the_engine(
     assert (info.engine, info.model, info.max_num_seqs, info.tensor_parallel_size) == (
         "transformers", str(worker[1].cfg.model), 1, 1)
     assert info.max_model_len == 2048
+    assert info.weights_id == fingerprint(str(worker[1].cfg.model))  # what the cache keys its answers by
 
 
 async def test_watch_load_reports_periodically_with_increasing_sequence(
