@@ -34,6 +34,7 @@ RATE_S = 5.0              # per-second rates: over the last 5 s, so the view fol
 WINDOW_S = 60.0           # percentiles, hit rates and Envoy's refusals: over the last minute
 TIMEOUT_S = 1.0           # a frozen service holds a frame back this long at most
 WIDE = 120                # from this terminal width on, more columns
+WEIGHTS_CHARS = 8         # of a worker's weights id (like a short commit hash)
 LIST_WORKERS = "router ListWorkers"  # the key of the router's own answer in Snapshot.errors
 SHOWN = ("worker", "gateway", "router", "envoy")  # the kinds of service the frame reads
 # Gateway codes that are the client's doing, not errors (as the error-rate alert in deploy/prometheus/rules.yml).
@@ -308,6 +309,7 @@ def _workers(snap: Snapshot, wide: bool) -> RenderableType:
     for column in ("run", "wait", *(("cap", "in-fl") if wide else ()), "kv", "prefix", "tok/s", "picks/s"):
         table.add_column(column, justify="right", no_wrap=True)
     if wide:
+        table.add_column("weights", no_wrap=True)  # WorkerInfo.weights_id: two during a rollout
         table.add_column("address", no_wrap=True)
     names = {s.address: s.name for s in snap.mesh.services if s.kind == "worker"}
     recent, minute = snap.spans("worker", RATE_S), snap.spans("worker", WINDOW_S)
@@ -326,7 +328,8 @@ def _workers(snap: Snapshot, wide: bool) -> RenderableType:
         extra = (str(load.max_num_seqs), str(load.num_in_flight)) if wide else ()
         table.add_row(
             w.worker_id or w.address, Text(state, style=colour), str(load.num_running), str(load.num_waiting),
-            *extra, _share(load.kv_cache_usage), prefix, tok, picks, *((w.address,) if wide else ()),
+            *extra, _share(load.kv_cache_usage), prefix, tok, picks,
+            *((w.weights_id[:WEIGHTS_CHARS] or "-", w.address) if wide else ()),
         )
     return table
 

@@ -155,6 +155,7 @@ def _snapshot(tmp_path: Path, worker_ids: list[str], gateways: tuple[str, ...] =
             histories[f"w{i}"].add(t, _worker_metrics(worker_id, t))
     workers = [
         pb.WorkerState(worker_id=worker_id, address=f"127.0.0.1:{50061 + i}", healthy=True,
+                       weights_id="ee497a704f8599e1" if i == 0 else "",
                        load=pb.LoadReport(worker_id=worker_id, num_running=7 + i, num_waiting=i, kv_cache_usage=0.5,
                                           draining=i == 1))
         for i, worker_id in enumerate(worker_ids)
@@ -169,17 +170,18 @@ def _row(lines: list[str], first: str) -> list[str]:
     return row
 
 
-@pytest.mark.parametrize("width", [80, 100, 200])
+@pytest.mark.parametrize("width", [80, 100, 120, 200])
 def test_a_frame_fits_the_terminal_and_shows_every_worker_whole(tmp_path: Path, width: int) -> None:
     ids = ["worker-0", LONG_ID, "worker-10"]
     console = Console(width=width, record=True, file=io.StringIO())
     console.print(top.render(_snapshot(tmp_path, ids), width))
     lines = console.export_text().splitlines()
     assert max(len(line) for line in lines) <= width
-    # worker, state, run, wait, [cap, in-fl,] kv, prefix hit, tok/s, picks/s[, address]
+    # worker, state, run, wait, [cap, in-fl,] kv, prefix hit, tok/s, picks/s[, weights, address]
     if width >= top.WIDE:
         assert _row(lines, "worker-0") == ["worker-0", "ok", "7", "0", "0", "0", "50%", "25%", "100", "3.0",
-                                           "127.0.0.1:50061"]
+                                           "ee497a70", "127.0.0.1:50061"]
+        assert _row(lines, "worker-10")[-2:] == ["-", "127.0.0.1:50063"]
     else:
         assert _row(lines, "worker-0") == ["worker-0", "ok", "7", "0", "50%", "25%", "100", "3.0"]
     assert _row(lines, LONG_ID)[1:4] == ["draining", "8", "1"]
