@@ -522,7 +522,7 @@ def _signal_group(proc: Proc, sig: signal.Signals) -> None:
 WORKER_FLAGS = ("engine", "model", "tensor_parallel_size", "max_num_seqs", "enforce_eager", "compact_json",
                 "tool_call_parser",
                 "engine_core_cpus", "engine_priority", "stream_interval", "sim_prefill_ms_per_token",
-                "sim_itl_base_ms", "sim_itl_per_seq_ms", "sim_num_kv_blocks",
+                "sim_itl_base_ms", "sim_itl_per_seq_ms", "sim_num_kv_blocks", "sim_max_num_batched_tokens",
                 "sim_seed", "weights_id")  # not sim_speed: one per worker (--sim-speed)
 ROUTER_MODES = ("service", EMBEDDED_ROUTER)  # MeshSpec.router_mode
 ROUTER_FLAGS = ("routing", "load_bound", "kv_load_weight", "kv_home_weight", "kv_pending_s")

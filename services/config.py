@@ -129,6 +129,11 @@ class WorkerConfig(ServerConfig):
     sim_itl_base_ms: float = _f(7.0, "sim: inter-token latency of a batch of one, ms")
     sim_itl_per_seq_ms: float = _f(0.05, "sim: added inter-token latency per running sequence, ms")
     sim_num_kv_blocks: int = _f(30000, "sim: KV-cache blocks in the pool")
+    sim_max_num_batched_tokens: int = _f(
+        8192, "sim: most tokens one step computes (vLLM's max_num_batched_tokens, its default for an API "
+        "server on an H100): a longer prefill goes in chunks over several steps while the running requests "
+        "decode; 0: no budget, every prompt prefilled in one step", minimum=0,
+    )
     sim_seed: int = _f(0, "sim: seed of the simulated token stream")
     sim_speed: float = _f(
         1.0, "sim: speed of the simulated accelerator (0.5: every step takes twice as long)", minimum=0.01,

@@ -7,15 +7,20 @@ How one engine step is simulated (one scheduler task, like vLLM v1's ``EngineCor
    block pool is exhausted the newest running request is preempted: its blocks are freed and it
    goes back to the front of the waiting queue, to be recomputed later (vLLM's default
    "recompute" preemption; its output so far is kept and its token stream is unchanged).
-2. Waiting requests are admitted in FIFO order while the batch has fewer than ``max_num_seqs``
-   requests and the pool can hold their prompt; the head of the queue blocks the rest, as in
-   vLLM. Full ``block_size``-token blocks are looked up in the prefix cache by the hash chain of
-   their tokens (unless ``enable_prefix_caching`` is off), so only uncached prompt tokens cost
-   prefill time.
-3. The step lasts ``prefill_ms_per_token * uncached tokens admitted + itl_base_ms +
-   itl_per_seq_ms * batch size`` — one forward pass of the whole batch (no chunked-prefill token
-   budget: a long prompt stalls the batch for its whole prefill).
-4. Every request of the batch then gets one token. A request finishes with "stop" when its text
+2. The step's token budget (``sim_max_num_batched_tokens``, vLLM v1's ``max_num_batched_tokens``:
+   8,192, its default for an API server on an H100) goes first to the running requests: one
+   token for each that decodes, then the next chunk of each prompt still being prefilled.
+   Waiting requests are then admitted in FIFO order while budget is left, the batch has fewer
+   than ``max_num_seqs`` requests and the pool can hold their prompt; the head of the queue
+   blocks the rest, as in vLLM. Full ``block_size``-token blocks are looked up in the prefix
+   cache by the hash chain of their tokens (unless ``enable_prefix_caching`` is off), so only
+   uncached prompt tokens cost prefill time; an admitted prompt gets as much of the budget as
+   is left, and the rest of it in the next steps (chunked prefill: a long prompt does not stall
+   the running requests for its whole prefill). A budget of 0 is none: every admitted prompt is
+   prefilled in one step.
+3. The step lasts ``prefill_ms_per_token * prompt tokens computed + itl_base_ms +
+   itl_per_seq_ms * batch size`` — one forward pass of the whole batch.
+4. Every request of the batch whose prompt is all computed then gets one token. A request finishes with "stop" when its text
    contains one of its stop strings (cut before it, held back while it could still be a partial
    match, like vLLM), else with "length" at ``max_tokens``; the simulator never emits EOS.
 
@@ -220,6 +225,8 @@ class _Seq:
     block_hashes: list[int] = field(default_factory=list)  # hash chain of the full blocks so far
     num_cached_blocks: int = 0          # blocks of ``blocks`` registered in the prefix cache
     cached_prompt_tokens: int = 0
+    prefill_left: int = 0               # prompt tokens to compute before its next token (0: decoding)
+    chunk: int = 0                      # of them, computed in the step being run
     scheduled_once: bool = False
     finish_reason: str | None = None
 
@@ -250,6 +257,10 @@ class SimEngine(Engine):
             tokenizer=SIM_TOKENIZER,
             weights_id=cfg.weights_id,  # none of its own: its answers depend on no files
         )
+        if 0 < cfg.sim_max_num_batched_tokens < cfg.max_num_seqs:
+            raise ValueError(
+                f"--sim-max-num-batched-tokens ({cfg.sim_max_num_batched_tokens}) must be 0 (no budget) or at "
+                f"least --max-num-seqs ({cfg.max_num_seqs}): every running request decodes a token each step")
         self.load_signal = LoadSignal()
         self.kv_cache = KvCacheView(cfg.block_size) if cfg.kv_events and cfg.enable_prefix_caching else None
         self._cfg = cfg
@@ -273,9 +284,10 @@ class SimEngine(Engine):
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="sim-engine")
         log.info(
-            "sim engine: %d KV blocks of %d tokens, max_num_seqs %d, "
+            "sim engine: %d KV blocks of %d tokens, max_num_seqs %d, %s tokens a step, "
             "prefill %.3f ms/token, ITL %.2f + %.3f ms/seq, speed x%.2f",
             self._pool.num_blocks, self._block_size, self._cfg.max_num_seqs,
+            self._cfg.sim_max_num_batched_tokens or "no budget of",
             self._cfg.sim_prefill_ms_per_token, self._cfg.sim_itl_base_ms, self._cfg.sim_itl_per_seq_ms,
             self._cfg.sim_speed,
         )
@@ -443,9 +455,19 @@ class SimEngine(Engine):
                 break
             seq.blocks += self._pool.take([], needed)
             i += 1
-        # 2. Admit waiting requests in FIFO order (not in a step that had to preempt, like vLLM).
+        # 2. The token budget: a token for each decoding request, then the prompts being prefilled.
+        budget = self._cfg.sim_max_num_batched_tokens or math.inf
+        budget -= sum(1 for seq in self._running if not seq.prefill_left)
+        batch = [seq for seq in self._running if not seq.prefill_left]
         prefill_tokens = 0
-        while not preempted and self._waiting and len(self._running) < self._cfg.max_num_seqs:
+        for seq in self._running:
+            if seq.prefill_left and budget > 0:
+                seq.chunk = int(min(seq.prefill_left, budget))
+                budget -= seq.chunk
+                prefill_tokens += seq.chunk
+                batch.append(seq)
+        # Admit waiting requests in FIFO order (not in a step that had to preempt, like vLLM).
+        while not preempted and budget > 0 and self._waiting and len(self._running) < self._cfg.max_num_seqs:
             seq = self._waiting[0]
             self._hash_full_blocks(seq)
             # At least one token must be computed to produce the next one.
@@ -463,9 +485,12 @@ class SimEngine(Engine):
                 seq.scheduled_once = True
                 seq.cached_prompt_tokens = cached
             self._record_prefix_query(seq.num_tokens, cached)
-            prefill_tokens += seq.num_tokens - cached
+            seq.prefill_left = seq.num_tokens - cached
+            seq.chunk = int(min(seq.prefill_left, budget))
+            budget -= seq.chunk
+            prefill_tokens += seq.chunk
             self._running.append(seq)
-        batch = list(self._running)
+            batch.append(seq)
         cfg = self._cfg
         ms = (
             prefill_tokens * cfg.sim_prefill_ms_per_token
@@ -479,15 +504,22 @@ class SimEngine(Engine):
         self._pool.release(seq.blocks)
         seq.blocks = []
         seq.num_cached_blocks = 0
+        seq.prefill_left = 0  # recomputed from its admission
         self._waiting.appendleft(seq)
         self.num_preemptions += 1
         log.debug("sim engine: preempted %s (KV cache full)", seq.request.request_id)
 
     def _emit(self, batch: list[_Seq]) -> None:
-        """Step 4: every request of the batch that is still running gets its next token."""
+        """Step 4: every request of the batch that is still running and has its prompt computed
+        gets its next token."""
         for seq in batch:
             if seq.finish_reason is not None:
                 continue  # aborted while the step ran
+            if seq.prefill_left:
+                seq.prefill_left -= seq.chunk
+                if seq.prefill_left:  # a chunk of its prompt: its full blocks are cached, no token yet
+                    self._cache_computed_blocks(seq, seq.num_tokens - seq.prefill_left)
+                    continue
             self._cache_computed_blocks(seq)
             request = seq.request
             at = seq.rng.randrange(len(_WORDS))
@@ -542,12 +574,13 @@ class SimEngine(Engine):
             parent = seq.block_hashes[-1] if seq.block_hashes else ROOT_HASH
             seq.block_hashes.append(block_hash(parent, seq.tokens(i * bs, (i + 1) * bs)))
 
-    def _cache_computed_blocks(self, seq: _Seq) -> None:
-        """Registers the blocks this step filled (all tokens before the new one are computed)."""
+    def _cache_computed_blocks(self, seq: _Seq, computed: int | None = None) -> None:
+        """Registers the blocks this step filled: its first ``computed`` tokens (default: all
+        tokens before the new one) are computed."""
         if not self._cfg.enable_prefix_caching:
             return
         self._hash_full_blocks(seq)
-        full = min(seq.num_tokens // self._block_size, len(seq.blocks))
+        full = min((seq.num_tokens if computed is None else computed) // self._block_size, len(seq.blocks))
         for j in range(seq.num_cached_blocks, full):
             self._pool.cache(seq.blocks[j], seq.block_hashes[j])
         seq.num_cached_blocks = max(seq.num_cached_blocks, full)

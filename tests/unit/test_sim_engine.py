@@ -151,6 +151,48 @@ async def test_itl_grows_with_batch_size(make_engine: Make) -> None:
         assert result.itls == pytest.approx([ms(7.0 + 0.5 * 32)] * 7)
 
 
+async def test_a_prompt_longer_than_the_step_budget_is_prefilled_in_chunks(make_engine: Make) -> None:
+    engine, clock = await make_engine(sim_max_num_batched_tokens=1024, max_num_seqs=8, max_model_len=8192)
+    result = await run(engine, clock, req(words("c", 2500)))
+    # Three steps of 1,024, 1,024 and 452 prompt tokens; the last one gives the first token.
+    assert result.ttft == pytest.approx(ms(2500 * 0.06 + 3 * (7.0 + 0.05)))
+    assert result.itls == pytest.approx([ms(7.05)] * 3)
+
+
+@pytest.mark.parametrize(("budget", "longest_gap_ms"), [
+    (0, 3000 * 0.06 + 7.0 + 0.05 * 2),        # no budget: the whole prefill in one step
+    (1024, 1023 * 0.06 + 7.0 + 0.05 * 2),     # a token for the stream, 1,023 of the prompt
+])
+async def test_a_long_prefill_stalls_a_decoding_stream_for_one_chunk_only(
+    make_engine: Make, budget: int, longest_gap_ms: float
+) -> None:
+    engine, clock = await make_engine(sim_max_num_batched_tokens=budget, max_num_seqs=8, max_model_len=8192)
+    times: list[float] = []
+    long = None
+    async for _ in engine.generate(req(words("d", 16), max_tokens=20)):
+        times.append(clock())
+        if len(times) == 2:  # decoding: now a 3,000-token prompt arrives
+            long = asyncio.create_task(run(engine, clock, req(words("e", 3000), max_tokens=2)))
+    assert long is not None and (await long).last.completion_tokens == 2
+    assert max(b - a for a, b in zip(times, times[1:])) == pytest.approx(ms(longest_gap_ms))
+
+
+async def test_the_blocks_of_a_prompt_prefilled_so_far_are_in_the_prefix_cache(make_engine: Make) -> None:
+    # Two prompts sharing 2,400 tokens arrive together; the second is admitted in the third step,
+    # when the first has 2,048 tokens computed in two chunks: those 128 blocks are cached already.
+    engine, clock = await make_engine(sim_max_num_batched_tokens=1024, max_num_seqs=8, max_model_len=8192)
+    first, second = await asyncio.gather(run(engine, clock, req(words("c", 2500))),
+                                         run(engine, clock, req(words("c", 2400) + " " + words("z", 100))))
+    assert first.last.cached_prompt_tokens == 0
+    assert second.last.cached_prompt_tokens == 2048
+
+
+async def test_a_step_budget_below_max_num_seqs_is_refused() -> None:
+    with pytest.raises(ValueError, match="--sim-max-num-batched-tokens .100. must be 0 .no budget. or at least "
+                                         "--max-num-seqs .256."):
+        SimEngine(WorkerConfig(engine="sim", max_num_seqs=256, sim_max_num_batched_tokens=100))
+
+
 async def test_max_num_seqs_caps_the_batch_and_the_rest_wait(make_engine: Make) -> None:
     engine, clock = await make_engine(max_num_seqs=4)
     results = await asyncio.gather(*(run(engine, clock, req(words(f"{i}", 16), 5)) for i in range(6)))
