@@ -47,12 +47,15 @@ def fingerprint(model: str) -> str:
         name = f.name if f == path else f.relative_to(path).as_posix()
         size = f.stat().st_size
         digest.update(f"{name}\0{size}\0".encode())
-        if size <= SMALL_FILE_BYTES:
-            digest.update(f.read_bytes())
-        elif f.is_symlink() and _is_blob(target := Path(os.path.realpath(f))):
-            digest.update(target.name.encode())  # a Hugging Face cache blob, named by its content hash
-        else:
-            _sample(f, size, digest)
+        try:
+            if size <= SMALL_FILE_BYTES:
+                digest.update(f.read_bytes())
+            elif f.is_symlink() and _is_blob(target := Path(os.path.realpath(f))):
+                digest.update(target.name.encode())  # a Hugging Face cache blob, named by its content hash
+            else:
+                _sample(f, size, digest)
+        except OSError as e:  # not the engine's to read either (a README of other permissions): never fatal
+            log.warning("weights id: cannot read %s (%s); counted by its name and size only", f, e)
         digest.update(b"\n")
     return digest.hexdigest()[:DIGITS]
 

@@ -91,3 +91,18 @@ def test_a_hugging_face_cache_link_is_named_by_its_blob(tmp_path: Path) -> None:
 def test_a_model_that_is_no_path_is_named_by_its_name() -> None:
     assert fingerprint("org/no-such-model-here") == fingerprint("org/no-such-model-here")
     assert fingerprint("org/no-such-model-here") != fingerprint("org/no-such-model-there")
+
+
+def test_a_file_that_cannot_be_read_counts_by_its_name_and_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _model(tmp_path / "m")
+    (model / "NOTES.md").write_text("kept by someone else")
+    real = Path.read_bytes
+
+    def refused(self: Path) -> bytes:
+        if self.name == "NOTES.md":
+            raise PermissionError(13, "Permission denied")
+        return real(self)
+
+    readable = fingerprint(str(model))
+    monkeypatch.setattr(Path, "read_bytes", refused)
+    assert fingerprint(str(model)) != readable  # computed all the same, without that file's content
