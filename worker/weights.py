@@ -64,7 +64,7 @@ def _is_blob(path: Path) -> bool:
     return path.parent.name == "blobs" and len(path.name) >= 40
 
 
-def _sample(path: Path, size: int, digest: "hashlib._Hash") -> None:
+def _sample(path: Path, size: int, digest: hashlib._Hash) -> None:
     """``SAMPLES`` slices of the file's content, from its first byte to its last."""
     step = (size - SAMPLE_BYTES) / (SAMPLES - 1)
     with path.open("rb") as f:

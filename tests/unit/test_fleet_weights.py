@@ -17,7 +17,7 @@ class Router:
         self.down = False
         self.lists = 0
 
-    async def ListWorkers(self, request: pb.ListWorkersRequest, *, timeout: float | None = None  # noqa: N802
+    async def ListWorkers(self, request: pb.ListWorkersRequest, *, timeout: float | None = None
                           ) -> pb.ListWorkersResponse:
         self.lists += 1
         if self.down:

@@ -7,6 +7,7 @@ import os
 import random
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -55,7 +56,7 @@ def test_a_large_file_is_sampled_not_read_whole(tmp_path: Path, monkeypatch: pyt
     read = 0
     real_open = Path.open
 
-    def counting_open(self: Path, *args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    def counting_open(self: Path, *args: Any, **kwargs: Any) -> Any:
         f = real_open(self, *args, **kwargs)
         real_read = f.read
 
