@@ -199,7 +199,6 @@ async def set_workers(router: Router, watcher: Watcher, addresses: Iterable[str]
 
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Router"].full_name
-ANSWER_EVERY_S = 0.001  # a batch's answers go out at least this often while its picks are worked out
 PICKS_SPAN_ATTRIBUTES = {"rpc.system": "grpc", "rpc.method": "/meshserve.v1.Router/Picks"}
 
 
@@ -225,19 +224,9 @@ class RouterServicer(pb_grpc.RouterServicer):
 
     async def PickBatches(self, request_iterator: AsyncIterator[pb.PickBatch],
                           context: grpc.aio.ServicerContext) -> None:
-        """The gateway's path: each batch of picks answered in order, with one message, or with
-        more when its picks take longer than ANSWER_EVERY_S to work out (a burst of hundreds of
-        long prompts): the first answers go while the rest are worked out, not after the last."""
+        """The gateway's path: each batch of picks answered with one message, in order."""
         async for batch in request_iterator:
-            answers: list[pb.PickResponse] = []
-            since = time.perf_counter()
-            for request in batch.picks:
-                answers.append(self.answer(request))
-                if time.perf_counter() - since >= ANSWER_EVERY_S:
-                    await context.write(pb.PickBatchResponse(answers=answers))
-                    answers, since = [], time.perf_counter()
-            if answers:
-                await context.write(pb.PickBatchResponse(answers=answers))
+            await context.write(pb.PickBatchResponse(answers=[self.answer(r) for r in batch.picks]))
 
     def answer(self, request: pb.PickRequest, embedded: bool = False) -> pb.PickResponse:
         """The answer to one pick of a stream (a refusal as an answer, not a status), in a SERVER
