@@ -22,7 +22,14 @@ from services.gen import meshserve_pb2 as pb
 from services.validation import InvalidRequest
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-FINGERPRINT = f"meshserve-{importlib.metadata.version('meshserve')}"  # every answer's system_fingerprint
+FINGERPRINT = f"meshserve-{importlib.metadata.version('meshserve')}"  # system_fingerprint, weights unknown
+
+
+def fingerprint(weights_id: str | None) -> str:
+    """An answer's ``system_fingerprint``: what OpenAI says it is for, the backend whose change may
+    change a seeded answer — the weights the fleet serves (WorkerInfo.weights_id) when the workers
+    give them, else this meshserve's version."""
+    return f"fp_{weights_id}" if weights_id else FINGERPRINT
 
 
 def _text_parts(value: struct_pb2.Value, name: str) -> str:
@@ -408,14 +415,15 @@ def completion_logprobs(logprobs: Iterable[pb.TokenLogprob], offset: int = 0) ->
 
 
 def chat_completion(resps: Sequence[pb.CompleteResponse], response_id: str, logprobs: bool,
-                    model: str, created: int, tools: tuple[str, str] = (NONE, "")) -> pb.ChatCompletion:
+                    model: str, created: int, tools: tuple[str, str] = (NONE, ""),
+                    system_fingerprint: str = FINGERPRINT) -> pb.ChatCompletion:
     """The chat completion of a request's choices (``resps``, by index); ``tools``: its
     tool_choice (a forced call's output is the message's tool_calls)."""
     messages = [_message(r, tools) for r in resps]
     return pb.ChatCompletion(
         id=f"chatcmpl-{response_id}",
         object="chat.completion",
-        system_fingerprint=FINGERPRINT,
+        system_fingerprint=system_fingerprint,
         created=created,
         model=model,
         choices=[
@@ -433,12 +441,12 @@ def chat_completion(resps: Sequence[pb.CompleteResponse], response_id: str, logp
 
 
 def completion(resps: Sequence[pb.CompleteResponse], response_id: str, logprobs: bool, echo: str,
-               model: str, created: int) -> pb.Completion:
+               model: str, created: int, system_fingerprint: str = FINGERPRINT) -> pb.Completion:
     """The text completion of a request's choices; ``echo``: the prompt, put before each text."""
     return pb.Completion(
         id=f"cmpl-{response_id}",
         object="text_completion",
-        system_fingerprint=FINGERPRINT,
+        system_fingerprint=system_fingerprint,
         created=created,
         model=model,
         choices=[
@@ -452,7 +460,8 @@ def completion(resps: Sequence[pb.CompleteResponse], response_id: str, logprobs:
 
 
 def chat_chunk(chunk: pb.GenerateResponse, index: int, first: bool, response_id: str, logprobs: bool,
-               model: str, created: int, tools: tuple[str, str] = (NONE, ""), so_far: str = "") -> pb.ChatCompletionChunk:
+               model: str, created: int, tools: tuple[str, str] = (NONE, ""), so_far: str = "",
+               system_fingerprint: str = FINGERPRINT) -> pb.ChatCompletionChunk:
     """The OpenAI chunk of choice ``index`` for one mesh chunk (its first carries the role).
     ``tools``: the tool_choice; a named call streams its arguments as they come, a "required"
     one (a JSON list until it is complete) all its calls with its last chunk; ``so_far``: the
@@ -460,7 +469,7 @@ def chat_chunk(chunk: pb.GenerateResponse, index: int, first: bool, response_id:
     kind, name = tools
     # Built in place (choices.add, the delta within it): no copies of the nested messages.
     out = pb.ChatCompletionChunk(id=f"chatcmpl-{response_id}", object="chat.completion.chunk", created=created,
-                                 model=model, system_fingerprint=FINGERPRINT)
+                                 model=model, system_fingerprint=system_fingerprint)
     choice = out.choices.add(index=index)
     delta = choice.delta
     delta.SetInParent()  # always present, possibly {}
@@ -506,11 +515,11 @@ def chat_chunk(chunk: pb.GenerateResponse, index: int, first: bool, response_id:
 
 
 def completion_chunk(chunk: pb.GenerateResponse, index: int, text_before: str, offset: int, response_id: str,
-                     logprobs: bool, model: str, created: int) -> pb.Completion:
+                     logprobs: bool, model: str, created: int, system_fingerprint: str = FINGERPRINT) -> pb.Completion:
     """The OpenAI chunk of choice ``index``; ``text_before``: the echoed prompt (first chunk);
     ``offset``: the length of the choice's text sent before this chunk."""
     out = pb.Completion(id=f"cmpl-{response_id}", object="text_completion", created=created, model=model,
-                        system_fingerprint=FINGERPRINT)
+                        system_fingerprint=system_fingerprint)
     choice = out.choices.add(index=index, text=text_before + chunk.text)  # in place: no copy
     if logprobs:
         choice.logprobs.CopyFrom(completion_logprobs(chunk.logprobs, offset + len(text_before)))

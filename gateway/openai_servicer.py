@@ -55,7 +55,7 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
         response_id, reqs = self._choices(req, request)
         resps = await self._complete(reqs, context)
         return convert.chat_completion(resps, response_id, req.HasField("logprobs"), self._model, int(self._clock()),
-                                       convert.tool_choice(request))
+                                       convert.tool_choice(request), await self._fingerprint())
 
     async def Completions(self, request: pb.CompletionRequest, context: grpc.aio.ServicerContext) -> pb.Completion:
         req = await self._convert(convert.completion_request, request, context)
@@ -63,7 +63,7 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
         resps = await self._complete(reqs, context)
         echo = req.prompt if request.echo else ""
         return convert.completion(resps, response_id, req.HasField("logprobs"), echo, self._model,
-                                  int(self._clock()))
+                                  int(self._clock()), await self._fingerprint())
 
     async def StreamChatCompletions(
         self, request: pb.ChatCompletionRequest, context: grpc.aio.ServicerContext
@@ -71,8 +71,9 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
         req = await self._convert(convert.chat_request, request, context)
         response_id, reqs = self._choices(req, request)
         created, logprobs = int(self._clock()), req.HasField("logprobs")
+        fingerprint = await self._fingerprint()
         head = {"id": f"chatcmpl-{response_id}", "object": "chat.completion.chunk", "created": created,
-                "model": self._model, "system_fingerprint": convert.FINGERPRINT}
+                "model": self._model, "system_fingerprint": fingerprint}
         tools = convert.tool_choice(request)
         started: set[int] = set()
         held: dict[int, list[str]] = {}  # a "required" call's text so far, by choice: sent when complete
@@ -85,7 +86,8 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
                 parts = held.setdefault(index, [])
                 so_far = "".join(parts) if c.finish_reason else ""
                 parts.append(c.text)
-            return convert.chat_chunk(c, index, first, response_id, logprobs, self._model, created, tools, so_far)
+            return convert.chat_chunk(c, index, first, response_id, logprobs, self._model, created, tools, so_far,
+                                      fingerprint)
 
         def usage(u: pb.Usage) -> pb.ChatCompletionChunk:
             return pb.ChatCompletionChunk(**head, usage=convert.usage(u))
@@ -103,14 +105,15 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
         req = await self._convert(convert.completion_request, request, context)
         response_id, reqs = self._choices(req, request)
         created, logprobs = int(self._clock()), req.HasField("logprobs")
+        fingerprint = await self._fingerprint()
         head = {"id": f"cmpl-{response_id}", "object": "text_completion", "created": created, "model": self._model,
-                "system_fingerprint": convert.FINGERPRINT}
+                "system_fingerprint": fingerprint}
         sent: dict[int, int] = {}  # choice -> characters of its text sent so far
 
         def chunk(index: int, c: pb.GenerateResponse) -> pb.Completion:
             echo = req.prompt if request.echo and index not in sent else ""
             out = convert.completion_chunk(c, index, echo, sent.get(index, 0), response_id, logprobs,
-                                           self._model, created)
+                                           self._model, created, fingerprint)
             sent[index] = sent.get(index, 0) + len(echo) + len(c.text)
             return out
 
@@ -156,6 +159,10 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
         if (context_len := await self._orch.max_model_len()) is not None:
             card.max_model_len = context_len
         return card
+
+    async def _fingerprint(self) -> str:
+        """This answer's ``system_fingerprint``: the weights the fleet serves (listed off the path)."""
+        return convert.fingerprint(await self._orch.weights())
 
     @staticmethod
     async def _convert(fn, request, context: grpc.aio.ServicerContext) -> pb.GenerateRequest:  # noqa: ANN001

@@ -448,6 +448,11 @@ class Orchestrator:
         view.model = model
         return view
 
+    async def weights(self) -> str | None:
+        """The weights the fleet serves (WorkerInfo.weights_id; '' when its workers give none, None
+        before the router listed a healthy worker): what the cache keys answers by."""
+        return await self._weights.serving()
+
     async def serving_workers(self) -> tuple[int, str]:
         """How many workers could take a request now, and why none can when it is 0: the
         router's healthy, undrained workers or, while the router is away, those this gateway

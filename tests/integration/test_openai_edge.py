@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from commands.launcher import Mesh
 from deploy import envoy_config as envoy
-from services.config import DEFAULT_MODEL, EnvoyConfig, GatewayConfig
+from services.config import DEFAULT_MODEL, EnvoyConfig, GatewayConfig, WorkerConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.prompts import sim_tokenize
@@ -34,6 +34,7 @@ KEYS = {"sk-alice-0123456789": "alice", "sk-bob-0123456789": "bob", "sk-carol-01
 ALICE, BOB, CAROL = KEYS
 MODEL = DEFAULT_MODEL
 MAX_BODY = 64 * 1024
+WEIGHTS = "sim-weights-v7"  # the workers' --weights-id: the answers' system_fingerprint
 GATEWAY_MAX_IN_FLIGHT = 4
 LONG = 1500  # max_tokens of a stream that stays open for seconds (sim: ~7 ms per token)
 
@@ -51,6 +52,7 @@ def mesh(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     proxied to its HTTP edge (``meshserve up --openai-edge http``)."""
     http_port = free_port() if request.param == "http" else -1
     spec = mesh_spec(tmp_path_factory.mktemp("openai-mesh"), "sim", grace_seconds=1,
+                     worker=WorkerConfig(weights_id=WEIGHTS),
                      gateway=GatewayConfig(max_in_flight=GATEWAY_MAX_IN_FLIGHT, http_port=http_port),
                      envoy=EnvoyConfig(api_keys_file=str(keys_file), max_request_bytes=MAX_BODY))
     with Mesh(spec) as m:
@@ -108,6 +110,7 @@ async def test_openai_chat_equals_grpc_output(mesh: Mesh) -> None:
         model=MODEL, messages=messages, max_tokens=12, temperature=0, extra_body={"skip_cache": True}
     )
     assert whole.object == "chat.completion" and whole.model == MODEL
+    assert whole.system_fingerprint == f"fp_{WEIGHTS}"  # the weights the workers serve
     assert whole.choices[0].message.role == "assistant"
     assert whole.choices[0].message.content == expected
     assert whole.choices[0].finish_reason == "length"
@@ -125,6 +128,7 @@ async def test_openai_chat_equals_grpc_output(mesh: Mesh) -> None:
     assert content[-1].choices[0].finish_reason == "length"
     assert got[-1].choices == [] and got[-1].usage.completion_tokens == 12
     assert {c.id for c in got} == {got[0].id} and got[0].object == "chat.completion.chunk"
+    assert {c.system_fingerprint for c in got} == {f"fp_{WEIGHTS}"}
 
     # vLLM's stream_interval extension: the same text in fewer chunks.
     stream = await oa.chat.completions.create(
@@ -146,6 +150,7 @@ async def test_openai_completions_equal_grpc_output(mesh: Mesh) -> None:
     parts = [c async for c in stream]
     assert "".join(c.choices[0].text for c in parts) == expected
     assert parts[-1].choices[0].finish_reason == "length"
+    assert {whole.system_fingerprint} | {c.system_fingerprint for c in parts} == {f"fp_{WEIGHTS}"}
 
 
 async def test_models_list_and_retrieve(mesh: Mesh) -> None:
