@@ -15,7 +15,7 @@ from typing import Any
 from services.config import DEFAULT_MODEL, WorkerConfig
 from worker.engine import Delta, Engine, EngineInfo, Load, LoadSignal, Request, refuse_unsupported
 from worker.vllm_engine import check_fits, decode, render_prompt, resolve_model
-from worker.weights import fingerprint
+from worker.weights import weights_id
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +50,8 @@ class TransformersEngine(Engine):
         path, served_name = resolve_model(self.cfg)
         self._model, self._tokenizer = await asyncio.to_thread(_load, path, self.cfg.dtype)
         max_len = min(self.cfg.max_model_len, self._model.config.max_position_embeddings)
-        weights_id = self.cfg.weights_id or await asyncio.to_thread(fingerprint, path)
-        self.info = EngineInfo("transformers", served_name, 1, max_len, self.cfg.block_size, 1, weights_id=weights_id)
+        self.info = EngineInfo("transformers", served_name, 1, max_len, self.cfg.block_size, 1,
+                               weights_id=await weights_id(self.cfg, path))
 
     def load(self) -> Load:
         return Load(num_running=self._running, num_waiting=self._waiting)

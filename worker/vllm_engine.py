@@ -28,7 +28,7 @@ from worker.engine import (
 )
 from worker.kv_events import KvCacheView
 from worker.vllm_tools import ToolCallStream, check_parser
-from worker.weights import fingerprint
+from worker.weights import weights_id
 
 log = logging.getLogger(__name__)
 
@@ -235,7 +235,7 @@ class VllmEngine(Engine):
             max_num_seqs=self._llm.vllm_config.scheduler_config.max_num_seqs,
             tokenizer=self._model_path,
             tool_call_parser=cfg.tool_call_parser,
-            weights_id=cfg.weights_id or await asyncio.to_thread(fingerprint, self._model_path),
+            weights_id=await weights_id(cfg, self._model_path),
         )
         if self._kv_events is not None:
             self.kv_cache.block_size = self.info.block_size

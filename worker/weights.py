@@ -15,10 +15,13 @@ one; fine-tuned weights differ in nearly every slice. An operator who wants a na
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import os
 from pathlib import Path
+
+from services.config import WorkerConfig
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +29,12 @@ SMALL_FILE_BYTES = 1 << 20  # read whole up to this; sampled above
 SAMPLES = 16                # slices read of a large file
 SAMPLE_BYTES = 1 << 16      # each
 DIGITS = 16                 # hex digits kept of the sha256
+
+
+async def weights_id(cfg: WorkerConfig, model: str) -> str:
+    """The worker's weights id: its ``--weights-id``, else the fingerprint of ``model`` (read off
+    the event loop)."""
+    return cfg.weights_id or await asyncio.to_thread(fingerprint, model)
 
 
 def fingerprint(model: str) -> str:
