@@ -224,8 +224,7 @@ class Orchestrator:
         # 3. Deterministic: identical requests in flight share one answer (gateway.flights), which
         # is a cache hit or one generation; the leader's flight stores what it generated. The
         # mode is part of the key: an "exact" request must not get a "semantic" one's hit.
-        view = self._cache_view(req, weights)  # the request as the cache keys it, for the key, lookup and store
-        exact = cache_keys.exact_key(view, tenant, self._cfg.cache_key_prefix)  # its entry's Redis key
+        view, exact = self._cache_key(req, tenant, weights)  # for the lookup, the flight and the store
         key = f"{exact}/{mode}" if self._cfg.coalesce else req.request_id  # else a flight of its own
         missed = False
         if self._clients.entries is not None and key not in self._flights:
@@ -330,8 +329,7 @@ class Orchestrator:
             self._flights.landed(flight)
             return
         if generated_by != weights:  # while new weights roll out, another worker's than the fleet's
-            view = self._cache_view(req, generated_by)
-            exact = cache_keys.exact_key(view, tenant, self._cfg.cache_key_prefix)
+            view, exact = self._cache_key(req, tenant, generated_by)
         await self._store(view, tenant, mode, exact, flight.chunks, lambda: self._flights.landed(flight))
 
     async def _generate_while(
@@ -434,19 +432,20 @@ class Orchestrator:
             span.set_attribute("meshserve.cache.similarity", resp.similarity)
         return resp if hit else None
 
-    def _cache_view(self, req: pb.GenerateRequest, weights_id: str) -> pb.GenerateRequest:
-        """The request as the cache keys it: an unnamed model is the served model, and the weights
-        that answer it are part of the model's name (``name@weights_id``) when the workers say
-        which (WorkerInfo.weights_id): new weights under the same name have entries of their own."""
+    def _cache_key(self, req: pb.GenerateRequest, tenant: str, weights_id: str) -> tuple[pb.GenerateRequest, str]:
+        """The request as the cache keys it, and its entry's Redis key: an unnamed model is the
+        served model, and the weights that answer it are part of the model's name
+        (``name@weights_id``) when the workers say which (WorkerInfo.weights_id): new weights under
+        the same name have entries of their own."""
         model = req.model or self._cfg.model
         if weights_id:
             model = f"{model}@{weights_id}"
-        if model == req.model:
-            return req
-        view = pb.GenerateRequest()
-        view.CopyFrom(req)
-        view.model = model
-        return view
+        view = req
+        if model != req.model:
+            view = pb.GenerateRequest()
+            view.CopyFrom(req)
+            view.model = model
+        return view, cache_keys.exact_key(view, tenant, self._cfg.cache_key_prefix)
 
     async def weights(self) -> str | None:
         """The weights the fleet serves (WorkerInfo.weights_id; '' when its workers give none, None
