@@ -20,9 +20,10 @@ How one engine step is simulated (one scheduler task, like vLLM v1's ``EngineCor
    prefilled in one step.
 3. The step lasts ``prefill_ms_per_token * prompt tokens computed + itl_base_ms +
    itl_per_seq_ms * batch size`` — one forward pass of the whole batch.
-4. Every request of the batch whose prompt is all computed then gets one token. A request finishes with "stop" when its text
-   contains one of its stop strings (cut before it, held back while it could still be a partial
-   match, like vLLM), else with "length" at ``max_tokens``; the simulator never emits EOS.
+4. Every request of the batch whose prompt is all computed then gets one token. A request
+   finishes with "stop" when its text contains one of its stop strings (cut before it, held back
+   while it could still be a partial match, like vLLM), else with "length" at ``max_tokens``; the
+   simulator never emits EOS.
 
 KV blocks are reference-counted; a full block is cached under its hash once computed and stays
 cached after its requests finish, until the pool reuses it: unreferenced blocks are evicted
@@ -456,16 +457,20 @@ class SimEngine(Engine):
             seq.blocks += self._pool.take([], needed)
             i += 1
         # 2. The token budget: a token for each decoding request, then the prompts being prefilled.
-        budget = self._cfg.sim_max_num_batched_tokens or math.inf
-        budget -= sum(1 for seq in self._running if not seq.prefill_left)
         batch = [seq for seq in self._running if not seq.prefill_left]
+        budget = (self._cfg.sim_max_num_batched_tokens or math.inf) - len(batch)
         prefill_tokens = 0
+
+        def prefill(seq: _Seq) -> None:  # the next chunk of its prompt, in this step
+            nonlocal budget, prefill_tokens
+            seq.chunk = int(min(seq.prefill_left, budget))
+            budget -= seq.chunk
+            prefill_tokens += seq.chunk
+            batch.append(seq)
+
         for seq in self._running:
             if seq.prefill_left and budget > 0:
-                seq.chunk = int(min(seq.prefill_left, budget))
-                budget -= seq.chunk
-                prefill_tokens += seq.chunk
-                batch.append(seq)
+                prefill(seq)
         # Admit waiting requests in FIFO order (not in a step that had to preempt, like vLLM).
         while not preempted and budget > 0 and self._waiting and len(self._running) < self._cfg.max_num_seqs:
             seq = self._waiting[0]
@@ -486,11 +491,8 @@ class SimEngine(Engine):
                 seq.cached_prompt_tokens = cached
             self._record_prefix_query(seq.num_tokens, cached)
             seq.prefill_left = seq.num_tokens - cached
-            seq.chunk = int(min(seq.prefill_left, budget))
-            budget -= seq.chunk
-            prefill_tokens += seq.chunk
             self._running.append(seq)
-            batch.append(seq)
+            prefill(seq)
         cfg = self._cfg
         ms = (
             prefill_tokens * cfg.sim_prefill_ms_per_token
