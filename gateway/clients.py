@@ -93,6 +93,12 @@ class Clients:
             session = self._sessions[address] = WorkerSession(self.worker(address), address)
         return session
 
+    def failed(self, address: str) -> bool:
+        """Whether this gateway's last session to the worker at ``address`` closed (it died, was
+        frozen or left); False before the first session."""
+        session = self._sessions.get(address)
+        return session is not None and session.closed
+
     def addresses(self) -> list[str]:
         """The workers this gateway holds a channel to."""
         return list(self._workers)

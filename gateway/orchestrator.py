@@ -23,10 +23,10 @@ from opentelemetry import trace
 from gateway import metrics
 from gateway.breaker import Breaker
 from gateway.clients import Clients
+from gateway.fleet import FleetView
 from gateway.flights import Flight, Flights
 from gateway.picks import PickFailed, PickRefused
 from gateway.relay import WorkerFailed, add_tool_call_piece, merge
-from gateway.weights import FleetWeights
 from services import cache_keys, telemetry, validation
 from services.config import GatewayConfig
 from services.gen import meshserve_pb2 as pb
@@ -92,7 +92,8 @@ class Orchestrator:
         self._in_flight = 0
         self._flights = Flights()
         metrics.FLIGHTS.set_function(lambda: len(self._flights))
-        self._weights = FleetWeights(clients.router)  # what the cache keys answers by
+        self._fleet = FleetView(clients.router)  # the weights the cache keys answers by; a fleet of one
+        self._told: set[asyncio.Task[pb.PickResponse | None]] = set()  # picks asked, not waited for
         self._router_ok = True  # the same for the router
         self._max_model_len: int | None = None  # the workers' context length, once one said it
         self._breaker = Breaker(cfg.cache_breaker_failures, cfg.cache_breaker_s, clock)
@@ -178,7 +179,10 @@ class Orchestrator:
     async def close(self) -> None:
         """Lets pending cache stores finish (bounded by the cache timeout), then closes channels."""
         await self._flights.close(self._cfg.cache_timeout_s)
-        await self._weights.close()
+        await self._fleet.close()
+        for told in self._told:
+            told.cancel()
+        await asyncio.gather(*self._told, return_exceptions=True)
         await self._clients.close()
 
     # -- pipeline steps ---------------------------------------------------------------------------
@@ -212,7 +216,7 @@ class Orchestrator:
         mode = validation.cache_mode(req, self._cfg.cache_mode)
         cached = mode != validation.CACHE_OFF and (self._clients.cache is not None or self._cfg.coalesce)
         # The weights the fleet serves are part of the key: none known yet, nothing shared.
-        weights = await self._weights.serving() if cached else None
+        weights = await self._fleet.serving() if cached else None
         if weights is None:
             if cached:
                 metrics.WEIGHTS_UNKNOWN.inc()
@@ -324,7 +328,7 @@ class Orchestrator:
         # entry is indexed by meaning (a call to the cache service, off every request's path).
         if flight.chunks[-1].finish_reason not in validation.FINISHED:
             return
-        generated_by = await self._weights.of_worker(flight.worker)
+        generated_by = await self._fleet.of_worker(flight.worker)
         if generated_by is None:  # a worker the router no longer lists: its weights are not known
             self._flights.landed(flight)
             return
@@ -450,7 +454,7 @@ class Orchestrator:
     async def weights(self) -> str | None:
         """The weights the fleet serves (WorkerInfo.weights_id; '' when its workers give none, None
         before the router listed a healthy worker): what the cache keys answers by."""
-        return await self._weights.serving()
+        return await self._fleet.serving()
 
     async def serving_workers(self) -> tuple[int, str]:
         """How many workers could take a request now, and why none can when it is 0: the
@@ -504,9 +508,34 @@ class Orchestrator:
         return self._clients.worker(addresses[0])
 
     async def _pick(self, req: pb.GenerateRequest, exclude: Sequence[str]) -> pb.PickResponse:
+        """The worker for ``req``: the router's pick; or, when the fleet is one worker (healthy and
+        undrained in the router's last list) that this gateway's session to has not seen fail,
+        that worker at once: the router is still asked, off the request's path, so its view of
+        the worker's load, its metrics and its span in the trace stay whole."""
+        if not exclude and (sole := self._fleet.sole()) is not None and not self._clients.failed(sole[1]):
+            only = pb.PickResponse(worker_id=sole[0], address=sole[1], reason="sole worker")
+            self._clients.picked(only)
+            metrics.SOLE_WORKER_PICKS.inc()
+            told = asyncio.get_running_loop().create_task(self._tell_router(req))
+            self._told.add(told)
+            told.add_done_callback(self._told.discard)
+            return only
+        pick = await self._ask_router(req, exclude)
+        assert pick is not None  # a pick waited for is an answer or a GatewayError
+        return pick
+
+    async def _tell_router(self, req: pb.GenerateRequest) -> pb.PickResponse | None:
+        await asyncio.sleep(0)  # the request's own message to its worker goes first
+        return await self._ask_router(req, (), waited=False)
+
+    async def _ask_router(
+        self, req: pb.GenerateRequest, exclude: Sequence[str], waited: bool = True
+    ) -> pb.PickResponse | None:
+        """The router's pick; when the request does not wait for it (``waited`` false: it went to
+        the fleet's only worker), None if the router did not answer."""
         try:
             with telemetry.tracer.start_as_current_span("router pick") as span:
-                span.set_attribute("meshserve.router.excluded", len(exclude))
+                span.set_attributes({"meshserve.router.excluded": len(exclude), "meshserve.router.waited": waited})
                 asked = time.perf_counter()
                 pick = await self._clients.picks.pick(
                     pb.PickRequest(request_id=req.request_id, prompt=req.prompt, messages=req.messages,
@@ -514,7 +543,8 @@ class Orchestrator:
                                    trace_context=dict(telemetry.outgoing_metadata())),
                     PICK_TIMEOUT_S,
                 )
-                metrics.PICK_SECONDS.observe(time.perf_counter() - asked)
+                if waited:
+                    metrics.PICK_SECONDS.observe(time.perf_counter() - asked)
                 span.set_attributes({"meshserve.worker": pick.worker_id,
                                      "meshserve.router.reason": pick.reason,
                                      "meshserve.router.predicted_cached_tokens": pick.predicted_cached_tokens})
@@ -523,21 +553,24 @@ class Orchestrator:
                     log.info("router is answering again")
                     self._router_ok = True
                 return pick
-        except PickRefused as e:  # the router answered: a refusal stays one
-            raise GatewayError(e.code, f"router: {e.detail}") from None
         except PickFailed as e:
+            if not waited:  # the request went on without it; a router that is away shows on the next wait
+                log.debug("request %s: the router's pick, not waited for, failed: %s", req.request_id, e.detail)
+                return None
+            if isinstance(e, PickRefused):  # the router answered: a refusal stays one
+                raise GatewayError(e.code, f"router: {e.detail}") from None
             if e.code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 raise GatewayError(e.code, f"router: {e.detail}") from None
             # The router is away (restarting, rescheduled): serve on the workers it named before.
-            pick = self._clients.fallback(exclude)
-            if pick is None:
+            fallback = self._clients.fallback(exclude)
+            if fallback is None:
                 raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"router unavailable: {e.detail}") from None
             if self._router_ok:
                 log.warning("router unavailable (%s); picking from the workers it named before", e.detail)
                 self._router_ok = False
             metrics.FALLBACK_PICKS.inc()
             trace.get_current_span().set_attribute("meshserve.router.fallback", True)
-            return pick
+            return fallback
 
     async def _stream_with_failover(
         self, req: pb.GenerateRequest, outcome: _Outcome

@@ -97,11 +97,14 @@ class FakeWorker(pb_grpc.WorkerServicer):
 @dataclass(eq=False)
 class FakeRouter(pb_grpc.RouterServicer):
     """Picks the first worker in order that is not excluded; lists them all, healthy, serving the
-    weights in ``weights`` (worker id -> weights id; none given: '')."""
+    weights in ``weights`` (worker id -> weights id; none given: ''); with a ``gate``, the
+    gateway's picks are answered once it is set."""
 
     workers: list[tuple[str, str]]
     picks: list[pb.PickRequest] = field(default_factory=list)
     weights: dict[str, str] = field(default_factory=dict)
+    gate: asyncio.Event | None = None
+    lists: int = 0
 
     def _answer(self, request: pb.PickRequest) -> pb.PickResponse:
         self.picks.append(request)
@@ -112,6 +115,7 @@ class FakeRouter(pb_grpc.RouterServicer):
 
     async def ListWorkers(self, request: pb.ListWorkersRequest, context: grpc.aio.ServicerContext
                           ) -> pb.ListWorkersResponse:
+        self.lists += 1
         return pb.ListWorkersResponse(workers=[
             pb.WorkerState(worker_id=worker_id, address=address, healthy=True, weights_id=self.weights.get(worker_id, ""))
             for worker_id, address in self.workers
@@ -136,6 +140,8 @@ class FakeRouter(pb_grpc.RouterServicer):
     async def PickBatches(self, request_iterator: AsyncIterator[pb.PickBatch],
                           context: grpc.aio.ServicerContext) -> None:  # the gateway's path
         async for batch in request_iterator:
+            if self.gate is not None:
+                await self.gate.wait()
             await context.write(pb.PickBatchResponse(answers=[self._answer_on_stream(r) for r in batch.picks]))
 
 
@@ -489,6 +495,43 @@ async def test_with_the_router_away_the_gateway_picks_from_the_workers_it_named(
     assert sample("meshserve_gateway_fallback_picks_total") == before + 3
     assert sample("meshserve_gateway_pick_seconds_count") == answered  # no answer was waited for
     assert m.a.calls == 4 and len(m.router.picks) == 1
+
+
+async def test_a_fleet_of_one_worker_gets_its_requests_without_waiting_for_the_router(mesh: MeshFactory) -> None:
+    m = await mesh(cache="off")
+    both = list(m.router.workers)
+    m.router.workers = both[:1]  # the router lists A only
+    m.router.gate = asyncio.Event()  # and answers no pick until the gate opens
+    sole = sample("meshserve_gateway_sole_worker_picks_total")
+    # The gateway's first request waits for the router's pick: the gateway has no list of the
+    # fleet yet (it asks for one meanwhile).
+    first = asyncio.ensure_future(collect(m.stub.Generate(greedy(skip_cache=True))))
+    await until(lambda: asyncio.sleep(0, m.router.lists > 0), "the gateway to ask for the fleet's list")
+    assert not first.done()
+    m.router.gate.set()
+    assert tokens(await first) == [10, 11, 12] and len(m.router.picks) == 1
+    # From then on the requests go to A at once, while the router answers no pick.
+    m.router.gate.clear()
+    for i in range(3):
+        chunks = await collect(m.stub.Generate(greedy(f"prompt {i}", skip_cache=True)))
+        assert tokens(chunks) == [10, 11, 12] and chunks[-1].worker == "A"
+    assert m.a.calls == 4 and m.b.calls == 0
+    assert sample("meshserve_gateway_sole_worker_picks_total") == sole + 3
+    # The router still gets every pick (its view of A's load, its span in the trace), off their path.
+    m.router.gate.set()
+    await until(lambda: asyncio.sleep(0, len(m.router.picks) == 4), "the router to get every pick")
+    assert [p.prompt for p in m.router.picks[1:]] == [f"prompt {i}" for i in range(3)]
+
+    # A second worker listed: the router's pick is waited for again once the gateway's list of
+    # the fleet (at most a second old) has it.
+    m.router.workers = both
+
+    async def waited_for_the_router() -> bool:
+        answered = sample("meshserve_gateway_pick_seconds_count")
+        await collect(m.stub.Generate(greedy(skip_cache=True)))
+        return sample("meshserve_gateway_pick_seconds_count") > answered
+
+    await until(waited_for_the_router, "a pick waited for, with two workers listed")
 
 
 async def test_a_refusal_from_the_router_is_not_overridden_by_fallback_picks(mesh: MeshFactory) -> None:

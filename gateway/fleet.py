@@ -1,6 +1,10 @@
-"""The weights the fleet serves, as the router lists its workers (``WorkerState.weights_id``): the
-response cache keys answers by them beyond the model's name, so after new weights are rolled out
-under the same name no request is answered with the old weights' completions."""
+"""The gateway's view of the fleet, as the router lists its workers (at most a second old):
+
+- the weights the fleet serves (``WorkerState.weights_id``): the response cache keys answers by
+  them beyond the model's name, so after new weights are rolled out under the same name no
+  request is answered with the old weights' completions;
+- whether the fleet is one worker: then a request has nowhere else to go, and the gateway sends
+  it there without waiting for the router's pick (``Orchestrator._pick``)."""
 
 from __future__ import annotations
 
@@ -27,9 +31,10 @@ class _Lister(Protocol):
                           ) -> pb.ListWorkersResponse: ...
 
 
-class FleetWeights:
-    """The weights id most healthy workers serve, and each worker's; listed again once the list is
-    ``refresh_s`` old, by a task of its own: only a gateway's first request waits for a list."""
+class FleetView:
+    """The weights id most healthy workers serve, each worker's, and the fleet's only worker when
+    it has one; listed again once the list is ``refresh_s`` old, by a task of its own: only a
+    gateway's first cacheable request waits for a list."""
 
     def __init__(self, router: _Lister, refresh_s: float = REFRESH_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -38,6 +43,7 @@ class FleetWeights:
         self._clock = clock
         self._serving: str | None = None  # None: no healthy worker listed yet
         self._by_worker: dict[str, str] = {}
+        self._sole: tuple[str, str] | None = None  # (id, address) of a fleet of one, healthy and undrained
         self._listed_at = -math.inf
         self._listing: asyncio.Task[None] | None = None
 
@@ -48,6 +54,12 @@ class FleetWeights:
         if self._serving is None:
             await self.listed()
         return self._serving
+
+    def sole(self) -> tuple[str, str] | None:
+        """(id, address) of the fleet's only worker when the router's last list has one worker,
+        healthy and not draining: a pick has nothing to choose. None otherwise, or before a list."""
+        self._refresh_if_old()
+        return self._sole
 
     async def of_worker(self, worker_id: str) -> str | None:
         """The weights id of the worker ``worker_id`` (None: not in the router's list)."""
@@ -65,7 +77,7 @@ class FleetWeights:
     def _refresh_if_old(self) -> None:
         if self._clock() - self._listed_at >= self._refresh_s and (self._listing is None or self._listing.done()):
             self._listed_at = self._clock()  # one list at a time, and none more often than refresh_s
-            self._listing = asyncio.get_running_loop().create_task(self._list(), name="fleet weights")
+            self._listing = asyncio.get_running_loop().create_task(self._list(), name="fleet list")
 
     async def _list(self) -> None:
         try:
@@ -74,6 +86,8 @@ class FleetWeights:
             log.debug("the router did not list the workers (%s); keeping what it listed before", e.code().name)
             return
         self._by_worker = {w.worker_id: w.weights_id for w in listed.workers}
+        only = listed.workers[0] if len(listed.workers) == 1 else None
+        self._sole = (only.worker_id, only.address) if only and only.healthy and not only.load.draining else None
         counts = Counter(w.weights_id for w in listed.workers if w.healthy)
         if counts:
             serving = max(sorted(counts), key=counts.__getitem__)  # the most workers'; a tie, the first

@@ -1,19 +1,24 @@
-"""The gateway's view of the weights the fleet serves (gateway.weights), from the router's list."""
+"""The gateway's view of the fleet (gateway.fleet), from the router's list: the weights it serves,
+and its only worker when it has one."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import grpc
 import pytest
 
-from gateway.weights import FleetWeights
+from gateway.fleet import FleetView
 from services.gen import meshserve_pb2 as pb
 
 
 class Router:
-    """Lists ``workers`` ((id, weights id, healthy)); ``down``: fails as an unreachable router."""
+    """Lists ``workers`` ((id, weights id, healthy)), those in ``draining`` draining; ``down``: fails
+    as an unreachable router."""
 
     def __init__(self, *workers: tuple[str, str, bool]) -> None:
         self.workers = list(workers)
+        self.draining: set[str] = set()
         self.down = False
         self.lists = 0
 
@@ -23,7 +28,9 @@ class Router:
         if self.down:
             raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "down")
         return pb.ListWorkersResponse(workers=[
-            pb.WorkerState(worker_id=w, weights_id=weights, healthy=healthy) for w, weights, healthy in self.workers
+            pb.WorkerState(worker_id=w, address=f"{w}:1", weights_id=weights, healthy=healthy,
+                           load=pb.LoadReport(draining=w in self.draining))
+            for w, weights, healthy in self.workers
         ])
 
 
@@ -45,13 +52,13 @@ class Clock:
 async def test_the_fleet_serves_the_weights_of_most_healthy_workers(
     workers: list[tuple[str, str, bool]], serving: str | None
 ) -> None:
-    weights = FleetWeights(Router(*workers))
+    weights = FleetView(Router(*workers))
     assert await weights.serving() == serving
 
 
 async def test_the_first_request_waits_for_a_list_and_later_ones_are_answered_from_the_last() -> None:
     router, clock = Router(("a", "w1", True)), Clock()
-    weights = FleetWeights(router, refresh_s=1.0, clock=clock)
+    weights = FleetView(router, refresh_s=1.0, clock=clock)
     assert await weights.serving() == "w1" and router.lists == 1
     router.workers = [("a", "w2", True)]
     clock.now = 0.5
@@ -64,7 +71,7 @@ async def test_the_first_request_waits_for_a_list_and_later_ones_are_answered_fr
 
 async def test_a_router_that_cannot_list_leaves_what_it_listed_before() -> None:
     router, clock = Router(("a", "w1", True)), Clock()
-    weights = FleetWeights(router, refresh_s=1.0, clock=clock)
+    weights = FleetView(router, refresh_s=1.0, clock=clock)
     router.down = True
     assert await weights.serving() is None  # nothing listed yet: requests are not cached
     router.down = False
@@ -79,8 +86,30 @@ async def test_a_router_that_cannot_list_leaves_what_it_listed_before() -> None:
 
 async def test_a_worker_newer_than_the_list_is_looked_up_in_a_new_one() -> None:
     router = Router(("a", "w1", True))
-    weights = FleetWeights(router, clock=Clock())
+    weights = FleetView(router, clock=Clock())
     assert await weights.of_worker("a") == "w1" and router.lists == 1
     router.workers.append(("b", "w2", True))
     assert await weights.of_worker("b") == "w2" and router.lists == 2
     assert await weights.of_worker("gone") is None and router.lists == 3
+
+
+async def test_the_only_worker_is_named_while_it_is_the_only_one_healthy_and_undrained() -> None:
+    router, clock = Router(("a", "w1", True)), Clock()
+    fleet = FleetView(router, refresh_s=1.0, clock=clock)
+    assert fleet.sole() is None  # nothing listed yet; a list is asked for
+    await fleet.listed()
+    assert fleet.sole() == ("a", "a:1")
+
+    async def after(change: Callable[[], None]) -> tuple[str, str] | None:
+        change()
+        clock.now += 1.0
+        fleet.sole()  # asks for a new list
+        await fleet.listed()
+        return fleet.sole()
+
+    assert await after(lambda: router.workers.append(("b", "w1", True))) is None  # two to choose from
+    assert await after(lambda: router.workers.pop()) == ("a", "a:1")
+    assert await after(lambda: router.draining.add("a")) is None
+    assert await after(router.draining.clear) == ("a", "a:1")
+    assert await after(lambda: router.workers.__setitem__(0, ("a", "w1", False))) is None  # unhealthy
+    assert await after(router.workers.clear) is None
