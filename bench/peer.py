@@ -47,6 +47,7 @@ from bench._mesh import UpMesh, summed  # noqa: E402
 from services.config import DEFAULT_MODEL as MODEL_NAME  # noqa: E402
 
 VLLM_PORT, ROUTER_PORT, MESH_PORT = 8100, 8200, 8080
+PORT_TRIES, PORT_RETRY_S = 3, 5.0  # a meshserve stack whose port was taken by a client connection
 # The engine every stack runs: meshserve's worker defaults, spelled as `vllm serve` flags.
 ENGINE_FLAGS = ["--max-num-seqs", "256", "--max-model-len", "2048", "--block-size", "32",
                 "--kv-cache-memory-bytes", str(256 * 2**20), "--enforce-eager", "--dtype", "auto"]
@@ -164,10 +165,24 @@ class Stack:
         cli = "commands.cli" if self.src is None or (self.src / "commands" / "cli.py").exists() else "services.cli"
         log = self.log_dir / f"{self.name}-up.log"
         seen = log.stat().st_size if log.exists() else 0  # earlier rounds' lines: not this start's
-        up = self._spawn("up", [sys.executable, "-m", cli, "up", "--engine", "vllm", "--workers",
-                                "1", "--model", self.model, "--enforce-eager", "--run-dir", str(run_dir),
-                                "--port", str(MESH_PORT), *self.up_args], src=self.src)
-        wait_http(f"http://127.0.0.1:{MESH_PORT}/v1/models", up, "meshserve up")
+        for attempt in range(1, PORT_TRIES + 1):
+            up = self._spawn("up", [sys.executable, "-m", cli, "up", "--engine", "vllm", "--workers",
+                                    "1", "--model", self.model, "--enforce-eager", "--run-dir", str(run_dir),
+                                    "--port", str(MESH_PORT), *self.up_args], src=self.src)
+            try:
+                wait_http(f"http://127.0.0.1:{MESH_PORT}/v1/models", up, "meshserve up")
+                break
+            except RuntimeError:
+                # The services' fixed ports lie in Linux's ephemeral range: right after a run, one
+                # of the 300 client connections may hold one for a moment. Start again, not the round.
+                with open(log, "rb") as f:
+                    f.seek(seen)
+                    taken = b"port is in use" in f.read()
+                if not taken or attempt == PORT_TRIES:
+                    raise
+                self.stop()
+                print(f"{self.name}: a port was taken; starting again ({attempt}/{PORT_TRIES - 1})", flush=True)
+                time.sleep(PORT_RETRY_S)
         with open(log, "rb") as f:  # the table this start printed
             f.seek(seen)
             self.gateway_metrics = UpMesh(f.read().decode(errors="replace").splitlines()).all_metrics("gateway")
