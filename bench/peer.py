@@ -181,6 +181,7 @@ class Stack:
                 if not taken or attempt == PORT_TRIES:
                     raise
                 self.stop()
+                seen = log.stat().st_size  # the next start's lines only
                 print(f"{self.name}: a port was taken; starting again ({attempt}/{PORT_TRIES - 1})", flush=True)
                 time.sleep(PORT_RETRY_S)
         with open(log, "rb") as f:  # the table this start printed
