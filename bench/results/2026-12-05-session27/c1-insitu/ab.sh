@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# One user, two meshes and `vllm serve` side by side (started once, idle between runs): mesh A
+# with the environment as it is, mesh B with B_ENV (e.g. "GRPC_EXPERIMENTS=..."), alternated
+# rounds of N requests one at a time (64 -> 32 tokens, one seed per round) against each.
+#   B_ENV="NAME=VALUE" ab.sh OUT ROUNDS N
+set -euo pipefail
+OUT=$1; ROUNDS=${2:-6}; N=${3:-40}
+cd "$(dirname "$0")/../../../.."
+mkdir -p "$OUT"
+MODEL=$(.venv/bin/meshserve make-model | tail -1)
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_LOGGING_LEVEL=WARNING
+FLAGS=$(.venv/bin/python -c "import sys; sys.path.insert(0, '.'); from bench.peer import ENGINE_FLAGS; print(' '.join(ENGINE_FLAGS))")
+setsid .venv/bin/vllm serve "$MODEL" --served-model-name meshserve-tiny --host 127.0.0.1 --port 8100 $FLAGS \
+  > "$OUT/vllm.log" 2>&1 &
+VLLM=$!
+setsid .venv/bin/meshserve up --engine vllm --workers 1 --model "$MODEL" --enforce-eager --run-dir "$OUT/a-run" \
+  --port 8080 > "$OUT/a-up.log" 2>&1 &
+A=$!
+setsid env $B_ENV .venv/bin/meshserve up --engine vllm --workers 1 --model "$MODEL" --enforce-eager \
+  --run-dir "$OUT/b-run" --port 8081 --admin-port 9911 --gateway-port 50451 --gateway-http-port 50450 \
+  --router-port 50452 --cache-port 50453 --worker-port 50461 --redis-port 6399 --trace-port 4417 \
+  > "$OUT/b-up.log" 2>&1 &
+B=$!
+trap 'kill -INT -- -$A -$B 2>/dev/null; kill -TERM -- -$VLLM 2>/dev/null; wait' EXIT
+for url in http://127.0.0.1:8100/health http://127.0.0.1:8080/v1/models http://127.0.0.1:8081/v1/models; do
+  until curl -sf "$url" > /dev/null; do sleep 1; done
+done
+.venv/bin/python - "$OUT" "$ROUNDS" "$N" "$MODEL" <<'PY' | tee "$OUT/results.txt"
+import json, statistics, subprocess, sys
+out, rounds, n, model = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+stacks = {"vllm": 8100, "a": 8080, "b": 8081}
+rows: dict[str, list[tuple[float, float]]] = {}
+for rnd in range(rounds):
+    names = list(stacks)[rnd % 3:] + list(stacks)[:rnd % 3]
+    for name in names:
+        label = f"{name}-{rnd}"
+        subprocess.run([".venv/bin/vllm", "bench", "serve", "--backend", "openai-chat", "--base-url",
+                        f"http://127.0.0.1:{stacks[name]}", "--endpoint", "/v1/chat/completions", "--model",
+                        "meshserve-tiny", "--tokenizer", model, "--dataset-name", "random", "--random-input-len", "64",
+                        "--random-output-len", "32", "--num-prompts", str(n), "--max-concurrency", "1",
+                        "--ignore-eos", "--seed", str(2000 + rnd), "--disable-tqdm", "--save-result",
+                        "--result-dir", out, "--result-filename", f"{label}.json"],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+        r = json.load(open(f"{out}/{label}.json"))
+        rows.setdefault(name, []).append((r["median_ttft_ms"], r["median_tpot_ms"]))
+        print(f"round {rnd} {name:5s} TTFT {r['median_ttft_ms']:6.2f}  TPOT {r['median_tpot_ms']:5.2f}", flush=True)
+print("medians:")
+for name, rs in rows.items():
+    print(f"{name:5s} TTFT {statistics.median(r[0] for r in rs):6.2f}  TPOT {statistics.median(r[1] for r in rs):5.2f}")
+json.dump(rows, open(f"{out}/rows.json", "w"))
+PY
