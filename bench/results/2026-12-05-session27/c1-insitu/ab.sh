@@ -5,26 +5,14 @@
 #   B_ENV="NAME=VALUE" ab.sh OUT ROUNDS N
 set -euo pipefail
 OUT=$1; ROUNDS=${2:-6}; N=${3:-40}
-cd "$(dirname "$0")/../../../.."
-mkdir -p "$OUT"
-MODEL=$(.venv/bin/meshserve make-model | tail -1)
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_LOGGING_LEVEL=WARNING
-FLAGS=$(.venv/bin/python -c "import sys; sys.path.insert(0, '.'); from bench.peer import ENGINE_FLAGS; print(' '.join(ENGINE_FLAGS))")
-setsid .venv/bin/vllm serve "$MODEL" --served-model-name meshserve-tiny --host 127.0.0.1 --port 8100 $FLAGS \
-  > "$OUT/vllm.log" 2>&1 &
-VLLM=$!
-setsid .venv/bin/meshserve up --engine vllm --workers 1 --model "$MODEL" --enforce-eager --run-dir "$OUT/a-run" \
-  --port 8080 > "$OUT/a-up.log" 2>&1 &
+source "$(dirname "$0")/stacks.sh"  # from the repository root: MODEL, `vllm serve` (VLLM), mesh, ready
+mesh a "" --port 8080
 A=$!
-setsid env $B_ENV .venv/bin/meshserve up --engine vllm --workers 1 --model "$MODEL" --enforce-eager \
-  --run-dir "$OUT/b-run" --port 8081 --admin-port 9911 --gateway-port 50451 --gateway-http-port 50450 \
-  --router-port 50452 --cache-port 50453 --worker-port 50461 --redis-port 6399 --trace-port 4417 \
-  > "$OUT/b-up.log" 2>&1 &
+mesh b "$B_ENV" --port 8081 --admin-port 9911 --gateway-port 50451 --gateway-http-port 50450 --router-port 50452 \
+  --cache-port 50453 --worker-port 50461 --redis-port 6399 --trace-port 4417
 B=$!
 trap 'kill -INT -- -$A -$B 2>/dev/null; kill -TERM -- -$VLLM 2>/dev/null; wait' EXIT
-for url in http://127.0.0.1:8100/health http://127.0.0.1:8080/v1/models http://127.0.0.1:8081/v1/models; do
-  until curl -sf "$url" > /dev/null; do sleep 1; done
-done
+ready http://127.0.0.1:8100/health http://127.0.0.1:8080/v1/models http://127.0.0.1:8081/v1/models
 .venv/bin/python - "$OUT" "$ROUNDS" "$N" "$MODEL" <<'PY' | tee "$OUT/results.txt"
 import json, statistics, subprocess, sys
 out, rounds, n, model = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]

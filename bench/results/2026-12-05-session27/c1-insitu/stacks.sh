@@ -1,0 +1,28 @@
+# Sourced by run.sh and ab.sh (OUT set): moves to the repository's root and makes OUT there; the
+# tiny model, the engine settings bench/peer.py gives every stack, and `vllm serve` on 8100 (its
+# pid in VLLM, log OUT/vllm.log).
+cd "$(dirname "${BASH_SOURCE[0]}")/../../../.."
+mkdir -p "$OUT"
+MODEL=$(.venv/bin/meshserve make-model | tail -1)
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_LOGGING_LEVEL=WARNING
+FLAGS=$(.venv/bin/python -c "import sys; sys.path.insert(0, '.'); from bench.peer import ENGINE_FLAGS; print(' '.join(ENGINE_FLAGS))")
+setsid .venv/bin/vllm serve "$MODEL" --served-model-name meshserve-tiny --host 127.0.0.1 --port 8100 $FLAGS \
+  > "$OUT/vllm.log" 2>&1 &
+VLLM=$!
+
+# Waits until every URL given answers.
+ready() {
+  for url in "$@"; do
+    until curl -sf "$url" > /dev/null; do sleep 1; done
+  done
+}
+
+# Starts `meshserve up --engine vllm --workers 1` on the model as NAME (run dir OUT/NAME-run, log
+# OUT/NAME-up.log), with FLAGS after it (other ports), under `env ENV` (may be empty): mesh NAME ENV FLAGS...
+mesh() {
+  local name=$1 env=$2
+  shift 2
+  # shellcheck disable=SC2086  # ENV is NAME=VALUE words for env
+  setsid env $env .venv/bin/meshserve up --engine vllm --workers 1 --model "$MODEL" --enforce-eager \
+    --run-dir "$OUT/$name-run" "$@" > "$OUT/$name-up.log" 2>&1 &
+}
