@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # One user, two meshes and `vllm serve` side by side (started once, idle between runs): mesh A
 # with the environment as it is, mesh B with B_ENV (e.g. "GRPC_EXPERIMENTS=..."), alternated
-# rounds of N requests one at a time (64 -> 32 tokens, one seed per round) against each.
-#   B_ENV="NAME=VALUE" ab.sh OUT ROUNDS N
+# rounds of N requests one at a time (64 -> 32 tokens, one seed per round) against each. With
+# B_DIR, mesh B runs from that source tree (e.g. a worktree of another commit); B_FLAGS: more
+# `meshserve up` flags for mesh B.
+#   [B_ENV="NAME=VALUE"] [B_DIR=/tmp/tree] [B_FLAGS="--block-size 32"] ab.sh OUT ROUNDS N
 set -euo pipefail
 OUT=$1; ROUNDS=${2:-6}; N=${3:-40}
 source "$(dirname "$0")/stacks.sh"  # from the repository root: MODEL, `vllm serve` (VLLM), mesh, ready
 mesh a "" --port 8080
 A=$!
-mesh b "$B_ENV" --port 8081 --admin-port 9911 --gateway-port 50451 --gateway-http-port 50450 --router-port 50452 \
-  --cache-port 50453 --worker-port 50461 --redis-port 6399 --trace-port 4417
+MESH_DIR=${B_DIR:-} mesh b "${B_ENV:-}" --port 8081 --admin-port 9911 --gateway-port 50451 --gateway-http-port 50450 --router-port 50452 \
+  --cache-port 50453 --worker-port 50461 --redis-port 6399 --trace-port 4417 ${B_FLAGS:-}
 B=$!
 trap 'kill -INT -- -$A -$B 2>/dev/null; kill -TERM -- -$VLLM 2>/dev/null; wait' EXIT
 ready http://127.0.0.1:8100/health http://127.0.0.1:8080/v1/models http://127.0.0.1:8081/v1/models

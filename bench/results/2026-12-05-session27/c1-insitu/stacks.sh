@@ -3,6 +3,7 @@
 # pid in VLLM, log OUT/vllm.log).
 cd "$(dirname "${BASH_SOURCE[0]}")/../../../.."
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)  # absolute: a mesh may start from another tree
 MODEL=$(.venv/bin/meshserve make-model | tail -1)
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_LOGGING_LEVEL=WARNING
 FLAGS=$(.venv/bin/python -c "import sys; sys.path.insert(0, '.'); from bench.peer import ENGINE_FLAGS; print(' '.join(ENGINE_FLAGS))")
@@ -18,11 +19,12 @@ ready() {
 }
 
 # Starts `meshserve up --engine vllm --workers 1` on the model as NAME (run dir OUT/NAME-run, log
-# OUT/NAME-up.log), with FLAGS after it (other ports), under `env ENV` (may be empty): mesh NAME ENV FLAGS...
+# OUT/NAME-up.log), with FLAGS after it (other ports), under `env ENV` (may be empty), from the
+# source tree MESH_DIR if set (e.g. a worktree), else this one: mesh NAME ENV FLAGS...
 mesh() {
-  local name=$1 env=$2
+  local name=$1 env=$2 root=$PWD
   shift 2
   # shellcheck disable=SC2086  # ENV is NAME=VALUE words for env
-  setsid env $env .venv/bin/meshserve up --engine vllm --workers 1 --model "$MODEL" --enforce-eager \
-    --run-dir "$OUT/$name-run" "$@" > "$OUT/$name-up.log" 2>&1 &
+  (cd "${MESH_DIR:-$root}" && exec setsid env PYTHONPATH="$PWD" $env "$root/.venv/bin/meshserve" up --engine vllm \
+    --workers 1 --model "$MODEL" --enforce-eager --run-dir "$OUT/$name-run" "$@" > "$OUT/$name-up.log" 2>&1) &
 }
