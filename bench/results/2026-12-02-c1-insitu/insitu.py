@@ -1,5 +1,7 @@
 """c1 A/B inside running stacks: vllm serve on 8100 and a mesh on 8080, both started once.
-Variants of the mesh's engine knobs applied at runtime (renice / taskset) between runs."""
+Variants of the mesh's engine knobs applied at runtime (renice / taskset) between runs: PRIO+PLACE
+(low|normal + shared|vllm), and a third part r1 (every other mesh process on CPU 1) or rall (on
+both CPUs)."""
 import json, os, subprocess, sys, statistics, time
 import psutil
 OUT = sys.argv[1]; ROUNDS = int(sys.argv[2]); N = int(sys.argv[3]); VARIANTS = sys.argv[4].split(",")
@@ -26,7 +28,19 @@ def apply(variant):
             ORIG[p.pid] = {t: os.sched_getaffinity(t) for t in threads(p)}
         print("orig affinity", {pid: sorted(set().union(*a.values())) for pid, a in ORIG.items()},
               "nice", [p.nice() for p in core + model], flush=True)
-    prio, place = variant.split("+") if "+" in variant else ("", "")
+    parts = variant.split("+")
+    relay = parts.pop() if parts[-1] in ("r1", "rall") else ""
+    prio, place = parts if len(parts) == 2 else ("", "")
+    if relay:
+        cpus = {1} if relay == "r1" else {0, 1}
+        eng = {p.pid for p in core + model}
+        launcher = [p for p in psutil.process_iter(["cmdline"]) if "meshserve up" in " ".join(p.info["cmdline"] or []) or "commands.cli up" in " ".join(p.info["cmdline"] or [])]
+        for l in launcher:
+            for p in l.children(recursive=True):
+                if p.pid in eng: continue
+                for t in threads(p):
+                    try: os.sched_setaffinity(t, cpus)
+                    except (ProcessLookupError, OSError): pass
     if prio:
         nice = 10 if prio == "low" else 0
         for p in core + model:

@@ -7,7 +7,8 @@
 #   [B_ENV="NAME=VALUE"] [B_DIR=/tmp/tree] [B_FLAGS="--block-size 32"] ab.sh OUT ROUNDS N
 set -euo pipefail
 OUT=$1; ROUNDS=${2:-6}; N=${3:-40}
-source "$(dirname "$0")/stacks.sh"  # from the repository root: MODEL, `vllm serve` (VLLM), mesh, ready
+HERE=$(cd "$(dirname "$0")" && pwd)
+source "$HERE/stacks.sh"  # from the repository root: MODEL, `vllm serve` (VLLM), mesh, ready
 mesh a "" --port 8080
 A=$!
 MESH_DIR=${B_DIR:-} mesh b "${B_ENV:-}" --port 8081 --admin-port 9911 --gateway-port 50451 --gateway-http-port 50450 --router-port 50452 \
@@ -15,23 +16,17 @@ MESH_DIR=${B_DIR:-} mesh b "${B_ENV:-}" --port 8081 --admin-port 9911 --gateway-
 B=$!
 trap 'kill -INT -- -$A -$B 2>/dev/null; kill -TERM -- -$VLLM 2>/dev/null; wait' EXIT
 ready http://127.0.0.1:8100/health http://127.0.0.1:8080/v1/models http://127.0.0.1:8081/v1/models
-.venv/bin/python - "$OUT" "$ROUNDS" "$N" "$MODEL" <<'PY' | tee "$OUT/results.txt"
-import json, statistics, subprocess, sys
+.venv/bin/python - "$OUT" "$ROUNDS" "$N" "$MODEL" "$HERE" <<'PY' | tee "$OUT/results.txt"
+import json, statistics, sys
+sys.path.insert(0, sys.argv[5])
+import c1
 out, rounds, n, model = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 stacks = {"vllm": 8100, "a": 8080, "b": 8081}
 rows: dict[str, list[tuple[float, float]]] = {}
 for rnd in range(rounds):
     names = list(stacks)[rnd % 3:] + list(stacks)[:rnd % 3]
     for name in names:
-        label = f"{name}-{rnd}"
-        subprocess.run([".venv/bin/vllm", "bench", "serve", "--backend", "openai-chat", "--base-url",
-                        f"http://127.0.0.1:{stacks[name]}", "--endpoint", "/v1/chat/completions", "--model",
-                        "meshserve-tiny", "--tokenizer", model, "--dataset-name", "random", "--random-input-len", "64",
-                        "--random-output-len", "32", "--num-prompts", str(n), "--max-concurrency", "1",
-                        "--ignore-eos", "--seed", str(2000 + rnd), "--disable-tqdm", "--save-result",
-                        "--result-dir", out, "--result-filename", f"{label}.json"],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
-        r = json.load(open(f"{out}/{label}.json"))
+        r = c1.run(stacks[name], out, f"{name}-{rnd}", n, model, 2000 + rnd)
         rows.setdefault(name, []).append((r["median_ttft_ms"], r["median_tpot_ms"]))
         print(f"round {rnd} {name:5s} TTFT {r['median_ttft_ms']:6.2f}  TPOT {r['median_tpot_ms']:5.2f}", flush=True)
 print("medians:")

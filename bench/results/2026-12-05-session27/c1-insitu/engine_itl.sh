@@ -9,13 +9,13 @@
 #   engine_itl.sh OUT ROUNDS N
 set -euo pipefail
 OUT=$1; ROUNDS=${2:-6}; N=${3:-40}
-source "$(dirname "$0")/stacks.sh"  # from the repository root: MODEL, `vllm serve` (VLLM), mesh, ready
-mesh mesh "" --port 8080
-MESH=$!
-trap 'kill -INT -- -$MESH 2>/dev/null; kill -TERM -- -$VLLM 2>/dev/null; wait' EXIT
-ready http://127.0.0.1:8100/health http://127.0.0.1:8080/v1/models
-.venv/bin/python - "$OUT" "$ROUNDS" "$N" "$MODEL" <<'PY' | tee "$OUT/results.txt"
-import json, statistics, subprocess, sys, urllib.request
+HERE=$(cd "$(dirname "$0")" && pwd)
+source "$HERE/stacks.sh"  # from the repository root: MODEL, `vllm serve` (VLLM), mesh, ready, one_mesh
+one_mesh
+.venv/bin/python - "$OUT" "$ROUNDS" "$N" "$MODEL" "$HERE" <<'PY' | tee "$OUT/results.txt"
+import json, statistics, sys, urllib.request
+sys.path.insert(0, sys.argv[5])
+import c1
 
 out, rounds, n, model = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 targets = json.load(open(f"{out}/mesh-run/prometheus-targets.json"))
@@ -39,17 +39,10 @@ for rnd in range(rounds):
     for name in list(stacks) if rnd % 2 == 0 else list(stacks)[::-1]:
         port, metrics = stacks[name]
         before = scrape(metrics)
-        subprocess.run([".venv/bin/vllm", "bench", "serve", "--backend", "openai-chat", "--base-url",
-                        f"http://127.0.0.1:{port}", "--endpoint", "/v1/chat/completions", "--model",
-                        "meshserve-tiny", "--tokenizer", model, "--dataset-name", "random", "--random-input-len", "64",
-                        "--random-output-len", "32", "--num-prompts", str(n), "--max-concurrency", "1",
-                        "--ignore-eos", "--seed", str(3000 + rnd), "--disable-tqdm", "--save-result",
-                        "--result-dir", out, "--result-filename", f"{name}-{rnd}.json"],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+        r = c1.run(port, out, f"{name}-{rnd}", n, model, 3000 + rnd)
         after = scrape(metrics)
         d = {k: after[k] - before.get(k, 0.0) for k in after}
         engine = [1000 * d[f"{s}_sum"] / max(1.0, d[f"{s}_count"]) for s in SERIES]
-        r = json.load(open(f"{out}/{name}-{rnd}.json"))
         row = (r["mean_ttft_ms"], engine[0], r["mean_itl_ms"], engine[1], r["median_ttft_ms"], r["median_tpot_ms"])
         rows.setdefault(name, []).append(row)
         print(f"round {rnd} {name:5s} mean TTFT client {row[0]:6.2f} engine {row[1]:6.2f} | mean ITL client "

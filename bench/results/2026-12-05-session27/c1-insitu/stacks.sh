@@ -28,3 +28,12 @@ mesh() {
   (cd "${MESH_DIR:-$root}" && exec setsid env PYTHONPATH="$PWD" $env "$root/.venv/bin/meshserve" up --engine vllm \
     --workers 1 --model "$MODEL" --enforce-eager --run-dir "$OUT/$name-run" "$@" > "$OUT/$name-up.log" 2>&1) &
 }
+
+# `vllm serve` and one mesh (NAME mesh, port 8080), both stopped when the script exits; returns
+# once both answer.
+one_mesh() {
+  mesh mesh "" --port 8080
+  MESH=$!
+  trap 'kill -INT -- -$MESH 2>/dev/null; kill -TERM -- -$VLLM 2>/dev/null; wait' EXIT
+  ready http://127.0.0.1:8100/health http://127.0.0.1:8080/v1/models
+}
