@@ -2,12 +2,15 @@
 Variants of the mesh's engine knobs applied at runtime (renice / taskset) between runs: PRIO+PLACE
 (low|normal + shared|vllm), and a third part r1 (every other mesh process on CPU 1) or rall (on
 both CPUs)."""
-import json, os, subprocess, sys, statistics, time
+import json, os, sys, statistics, time
 import psutil
 OUT = sys.argv[1]; ROUNDS = int(sys.argv[2]); N = int(sys.argv[3]); VARIANTS = sys.argv[4].split(",")
 os.makedirs(OUT, exist_ok=True)
-MODEL = "/root/.cache/meshserve/models/meshserve-tiny-v1"
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+MODEL = sys.argv[5] if len(sys.argv) > 5 else "/root/.cache/meshserve/models/meshserve-tiny-v1"
+os.environ.update(HF_HUB_OFFLINE="1", VLLM_LOGGING_LEVEL="WARNING")
+# The one-user client run the later scripts share (from the repository's root, as this is run).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "2026-12-05-session27", "c1-insitu"))
+import c1
 
 def worker_proc():
     for p in psutil.process_iter(["cmdline"]):
@@ -55,14 +58,7 @@ def apply(variant):
                     os.sched_setaffinity(t, mcpus if place == "shared" else {0, 1})
                 except ProcessLookupError: pass
 def bench(port, label, seed):
-    argv = [".venv/bin/vllm", "bench", "serve", "--backend", "openai-chat", "--base-url", f"http://127.0.0.1:{port}",
-            "--endpoint", "/v1/chat/completions", "--model", "meshserve-tiny", "--tokenizer", MODEL,
-            "--dataset-name", "random", "--random-input-len", "64", "--random-output-len", "32",
-            "--num-prompts", str(N), "--max-concurrency", "1", "--ignore-eos", "--seed", str(seed),
-            "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl,e2el", "--save-result",
-            "--result-dir", OUT, "--result-filename", f"{label}.json"]
-    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, env=ENV, cwd="/work/main")
-    r = json.load(open(f"{OUT}/{label}.json"))
+    r = c1.run(port, OUT, label, N, MODEL, seed)
     return r["median_ttft_ms"], r["median_tpot_ms"], r["mean_itl_ms"]
 rows = {}
 for rnd in range(ROUNDS):

@@ -4,7 +4,7 @@
 # rounds of N requests one at a time (64 -> 32 tokens, one seed per round) against each. With
 # B_DIR, mesh B runs from that source tree (e.g. a worktree of another commit); B_FLAGS: more
 # `meshserve up` flags for mesh B.
-#   [B_ENV="NAME=VALUE"] [B_DIR=/tmp/tree] [B_FLAGS="--block-size 32"] ab.sh OUT ROUNDS N
+#   [B_ENV="NAME=VALUE"] [B_DIR=/tmp/tree] [B_FLAGS="--no-kv-events"] ab.sh OUT ROUNDS N
 set -euo pipefail
 OUT=$1; ROUNDS=${2:-6}; N=${3:-40}
 HERE=$(cd "$(dirname "$0")" && pwd)

@@ -9,4 +9,4 @@ OUT=$1; ROUNDS=${2:-8}; N=${3:-40}
 HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/stacks.sh"  # from the repository root: MODEL, `vllm serve` (VLLM), mesh, ready, one_mesh
 one_mesh
-.venv/bin/python bench/results/2026-12-02-c1-insitu/insitu.py "$OUT" "$ROUNDS" "$N" "${VARIANTS:-vllm,mesh}" | tee "$OUT/results.txt"
+.venv/bin/python bench/results/2026-12-02-c1-insitu/insitu.py "$OUT" "$ROUNDS" "$N" "${VARIANTS:-vllm,mesh}" "$MODEL" | tee "$OUT/results.txt"
