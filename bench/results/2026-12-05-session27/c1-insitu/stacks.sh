@@ -1,4 +1,4 @@
-# Sourced by run.sh, ab.sh and engine_itl.sh (OUT set): moves to the repository's root and makes
+# Sourced by run.sh, ab.sh, engine_itl.sh and direct.sh (OUT set): moves to the repository's root and makes
 # OUT there; the tiny model, the engine settings bench/peer.py gives every stack, and `vllm serve`
 # on 8100 (its pid in VLLM, log OUT/vllm.log); then `ready`, `mesh` and `one_mesh` below.
 cd "$(dirname "${BASH_SOURCE[0]}")/../../../.."
@@ -29,10 +29,11 @@ mesh() {
     --workers 1 --model "$MODEL" --enforce-eager --run-dir "$OUT/$name-run" "$@" > "$OUT/$name-up.log" 2>&1) &
 }
 
-# `vllm serve` and one mesh (NAME mesh, port 8080), both stopped when the script exits; returns
-# once both answer.
+# `vllm serve` and one mesh (NAME mesh, port 8080, MESH_FLAGS after it if set), both stopped when
+# the script exits; returns once both answer.
 one_mesh() {
-  mesh mesh "" --port 8080
+  # shellcheck disable=SC2086  # MESH_FLAGS is words
+  mesh mesh "" --port 8080 ${MESH_FLAGS:-}
   MESH=$!
   trap 'kill -INT -- -$MESH 2>/dev/null; kill -TERM -- -$VLLM 2>/dev/null; wait' EXIT
   ready http://127.0.0.1:8100/health http://127.0.0.1:8080/v1/models
