@@ -1,4 +1,4 @@
-# Sourced by run.sh, ab.sh, engine_itl.sh and direct.sh (OUT set): moves to the repository's root and makes
+# Sourced by run.sh, ab.sh and engine_itl.sh (OUT set): moves to the repository's root and makes
 # OUT there; the tiny model, the engine settings bench/peer.py gives every stack, and `vllm serve`
 # on 8100 (its pid in VLLM, log OUT/vllm.log); then `ready`, `mesh` and `one_mesh` below.
 cd "$(dirname "${BASH_SOURCE[0]}")/../../../.."
