@@ -1,7 +1,9 @@
-"""One user's run of `vllm bench serve` against a stack, for the scripts beside this file (run
-from the repository's root): N chat requests one at a time, 64 -> 32 tokens, --ignore-eos, the
-seed given; the result saved as OUT/LABEL.json and returned. And `against_engines`: rounds of
-such runs, each stack's client figures next to its engine's own (engine_itl.sh, direct.sh)."""
+"""One user's run against a stack, for the scripts beside this file (run from the repository's
+root): N requests one at a time, 64 -> 32 tokens, --ignore-eos, the seed given; the result saved
+as OUT/LABEL.json and returned. `run`: chat through an OpenAI endpoint with `vllm bench serve`;
+`run_worker`: one worker's Worker/Generate with `meshserve bench --service worker`. And
+`against_engines`: rounds of such runs, each stack's client figures next to its engine's own
+(engine_itl.sh)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,22 @@ def run(port: int, out: str, label: str, n: int, model: str, seed: int) -> dict[
                     "--ignore-eos", "--seed", str(seed), "--disable-tqdm", "--percentile-metrics",
                     "ttft,tpot,itl,e2el", "--save-result", "--result-dir", out, "--result-filename", f"{label}.json"],
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    return _result(out, label)
+
+
+def run_worker(address: str, out: str, label: str, n: int, seed: int) -> dict[str, Any]:
+    """The same workload sent straight to the worker at ADDRESS (gRPC), temperature 1 as `vllm
+    bench serve` leaves it."""
+    subprocess.run([".venv/bin/meshserve", "bench", "--target", address, "--service", "worker",
+                    "--model", "meshserve-tiny", "--dataset-name", "random", "--random-input-len", "64",
+                    "--random-output-len", "32", "--num-prompts", str(n), "--max-concurrency", "1",
+                    "--ignore-eos", "--temperature", "1.0", "--seed", str(seed), "--disable-tqdm",
+                    "--percentile-metrics", "ttft,tpot,itl,e2el", "--save-result", "--result-dir", out,
+                    "--result-filename", f"{label}.json"], stdout=subprocess.DEVNULL, check=True)
+    return _result(out, label)
+
+
+def _result(out: str, label: str) -> dict[str, Any]:
     with open(f"{out}/{label}.json") as f:
         return json.load(f)
 

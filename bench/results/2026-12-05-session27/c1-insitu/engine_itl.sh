@@ -17,30 +17,18 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/stacks.sh"  # from the repository root: MODEL, `vllm serve` (VLLM), mesh, ready, one_mesh
 one_mesh
 .venv/bin/python - "$OUT" "$ROUNDS" "$N" "$MODEL" "$HERE" <<'PY' | tee "$OUT/results.txt"
-import json, os, subprocess, sys
+import os, sys
 sys.path.insert(0, sys.argv[5])
 import c1
 
 out, rounds, n, model = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 grpc_addr, metrics_port = open(f"{out}/mesh-run/worker-0.ready").read().split()[:2]
 worker_metrics = f"http://127.0.0.1:{metrics_port}/metrics"
-
-
-def direct(label: str, seed: int) -> dict:
-    subprocess.run([".venv/bin/meshserve", "bench", "--target", grpc_addr, "--service", "worker",
-                    "--model", "meshserve-tiny", "--dataset-name", "random", "--random-input-len", "64",
-                    "--random-output-len", "32", "--num-prompts", str(n), "--max-concurrency", "1",
-                    "--ignore-eos", "--temperature", "1.0", "--seed", str(seed), "--disable-tqdm",
-                    "--percentile-metrics", "ttft,tpot,itl,e2el", "--save-result", "--result-dir", out,
-                    "--result-filename", f"{label}.json"], stdout=subprocess.DEVNULL, check=True)
-    return json.load(open(f"{out}/{label}.json"))
-
-
 stacks = {
     "vllm": ("http://127.0.0.1:8100/metrics", lambda label, seed: c1.run(8100, out, label, n, model, seed)),
     "mesh": (worker_metrics, lambda label, seed: c1.run(8080, out, label, n, model, seed)),
 }
 if os.environ.get("DIRECT") == "1":
-    stacks["direct"] = (worker_metrics, direct)
+    stacks["direct"] = (worker_metrics, lambda label, seed: c1.run_worker(grpc_addr, out, label, n, seed))
 c1.against_engines(out, rounds, stacks)
 PY

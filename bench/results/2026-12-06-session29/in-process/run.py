@@ -1,7 +1,7 @@
 """One user in process, no server on the path: N requests one at a time (64 random numbers as
 the prompt -> 32 tokens, ignore_eos, temperature 1) straight into vLLM's AsyncLLM, the token
-intervals seen by the caller. VARIANT `plain`: AsyncLLM with `vllm serve`'s engine settings of
-bench/peer.py, vLLM's own process placement; `mesh`: the worker's VllmEngine with its config
+intervals seen by the caller. VARIANT `plain`: AsyncLLM with the engine flags bench/peer.py gives
+`vllm serve` (parsed by vLLM's own parser), vLLM's own process placement; `mesh`: the worker's VllmEngine with its config
 (the defaults, or WorkerConfig fields as KEY=VALUE). Prints one JSON line.
   run.py VARIANT MODEL N [KEY=VALUE ...]   (from the repository's root; ab.sh runs it)"""
 
@@ -26,11 +26,13 @@ WARMUP = 3
 async def plain(model: str) -> Callable[[str, str], AsyncIterator[Any]]:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.sampling_params import RequestOutputKind, SamplingParams
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    llm = AsyncLLM.from_engine_args(AsyncEngineArgs(
-        model=model, max_num_seqs=256, max_model_len=2048, block_size=32, kv_cache_memory_bytes=256 * 2**20,
-        enforce_eager=True, disable_log_stats=False))
+    from bench.peer import ENGINE_FLAGS  # the flags peer.py gives `vllm serve`, parsed as vLLM does
+
+    cli = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(["--model", model, *ENGINE_FLAGS])
+    llm = AsyncLLM.from_engine_args(AsyncEngineArgs.from_cli_args(cli))
     params = SamplingParams(max_tokens=32, temperature=1.0, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
     return lambda prompt, rid: llm.generate(prompt, params, rid)
 
