@@ -28,7 +28,9 @@ Scenarios:
           default), so the engines' time, not the mesh's CPU on a small machine, is most of TTFT.
 
 Each run also records the engines' own mean TTFT (the workers' vllm:time_to_first_token_seconds:
-queueing and prefill, which routing controls) beside the client's.
+queueing and prefill, which routing controls) beside the client's, and ``worker_samples``: four
+times a second, each worker's running and waiting requests, KV-cache usage and preemptions (a
+worker whose cache is full with few requests running holds too many distinct prefixes).
 """
 
 from __future__ import annotations
@@ -86,6 +88,8 @@ SCENARIOS = {
 HEADLINE = ["output_throughput", "median_ttft_ms", "p99_ttft_ms", "mean_ttft_ms", "failed"]
 
 
+DETAIL_SERIES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:num_preemptions_total")
 WORKER_SERIES = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total",
                  "vllm:time_to_first_token_seconds_sum", "vllm:time_to_first_token_seconds_count")
 
@@ -110,19 +114,25 @@ class LoadSampler(threading.Thread):
         super().__init__(daemon=True)
         self.urls = metrics_urls
         self.samples: list[list[float]] = []
+        # Each sample's time and, per worker, DETAIL_SERIES (saved with the run: which worker
+        # queued, how full its KV cache was, when it preempted).
+        self.detail: list[dict] = []
         self.stop = threading.Event()
 
     def run(self) -> None:
+        started = time.monotonic()
         while not self.stop.wait(0.25):
-            row = []
+            row, detail = [], []
             for url in self.urls:
                 try:
                     found = samples(url)
                 except OSError:  # the mesh is stopping
                     return
-                row.append(sum(v for k, v in found.items()
-                               if k.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting"))))
+                series = {name: sum(v for k, v in found.items() if k.startswith(name)) for name in DETAIL_SERIES}
+                row.append(series["vllm:num_requests_running"] + series["vllm:num_requests_waiting"])
+                detail.append([round(series[name], 3) for name in DETAIL_SERIES])
             self.samples.append(row)
+            self.detail.append({"t_s": round(time.monotonic() - started, 2), "workers": detail})
 
     def imbalance(self) -> float:
         """The busiest worker's mean outstanding requests over the fleet's mean (1: balanced),
@@ -174,6 +184,7 @@ def run_one(out: Path, scenario: Scenario, label: str, up_args: list[str], seed:
         after = worker_stats(metrics)
         result = json.loads(result_file.read_text())
         result["load_imbalance"] = sampler.imbalance()
+        result["worker_samples"] = {"series": list(DETAIL_SERIES), "samples": sampler.detail}
         result["router_pick_p99_ms"] = pick_quantile_ms(router_metrics)
         result["router_pick_mean_ms"] = pick_mean_ms(router_metrics)
         result["gateway_pick_mean_ms"] = pick_mean_ms(gateway_metrics, "meshserve_gateway_pick_seconds")

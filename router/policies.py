@@ -161,12 +161,20 @@ class PrefixAffinityScorer(Scorer):
     first user message, which every turn of a conversation repeats: conversations that open
     with the same system prompt (cached everywhere soon enough) spread over the workers, and
     each keeps its history on one. Rendezvous hashing keeps the preference stable when workers
-    come and go, and when the preferred one is filtered out, the next in its order takes over."""
+    come and go, and when the preferred one is filtered out, the next in its order takes over.
+
+    With ``homes=2`` a key has two homes, the first two workers in its order, and the one with
+    fewer outstanding requests scores 1 (the first on a tie): the power of two choices, so keys
+    spread over the workers nearly as evenly as by load alone, and a prefix still lives on at
+    most two of them."""
 
     name = "prefix-home"
 
-    def __init__(self, prefix_chars: int = 256) -> None:
+    def __init__(self, prefix_chars: int = 256, homes: int = 1) -> None:
+        if homes not in (1, 2):
+            raise ValueError(f"homes must be 1 or 2, got {homes}")
         self.prefix_chars = prefix_chars
+        self.homes = homes
 
     def score(self, ctx: PickContext, fleet: Fleet, rows: np.ndarray) -> np.ndarray:
         if not ctx.prompt:
@@ -174,33 +182,51 @@ class PrefixAffinityScorer(Scorer):
         key = ctx.prompt[: self.prefix_chars]
         if ctx.first_user:
             key += "\0" + ctx.first_user[: self.prefix_chars]
-        return _rendezvous_home(key.encode(), fleet.seeds[rows])
+        ranks = _rendezvous_ranks(key.encode(), fleet.seeds[rows])
+        home = np.zeros(len(rows))
+        if self.homes == 1 or len(rows) == 1:
+            home[int(ranks.argmax())] = 1.0
+            return home
+        first, second = (int(i) for i in np.argsort(ranks)[-2:][::-1])
+        loads = fleet.outstanding[rows]
+        home[second if loads[second] < loads[first] else first] = 1.0
+        return home
 
 
 class KvAwareScorer(Scorer):
     """The fraction of the prompt's blocks a worker holds in its prefix cache beyond what every
-    candidate holds (leading blocks only: an engine reuses a prefix), from the router's KV index. Without a view (KV events
-    off, no tokenizer) it falls back to ``fallback``, the text-hash affinity."""
+    candidate holds (leading blocks only: an engine reuses a prefix), from the router's KV
+    index. Without a view (KV events off, no tokenizer) it falls back to ``fallback``, the
+    text-hash affinity. When no candidate holds more of the prompt than the others (a prompt
+    nobody has computed, a conversation's first turn past a shared system prompt, or a prefix
+    whose holders are all over the load bound), ``unheld`` scores them, if given: with the
+    prompt's two text-hash homes, the prompt is computed on one of the same two workers each
+    time, not on whichever worker load points to, so a prefix spills to one more worker instead
+    of seeding every cache (the span's ``kv`` score is then the home's: 1 for the chosen home)."""
 
     name = "kv"
 
-    def __init__(self, fallback: Scorer | None = None) -> None:
+    def __init__(self, fallback: Scorer | None = None, unheld: Scorer | None = None) -> None:
         self.fallback = fallback or PrefixAffinityScorer()
+        self.unheld = unheld
 
     def score(self, ctx: PickContext, fleet: Fleet, rows: np.ndarray) -> np.ndarray:
         if ctx.cached_blocks is None:
             return self.fallback.score(ctx, fleet, rows)
-        if not ctx.block_hashes or not ctx.cached_blocks:
-            return np.zeros(len(rows))
-        held = np.zeros(len(fleet))
-        known = [(fleet.rows[a], n) for a, n in ctx.cached_blocks.items() if a in fleet.rows]
-        if known:
-            at, n = zip(*known)
-            held[list(at)] = n
-        held = held[rows]
-        # Blocks every candidate holds (a system prompt cached everywhere) tell them apart no
-        # better than none: only what a worker holds beyond the others counts.
-        return (held - held.min()) / len(ctx.block_hashes)
+        beyond = np.zeros(len(rows))
+        if ctx.block_hashes and ctx.cached_blocks:
+            held = np.zeros(len(fleet))
+            known = [(fleet.rows[a], n) for a, n in ctx.cached_blocks.items() if a in fleet.rows]
+            if known:
+                at, n = zip(*known)
+                held[list(at)] = n
+            held = held[rows]
+            # Blocks every candidate holds (a system prompt cached everywhere) tell them apart no
+            # better than none: only what a worker holds beyond the others counts.
+            beyond = (held - held.min()) / len(ctx.block_hashes)
+        if self.unheld is not None and not beyond.any():
+            return self.unheld.score(ctx, fleet, rows)
+        return beyond
 
 
 class SessionAffinityScorer(Scorer):
@@ -215,15 +241,20 @@ class SessionAffinityScorer(Scorer):
         return _rendezvous_home(ctx.session_key.encode(), fleet.seeds[rows])
 
 
-def _rendezvous_home(key: bytes, seeds: np.ndarray) -> np.ndarray:
-    """1.0 for the worker whose seed ranks highest for ``key``, 0.0 for the others: each rank is
-    splitmix64's finalizer over the key's hash xor the worker's seed (``rendezvous_seed``)."""
+def _rendezvous_ranks(key: bytes, seeds: np.ndarray) -> np.ndarray:
+    """Each worker's rank for ``key`` (the highest is its home): splitmix64's finalizer over the
+    key's hash xor the worker's seed (``rendezvous_seed``)."""
     z = np.uint64(int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big")) ^ seeds
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     z ^= z >> np.uint64(31)
+    return z
+
+
+def _rendezvous_home(key: bytes, seeds: np.ndarray) -> np.ndarray:
+    """1.0 for the worker whose seed ranks highest for ``key``, 0.0 for the others."""
     home = np.zeros(len(seeds))
-    home[int(z.argmax())] = 1.0
+    home[int(_rendezvous_ranks(key, seeds).argmax())] = 1.0
     return home
 
 
@@ -353,8 +384,8 @@ POLICIES: dict[str, Callable[[Tuning], Policy]] = {
     # evicted everywhere is computed again where it was, not wherever load points.
     "kv-aware": lambda t: Policy(
         "kv-aware", _bounded(t),
-        [(KvAwareScorer(), 1.0), (LeastLoadScorer(), t.kv_load_weight),
-         (PrefixAffinityScorer(prefix_chars=256), t.kv_home_weight)],
+        [(KvAwareScorer(unheld=PrefixAffinityScorer(prefix_chars=256, homes=2)), 1.0),
+         (LeastLoadScorer(), t.kv_load_weight), (PrefixAffinityScorer(prefix_chars=256), t.kv_home_weight)],
         MaxScorePicker(), prefix_view="kv",
     ),
     # The same over the router's own record of the prompts it sent to each worker (SGLang's

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -123,6 +124,32 @@ def test_prefix_affinity_prefers_one_worker_per_prefix_consistently() -> None:
         if worker_id != "c":
             home = scores(scorer, PickContext(prompt=prompt), without_c)
             assert without_c[home.index(1.0)].worker_id == worker_id
+
+
+def test_two_homes_take_the_less_loaded_of_the_first_two_in_rendezvous_order() -> None:
+    one, two = PrefixAffinityScorer(prefix_chars=32), PrefixAffinityScorer(prefix_chars=32, homes=2)
+    idle = [w("a"), w("b"), w("c"), w("d")]
+    homes: dict[str, tuple[str, str]] = {}
+    for i in range(200):
+        prompt = f"system prompt number {i:04d}".ljust(32, ".")
+        first = idle[scores(one, PickContext(prompt=prompt), idle).index(1.0)].worker_id
+        # The first home filtered out: the next in the key's order is the second home.
+        rest = [x for x in idle if x.worker_id != first]
+        second = rest[scores(one, PickContext(prompt=prompt), rest).index(1.0)].worker_id
+        homes[prompt] = (first, second)
+        # Equal loads: the first home; the first home busier: the second; the others never.
+        assert scores(two, PickContext(prompt=prompt), idle) == scores(one, PickContext(prompt=prompt), idle)
+        busy = [w(x.worker_id, running=5 if x.worker_id == first else 0) for x in idle]
+        got = scores(two, PickContext(prompt=prompt), busy)
+        assert sorted(got) == [0.0, 0.0, 0.0, 1.0] and busy[got.index(1.0)].worker_id == second
+        # The second home busier still: back to the first.
+        busier = [w(x.worker_id, running={first: 5, second: 9}.get(x.worker_id, 0)) for x in idle]
+        assert busier[scores(two, PickContext(prompt=prompt), busier).index(1.0)].worker_id == first
+    # Every worker is some prompts' first home and some prompts' second.
+    assert {f for f, _ in homes.values()} == {s for _, s in homes.values()} == {"a", "b", "c", "d"}
+    assert scores(two, PickContext(prompt="x"), [w("a", running=3)]) == [1.0]
+    with pytest.raises(ValueError, match="homes must be 1 or 2"):
+        PrefixAffinityScorer(homes=3)
 
 
 def test_prefix_affinity_without_a_prompt_scores_nobody() -> None:
@@ -390,6 +417,34 @@ def test_kv_aware_goes_where_the_prefix_is_unless_that_worker_is_over_the_load_b
     # b holds the prefix but would exceed 1.25x the average outstanding: the least loaded instead.
     hot = [w("a", running=2), w("b", running=12), w("c", running=1)]
     assert policy.pick(ctx, hot, random.Random(0)).worker.worker_id == "c"
+
+
+def test_kv_aware_computes_an_unheld_prompt_on_one_of_its_two_homes() -> None:
+    """No candidate holds more of the prompt than the others: the less loaded of the prompt's two
+    text-hash homes takes it, not whichever worker is least loaded, so a prefix that spills (its
+    holder over the load bound) or was evicted everywhere lands on the same two workers."""
+    policy = build_policy("kv-aware", 2.0)
+    names = ["a", "b", "c", "d", "e"]
+    idle = [w(n) for n in names]
+    two = PrefixAffinityScorer(prefix_chars=256, homes=2)
+    for i in range(40):
+        prompt = f"a long shared document number {i}"
+        first = names[scores(two, PickContext(prompt=prompt), idle).index(1.0)]
+        second = names[scores(two, PickContext(prompt=prompt),
+                              [w(n, running=9 if n == first else 0) for n in names]).index(1.0)]
+        # e is the least loaded worker; a prompt nobody holds still goes to its first home.
+        fleet = [w(n, running=0 if n == "e" else 3) for n in names]
+        ctx = PickContext(prompt=prompt, block_hashes=(1, 2, 3), cached_blocks={})
+        want = "e" if "e" in (first, second) else first  # e is one of its homes: the less loaded
+        assert policy.pick(ctx, fleet, random.Random(0)).worker.worker_id == want
+        # The holder is over the load bound: the spill goes to a home among the rest, every time.
+        holder = next(n for n in names if n not in (first, second))
+        hot = [w(n, running=20 if n == holder else 3) for n in names]
+        held = replace(ctx, cached_blocks={f"{holder}:1": 3})
+        assert {policy.pick(held, hot, random.Random(s)).worker.worker_id for s in range(5)} == {first}
+    # The same blocks held everywhere (a system prompt) tell nobody apart: the homes decide too.
+    common = PickContext(prompt="x", block_hashes=(1, 2), cached_blocks={f"{n}:1": 1 for n in names})
+    assert scores(policy.scorers[0][0], common, idle) == scores(two, common, idle)
 
 
 def test_a_choice_says_what_each_scorer_gave_the_chosen_worker() -> None:
