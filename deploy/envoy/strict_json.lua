@@ -91,6 +91,18 @@ local function is_openai(path)
   return OPENAI_ROOT[path] or (path:sub(1, 4) == "/v1/" and path:sub(1, #NATIVE_PREFIX) ~= NATIVE_PREFIX)
 end
 
+-- A 400 for a request body, in the API's error shape.
+local function refuse(handle, openai, message)
+  if openai then -- local_reply_config wraps it in OpenAI's error shape
+    handle:respond({ [":status"] = "400", ["content-type"] = "text/plain" }, message)
+  else
+    handle:respond(
+      { [":status"] = "400", ["content-type"] = "application/json" },
+      '{"code":3,"message":"' .. message .. '","details":[]}'
+    )
+  end
+end
+
 function envoy_on_request(handle)
   local headers = handle:headers()
   local path = (headers:get(":path") or ""):gsub("%?.*", "")
@@ -109,18 +121,18 @@ function envoy_on_request(handle)
   local bad = {}
   local i = parse_value(s, skip_ws(s, 1), "", schema, bad)
   if i and bad[1] then
-    local message = "unknown field '" .. json_escape(bad[1]) .. "' in the request body"
-    if openai then -- local_reply_config wraps it in OpenAI's error shape
-      handle:respond({ [":status"] = "400", ["content-type"] = "text/plain" }, message)
-    else
-      handle:respond(
-        { [":status"] = "400", ["content-type"] = "application/json" },
-        '{"code":3,"message":"' .. message .. '","details":[]}'
-      )
-    end
+    refuse(handle, openai, "unknown field '" .. json_escape(bad[1]) .. "' in the request body")
     return
   end
-  if i and bad.stream == "true" and STREAM_PATHS[path] then
+  -- Only a JSON boolean (or null) chooses the method: a string "true" would otherwise reach the
+  -- unary method and answer in one piece a client that asked for a stream.
+  local stream = bad.stream
+  if i and stream and stream ~= "true" and stream ~= "false" and stream ~= "null" and STREAM_PATHS[path] then
+    local kinds = { ['"'] = "a string", ["["] = "an array", ["{"] = "an object" }
+    refuse(handle, openai, "'stream' must be true or false (a JSON boolean), got " .. (kinds[stream:sub(1, 1)] or "a number"))
+    return
+  end
+  if i and stream == "true" and STREAM_PATHS[path] then
     -- With the gateways' HTTP edges on, to the edge's path (untranscoded, a route of its own).
     local edge = EDGE_PATHS[path]
     handle:headers():replace(":path", edge or STREAM_PATHS[path]) -- headers() again: body() may have yielded

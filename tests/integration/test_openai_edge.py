@@ -188,13 +188,16 @@ async def test_client_errors_surface_with_the_service_message(mesh: Mesh) -> Non
          "invalid_request_error", "unknown field 'functions'"),
         (auth(ALICE), {"messages": [{"role": "user", "content": "x"}], "max_tokens": "many"}, 400,
          "invalid_request_error", ""),
+        (auth(ALICE), {"messages": [{"role": "user", "content": "x"}], "stream": "true"}, 400,
+         "invalid_request_error", "'stream' must be true or false (a JSON boolean), got a string"),
         (auth(ALICE), {"messages": []}, 400, "invalid_request_error", "'messages' is empty"),
         (auth(ALICE), {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
          "invalid_request_error", "'messages[0].content[0]'"),
         (auth(ALICE), {"messages": [{"role": "user", "content": "x" * (MAX_BODY + 1)}]}, 413,
          "invalid_request_error", "larger than"),
     ],
-    ids=["no-key", "bad-key", "malformed", "unknown-field", "wrong-type", "no-messages", "image-part", "too-big"],
+    ids=["no-key", "bad-key", "malformed", "unknown-field", "wrong-type", "stream-not-a-boolean", "no-messages",
+         "image-part", "too-big"],
 )
 async def test_edge_status_codes_have_openai_error_bodies(
     mesh: Mesh, headers: dict, body: dict | bytes, status: int, kind: str, says: str
