@@ -249,13 +249,14 @@ LOCAL_REPLIES: dict[int, tuple[str, str, str | None]] = {
           "invalid or missing API key: send 'Authorization: Bearer <key>'"),
     403: ("permission_error", "forbidden", None),
     404: ("not_found_error", "not_found", "no such endpoint: %REQ(:METHOD)% %REQ(:PATH)%"),
+    405: ("invalid_request_error", "method_not_allowed", None),
     413: ("invalid_request_error", "request_too_large", "request body larger than {max_request_bytes} bytes"),
     429: ("rate_limit_error", "rate_limit_exceeded", "rate limit exceeded; retry after the 'retry-after' seconds"),
     503: ("overloaded_error", "overloaded", "the service is overloaded or unavailable; retry later"),
     504: ("timeout", "timeout", "upstream timed out"),
 }
 # gRPC code of each status, for our own JSON API's {"code", "message", "details"} shape.
-GRPC_CODES = {400: 3, 401: 16, 403: 7, 404: 12, 413: 8, 429: 8, 503: 14, 504: 4}
+GRPC_CODES = {400: 3, 401: 16, 403: 7, 404: 12, 405: 12, 413: 8, 429: 8, 503: 14, 504: 4}
 # Circuit-breaker overflow (response flag UO, Envoy's 503 + x-envoy-overloaded) is the gateways'
 # capacity reached, refused by Envoy itself: it reaches clients as the gateway's own refusal does
 # (429 / RESOURCE_EXHAUSTED, same OpenAI type and code, retry-after).

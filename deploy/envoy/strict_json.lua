@@ -114,7 +114,14 @@ function envoy_on_request(handle)
   local schema = SCHEMAS[path]
   -- Any content type but gRPC: the transcoder reads every body as JSON (curl -d sends
   -- application/x-www-form-urlencoded), so the same bodies are checked and steered here.
-  if not schema or headers:get(":method") ~= "POST" then return end
+  if not schema then return end
+  local method = headers:get(":method") or ""
+  if method ~= "POST" then -- these paths take a JSON body: a 405 that says so, not "no route" (404)
+    if method == "OPTIONS" then return end -- a CORS preflight is Envoy's (or nobody's) to answer
+    handle:respond({ [":status"] = "405", ["allow"] = "POST", ["content-type"] = "text/plain" },
+      "method " .. json_escape(method) .. " is not allowed on " .. json_escape(path) .. ": use POST with a JSON body")
+    return
+  end
   local body = handle:body()
   if not body or body:length() == 0 then return end
   local s = body:getBytes(0, body:length())

@@ -139,6 +139,17 @@ async def test_malformed_json_is_400(edge: str, body: bytes) -> None:
     assert r.status_code == 400, r.text
 
 
+async def test_a_get_on_a_post_path_is_405_in_our_json_shape(edge: str, backend: tuple[EchoInference, int]) -> None:
+    servicer, _ = backend
+    seen = len(servicer.requests)
+    async with httpx.AsyncClient(base_url=f"http://{edge}") as client:
+        r = await client.get("/v1/generate")
+    assert r.status_code == 405 and r.headers["allow"] == "POST"
+    assert r.json() == {"code": 12, "message": "method GET is not allowed on /v1/generate: use POST with a JSON body",
+                        "details": []}
+    assert len(servicer.requests) == seen
+
+
 async def test_backend_invalid_argument_becomes_400_with_message(edge: str) -> None:
     async with httpx.AsyncClient(base_url=f"http://{edge}") as client:
         r = await client.post("/v1/generate", json={"prompt": "hi", "top_p": 1.5})

@@ -213,6 +213,17 @@ async def test_edge_status_codes_have_openai_error_bodies(
     assert "grpc-status" not in r.headers
 
 
+async def test_a_get_on_a_post_endpoint_is_405_and_says_to_post(mesh: Mesh) -> None:
+    async with httpx.AsyncClient(base_url=f"http://{mesh.envoy_address}") as http:
+        r = await http.get("/v1/chat/completions", headers=auth(ALICE))
+        ok = await http.get("/v1/models", headers=auth(ALICE))
+    assert r.status_code == 405 and r.headers["allow"] == "POST", r.text
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["code"] == "method_not_allowed"
+    assert error["message"] == "method GET is not allowed on /v1/chat/completions: use POST with a JSON body"
+    assert ok.status_code == 200  # a GET endpoint still answers GET
+
+
 async def test_tenant_from_the_key_isolates_the_cache(mesh: Mesh) -> None:
     fields = {"prompt": "tenant isolation probe", "max_tokens": 4, "temperature": 0}
 
