@@ -197,12 +197,13 @@ class KvAwareScorer(Scorer):
     """The fraction of the prompt's blocks a worker holds in its prefix cache beyond what every
     candidate holds (leading blocks only: an engine reuses a prefix), from the router's KV
     index. Without a view (KV events off, no tokenizer) it falls back to ``fallback``, the
-    text-hash affinity. When no candidate holds more of the prompt than the others (a prompt
-    nobody has computed, a conversation's first turn past a shared system prompt, or a prefix
-    whose holders are all over the load bound), ``unheld`` scores them, if given: with the
-    prompt's two text-hash homes, the prompt is computed on one of the same two workers each
-    time, not on whichever worker load points to, so a prefix spills to one more worker instead
-    of seeding every cache (the span's ``kv`` score is then the home's: 1 for the chosen home)."""
+    text-hash affinity. A prompt shorter than a block, or a lone candidate, scores 0. When no
+    candidate holds more of the prompt than the others (a prompt nobody has computed, a
+    conversation's first turn past a shared system prompt, or a prefix whose holders are all
+    over the load bound), ``unheld`` scores them, if given: with the prompt's two text-hash
+    homes, the prompt is computed on one of the same two workers each time, not on whichever
+    worker load points to, so a prefix spills to one more worker instead of seeding every cache
+    (the span's ``kv`` score is then the home's: 1 for the chosen home)."""
 
     name = "kv"
 
@@ -213,17 +214,17 @@ class KvAwareScorer(Scorer):
     def score(self, ctx: PickContext, fleet: Fleet, rows: np.ndarray) -> np.ndarray:
         if ctx.cached_blocks is None:
             return self.fallback.score(ctx, fleet, rows)
-        beyond = np.zeros(len(rows))
-        if ctx.block_hashes and ctx.cached_blocks:
-            held = np.zeros(len(fleet))
-            known = [(fleet.rows[a], n) for a, n in ctx.cached_blocks.items() if a in fleet.rows]
-            if known:
-                at, n = zip(*known)
-                held[list(at)] = n
-            held = held[rows]
-            # Blocks every candidate holds (a system prompt cached everywhere) tell them apart no
-            # better than none: only what a worker holds beyond the others counts.
-            beyond = (held - held.min()) / len(ctx.block_hashes)
+        if not ctx.block_hashes or len(rows) == 1:
+            return np.zeros(len(rows))  # no full block to reuse, or no choice (the prompt was not worked out)
+        held = np.zeros(len(fleet))
+        known = [(fleet.rows[a], n) for a, n in ctx.cached_blocks.items() if a in fleet.rows]
+        if known:
+            at, n = zip(*known)
+            held[list(at)] = n
+        held = held[rows]
+        # Blocks every candidate holds (a system prompt cached everywhere) tell them apart no
+        # better than none: only what a worker holds beyond the others counts.
+        beyond = (held - held.min()) / len(ctx.block_hashes)
         if self.unheld is not None and not beyond.any():
             return self.unheld.score(ctx, fleet, rows)
         return beyond

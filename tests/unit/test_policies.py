@@ -445,6 +445,9 @@ def test_kv_aware_computes_an_unheld_prompt_on_one_of_its_two_homes() -> None:
     # The same blocks held everywhere (a system prompt) tell nobody apart: the homes decide too.
     common = PickContext(prompt="x", block_hashes=(1, 2), cached_blocks={f"{n}:1": 1 for n in names})
     assert scores(policy.scorers[0][0], common, idle) == scores(two, common, idle)
+    # No full block to place, or no choice to make: 0, and load decides.
+    assert scores(policy.scorers[0][0], replace(common, block_hashes=()), idle) == [0.0] * 5
+    assert scores(policy.scorers[0][0], replace(common, cached_blocks={}), [w("a")]) == [0.0]
 
 
 def test_a_choice_says_what_each_scorer_gave_the_chosen_worker() -> None:
