@@ -256,8 +256,10 @@ async def test_a_burst_of_identical_requests_is_one_engine_generation(mesh: UpMe
         assert (text(chunks), token_ids(chunks)) == expected
         assert {c.request_id for c in chunks} == {f"burst-{i}"} and chunks[-1].usage.completion_tokens == 24
     kinds = [chunks[-1].cache_kind for chunks in answers]
-    # The rest streamed the one generation (or, arriving after it was stored, hit the cache).
-    assert kinds.count("") == 1 and set(kinds) <= {"", "coalesced", "exact"}
+    # The rest streamed the one generation or, arriving after it was stored, hit the cache: the
+    # exact entry, or (when that read gave up under a loaded machine's 0.3 s budget) the same
+    # answer by meaning, which beat the generation it then cancelled (the engine's count above).
+    assert kinds.count("") == 1 and set(kinds) <= {"", "coalesced", "exact", "semantic"}
 
 
 async def test_client_cancel_aborts_the_engine_request(mesh: UpMesh) -> None:
