@@ -182,13 +182,12 @@ class PrefixAffinityScorer(Scorer):
         key = ctx.prompt[: self.prefix_chars]
         if ctx.first_user:
             key += "\0" + ctx.first_user[: self.prefix_chars]
-        ranks = _rendezvous_ranks(key.encode(), fleet.seeds[rows])
-        home = np.zeros(len(rows))
+        seeds = fleet.seeds[rows]
         if self.homes == 1 or len(rows) == 1:
-            home[int(ranks.argmax())] = 1.0
-            return home
-        first, second = (int(i) for i in np.argsort(ranks)[-2:][::-1])
+            return _rendezvous_home(key.encode(), seeds)
+        first, second = (int(i) for i in np.argsort(_rendezvous_ranks(key.encode(), seeds))[-2:][::-1])
         loads = fleet.outstanding[rows]
+        home = np.zeros(len(rows))
         home[second if loads[second] < loads[first] else first] = 1.0
         return home
 
