@@ -25,8 +25,10 @@ How one engine step is simulated (one scheduler task, like vLLM v1's ``EngineCor
    while it could still be a partial match, like vLLM), else with "length" at ``max_tokens``; the
    simulator never emits EOS.
 
-KV blocks are reference-counted; a full block is cached under its hash once computed and stays
-cached after its requests finish, until the pool reuses it: unreferenced blocks are evicted
+KV blocks are reference-counted; a full block of a prompt is cached under its hash when the step
+that computes it is scheduled (vLLM v1 commits blocks to its prefix cache as it allocates them,
+so a request admitted later in the same step reuses them: a burst sharing a prefix computes it
+once) and stays cached after its requests finish, until the pool reuses it: unreferenced blocks are evicted
 least recently used first (vLLM's free-block queue; a request's blocks are freed tail first).
 ``kv_cache_usage`` counts referenced blocks only, as vLLM's does.
 
@@ -467,6 +469,10 @@ class SimEngine(Engine):
             budget -= seq.chunk
             prefill_tokens += seq.chunk
             batch.append(seq)
+            # Its full blocks are cached now, as vLLM v1 commits a block to the prefix cache when
+            # it allocates it for the step that computes it: a prompt admitted later in this step
+            # reuses them (the step's forward pass writes them before its attention reads them).
+            self._cache_computed_blocks(seq, seq.num_tokens - seq.prefill_left + seq.chunk)
 
         for seq in self._running:
             if seq.prefill_left and budget > 0:

@@ -34,11 +34,20 @@ async def indexed() -> bool:
     return (index_blocks() or 0) >= 12
 
 
-async def compute_prefix(address: str, what: str) -> None:
+async def compute_prefix(router: pb_grpc.RouterStub, address: str, what: str) -> None:
     """PREFIX computed on the worker at ``address`` (directly, not through the router), then
-    awaited in the router's index, reported by that worker's events."""
+    awaited in the router's index, reported by that worker's events, and the router's view of
+    that worker idle again (the engine caches a prompt's blocks when it schedules them, so the
+    events can come before the report that the request finished)."""
     await generate(address, PREFIX + " first question")
     await until(indexed, what)
+
+    async def idle() -> bool:
+        listed = await router.ListWorkers(pb.ListWorkersRequest(), timeout=5)
+        load = next(w.load for w in listed.workers if w.address == address)
+        return load.num_running + load.num_waiting == 0
+
+    await until(idle, f"the router to see {address} idle")
 
 
 async def generate(address: str, prompt: str) -> list[pb.GenerateResponse]:
@@ -83,7 +92,7 @@ async def test_router_predicts_the_engines_cached_tokens_and_follows_its_workers
         # The prefix is computed on kv1 only. Picks are not probed until the index is filled: a
         # pick is also remembered as pending on its worker, and the test is about what the
         # workers' events say.
-        await compute_prefix(addresses[1], "the router to index kv1's blocks")
+        await compute_prefix(stub, addresses[1], "the router to index kv1's blocks")
         choice = await pick(stub, PREFIX + " second question")
         assert choice.worker_id == "kv1"
         answer = await generate(choice.address, PREFIX + " second question")
@@ -123,7 +132,7 @@ async def test_a_pick_with_one_worker_to_choose_from_does_not_work_out_the_promp
     addresses = [a for _, a in workers]
     router, stub, channel = await router_on(addresses)
     try:
-        await compute_prefix(addresses[0], "the router to index kv0's blocks")
+        await compute_prefix(stub, addresses[0], "the router to index kv0's blocks")
         alone = await stub.Pick(pb.PickRequest(request_id="alone", prompt=PREFIX + " second question",
                                                exclude=["kv1"]), timeout=5)
         assert (alone.worker_id, alone.predicted_cached_tokens) == ("kv0", 0)
@@ -152,7 +161,7 @@ async def test_picks_go_by_load_while_the_workers_tokenizer_loads(
     addresses = [a for _, a in workers]
     router, stub, channel = await router_on(addresses)
     try:
-        await compute_prefix(addresses[1], "the router to index kv1's blocks while its tokenizer loads")
+        await compute_prefix(stub, addresses[1], "the router to index kv1's blocks while its tokenizer loads")
         waiting = await pick(stub, PREFIX + " second question")
         assert waiting.predicted_cached_tokens == 0
         assert prefix_view_ready() == 0
@@ -226,7 +235,7 @@ async def test_an_older_worker_s_kv_events_are_read_from_their_own_stream(monkey
     addresses = [a for _, a in workers]
     router, stub, channel = await router_on(addresses)
     try:
-        await compute_prefix(addresses[1], "the router to index the older workers' blocks")
+        await compute_prefix(stub, addresses[1], "the router to index the older workers' blocks")
         choice = await pick(stub, PREFIX + " second question")
         assert (choice.worker_id, choice.predicted_cached_tokens) == ("kv1", 12 * 16)
     finally:

@@ -178,14 +178,25 @@ async def test_a_long_prefill_stalls_a_decoding_stream_for_one_chunk_only(
     assert max(b - a for a, b in itertools.pairwise(times)) == pytest.approx(ms(longest_gap_ms))
 
 
-async def test_the_blocks_of_a_prompt_prefilled_so_far_are_in_the_prefix_cache(make_engine: Make) -> None:
+async def test_the_blocks_of_a_prompt_scheduled_so_far_are_in_the_prefix_cache(make_engine: Make) -> None:
     # Two prompts sharing 2,400 tokens arrive together; the second is admitted in the third step,
-    # when the first has 2,048 tokens computed in two chunks: those 128 blocks are cached already.
+    # after the first's last chunk (tokens 2,048-2,500) was scheduled in it: as in vLLM v1, whose
+    # scheduler commits a block to the prefix cache when it allocates it, the second reuses all
+    # 150 shared blocks, those computed in the same step included.
     engine, clock = await make_engine(sim_max_num_batched_tokens=1024, max_num_seqs=8, max_model_len=8192)
     first, second = await asyncio.gather(run(engine, clock, req(words("c", 2500))),
                                          run(engine, clock, req(words("c", 2400) + " " + words("z", 100))))
     assert first.last.cached_prompt_tokens == 0
-    assert second.last.cached_prompt_tokens == 2048
+    assert second.last.cached_prompt_tokens == 2400
+
+
+async def test_a_burst_sharing_a_prefix_computes_it_once(make_engine: Make) -> None:
+    # Eight prompts with one 1,024-token prefix, admitted in one step (no token budget): the first
+    # computes the prefix, the seven after it reuse its 64 blocks.
+    engine, clock = await make_engine(max_num_seqs=8)
+    results = await asyncio.gather(*(run(engine, clock, req(words("p", 1024) + " " + words(f"q{i}", 32)))
+                                     for i in range(8)))
+    assert [r.last.cached_prompt_tokens for r in results] == [0] + [1024] * 7
 
 
 async def test_a_step_budget_below_max_num_seqs_is_refused() -> None:
