@@ -55,9 +55,12 @@ from commands.bench import TIMINGS, save_result  # noqa: E402
 from services.config import ROUTING_POLICIES  # noqa: E402
 
 PORT, ADMIN_PORT = 8380, 9981
+# The services' ports lie below Linux's ephemeral range (32768-60999): a run's many short
+# connections (the load sampler's scrapes among them) can hold a port in that range as their own
+# end when the next run's services bind theirs (seen once: the router's 50352 "in use").
 FLEET = ["--engine", "sim", "--workers", "4", "--sim-num-kv-blocks", "1000", "--no-tracing",
-         "--port", str(PORT), "--admin-port", str(ADMIN_PORT), "--gateway-port", "50351",
-         "--router-port", "50352", "--cache-port", "50353", "--worker-port", "50361",
+         "--port", str(PORT), "--admin-port", str(ADMIN_PORT), "--gateway-port", "30351",
+         "--router-port", "30352", "--cache-port", "30353", "--worker-port", "30361",
          "--redis-port", "6389", "--trace-port", "4397"]
 PREFIX_BENCH = ["--dataset-name", "prefix_repetition", "--prefix-repetition-num-prefixes", "16",
                 "--prefix-repetition-prefix-len", "1000", "--prefix-repetition-suffix-len", "64",
