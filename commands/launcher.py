@@ -525,7 +525,7 @@ WORKER_FLAGS = ("engine", "model", "tensor_parallel_size", "max_num_seqs", "enfo
                 "sim_itl_base_ms", "sim_itl_per_seq_ms", "sim_num_kv_blocks", "sim_max_num_batched_tokens",
                 "sim_seed", "weights_id")  # not sim_speed: one per worker (--sim-speed)
 ROUTER_MODES = ("service", EMBEDDED_ROUTER)  # MeshSpec.router_mode
-ROUTER_FLAGS = ("routing", "load_bound", "kv_load_weight", "kv_home_weight", "kv_pending_s")
+ROUTER_FLAGS = ("routing", "load_bound", "kv_load_weight", "kv_home_weight", "kv_full_usage", "kv_pending_s")
 CACHE_FLAGS = ("ttl_seconds", "key_prefix", "max_entry_bytes", "semantic", "semantic_threshold",
                "semantic_max_entries", "embed_threads", "embed_runtime", "semantic_budget_s")
 GATEWAY_FLAGS = ("coalesce", "cache_mode", "cache_timeout_s", "stall_timeout_s", "migrations",

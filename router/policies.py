@@ -206,9 +206,10 @@ class KvAwareScorer(Scorer):
 
     name = "kv"
 
-    def __init__(self, fallback: Scorer | None = None, unheld: Scorer | None = None) -> None:
+    def __init__(self, fallback: Scorer | None = None, unheld: Scorer | None = None, full: float = 0.0) -> None:
         self.fallback = fallback or PrefixAffinityScorer()
         self.unheld = unheld
+        self.full = full
 
     def score(self, ctx: PickContext, fleet: Fleet, rows: np.ndarray) -> np.ndarray:
         if ctx.cached_blocks is None:
@@ -226,6 +227,14 @@ class KvAwareScorer(Scorer):
         beyond = (held - held.min()) / len(ctx.block_hashes)
         if self.unheld is not None and not beyond.any():
             return self.unheld.score(ctx, fleet, rows)
+        if self.full:
+            # A worker whose KV cache is full and whose engine queues requests (too many other
+            # prefixes) runs a request only after its queue: its blocks count for the share of
+            # its requests it runs.
+            waiting, usage = fleet.waiting[rows], fleet.kv_usage[rows]
+            pressed = (usage >= self.full) & (waiting > 0)
+            if pressed.any():
+                beyond = np.where(pressed, beyond * (1.0 - waiting / np.maximum(fleet.outstanding[rows], 1)), beyond)
         return beyond
 
 
@@ -348,6 +357,7 @@ class Tuning:
     load_bound: float = 1.25
     kv_load_weight: float = 0.3
     kv_home_weight: float = 0.0
+    kv_full_usage: float = 0.95
 
     def __post_init__(self) -> None:
         if self.load_bound < 1.0:
@@ -356,6 +366,8 @@ class Tuning:
             raise ValueError(f"kv_load_weight must be at least 0, got {self.kv_load_weight}")
         if self.kv_home_weight < 0:
             raise ValueError(f"kv_home_weight must be at least 0, got {self.kv_home_weight}")
+        if not 0.0 <= self.kv_full_usage <= 1.0:
+            raise ValueError(f"kv_full_usage must be between 0 (off) and 1, got {self.kv_full_usage}")
 
 
 def _bounded(t: Tuning) -> list[Filter]:
@@ -381,10 +393,11 @@ POLICIES: dict[str, Callable[[Tuning], Policy]] = {
     # The blocks each engine really holds (its KV events), weighed against load, among the
     # workers under the load bound so one hot prefix cannot pile onto one engine.
     # A prompt no engine holds goes to its text hash's home (kv_home_weight), so a prefix
-    # evicted everywhere is computed again where it was, not wherever load points.
+    # evicted everywhere is computed again where it was, not wherever load points. A holder whose
+    # KV cache is kv_full_usage full while it queues requests gets credit for the share it runs.
     "kv-aware": lambda t: Policy(
         "kv-aware", _bounded(t),
-        [(KvAwareScorer(unheld=PrefixAffinityScorer(prefix_chars=256, homes=2)), 1.0),
+        [(KvAwareScorer(unheld=PrefixAffinityScorer(prefix_chars=256, homes=2), full=t.kv_full_usage), 1.0),
          (LeastLoadScorer(), t.kv_load_weight), (PrefixAffinityScorer(prefix_chars=256), t.kv_home_weight)],
         MaxScorePicker(), prefix_view="kv",
     ),
@@ -404,10 +417,10 @@ assert tuple(POLICIES) == ROUTING_POLICIES, "services.config.ROUTING_POLICIES na
 
 
 def build_policy(name: str, stale_after_s: float = 2.0, load_bound: float = 1.25,
-                 kv_load_weight: float = 0.3, kv_home_weight: float = 0.0) -> Policy:
+                 kv_load_weight: float = 0.3, kv_home_weight: float = 0.0, kv_full_usage: float = 0.95) -> Policy:
     """The named policy; raises ValueError naming the valid choices or the bad knob."""
     try:
         factory = POLICIES[name]
     except KeyError:
         raise ValueError(f"unknown routing policy {name!r}; choose one of: {', '.join(POLICIES)}") from None
-    return factory(Tuning(stale_after_s, load_bound, kv_load_weight, kv_home_weight))
+    return factory(Tuning(stale_after_s, load_bound, kv_load_weight, kv_home_weight, kv_full_usage))

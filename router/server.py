@@ -323,7 +323,8 @@ class RouterCore:
         kube_config: KubeConfig | None = None,
     ) -> None:
         self.cfg = cfg
-        policy = build_policy(cfg.routing, cfg.stale_after_s, cfg.load_bound, cfg.kv_load_weight, cfg.kv_home_weight)
+        policy = build_policy(cfg.routing, cfg.stale_after_s, cfg.load_bound, cfg.kv_load_weight, cfg.kv_home_weight,
+                              cfg.kv_full_usage)
         table = WorkerTable(list(dict.fromkeys(cfg.workers)), clock=clock, pick_ttl_s=cfg.stale_after_s)
         self.router = Router(table, policy, cfg.stale_after_s, rng, cfg.approx_blocks_per_worker,
                              cfg.kv_pending_s, clock)

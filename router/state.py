@@ -75,6 +75,8 @@ class Fleet:
     reported_at: np.ndarray   # float: when its last report came; -inf before the first
     draining: np.ndarray      # bool
     outstanding: np.ndarray   # int64: WorkerView.outstanding
+    waiting: np.ndarray       # int64: the requests its engine queued rather than ran (last report)
+    kv_usage: np.ndarray      # float: the share of its KV cache its requests hold (last report)
     seeds: np.ndarray         # uint64: rendezvous_seed(worker_id)
     rows: Mapping[str, int]   # address -> row
 
@@ -100,6 +102,8 @@ class _Columns:
         self.reported_at = np.full(n, -np.inf)
         self.draining = np.zeros(n, dtype=bool)
         self.outstanding = np.zeros(n, dtype=np.int64)
+        self.waiting = np.zeros(n, dtype=np.int64)
+        self.kv_usage = np.zeros(n)
         self.seeds = np.zeros(n, dtype=np.uint64)
         self.ids: list[str] = [""] * n
         self.rows = {v.address: i for i, v in enumerate(views)}
@@ -111,6 +115,8 @@ class _Columns:
         self.reported_at = np.append(self.reported_at, -np.inf)
         self.draining = np.append(self.draining, False)
         self.outstanding = np.append(self.outstanding, np.int64(0))
+        self.waiting = np.append(self.waiting, np.int64(0))
+        self.kv_usage = np.append(self.kv_usage, 0.0)
         self.seeds = np.append(self.seeds, np.uint64(0))
         self.ids.append("")
         self.rows = {**self.rows, v.address: len(self.ids) - 1}  # a new dict: fleets keep theirs
@@ -121,13 +127,16 @@ class _Columns:
         self.reported_at[i] = -np.inf if v.reported_at is None else v.reported_at
         self.draining[i] = v.load is not None and v.load.draining
         self.outstanding[i] = v.outstanding
+        self.waiting[i] = 0 if v.load is None else v.load.num_waiting
+        self.kv_usage[i] = 0.0 if v.load is None else v.load.kv_cache_usage
         if self.ids[i] != v.worker_id:
             self.ids[i] = v.worker_id
             self.seeds[i] = rendezvous_seed(v.worker_id)
 
     def fleet(self, views: Sequence[WorkerView]) -> Fleet:
         return Fleet(views, self.connected.copy(), self.reported_at.copy(), self.draining.copy(),
-                     self.outstanding.copy(), self.seeds.copy(), self.rows)
+                     self.outstanding.copy(), self.waiting.copy(), self.kv_usage.copy(), self.seeds.copy(),
+                     self.rows)
 
 
 class WorkerTable:

@@ -170,6 +170,10 @@ class RoutingConfig:
         0.0, "kv-aware: weight of the prompt's text-hash home worker (prefix-affinity's choice), "
         "which decides where a prompt that no engine holds is computed", minimum=0.0,
     )
+    kv_full_usage: float = _f(
+        0.95, "kv-aware: a worker whose KV cache is at least this full while its engine queues requests gets "
+        "credit for its cached blocks only in the share of its requests it runs (0: off)", minimum=0.0,
+    )
     kv_pending_s: float = _f(
         10.0, "kv-aware routing: how long the router counts a prompt it sent as cached on its worker "
         "before the worker's KV events confirm it (they follow the prefill)",

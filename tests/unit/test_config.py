@@ -75,9 +75,9 @@ def test_up_passes_routing_and_sim_settings_to_the_services() -> None:
     from commands.launcher import spec_from_args
 
     args = build_parser().parse_args(["up", "--engine", "sim", "--routing", "round-robin", "--kv-home-weight", "0.2",
-                                      "--sim-num-kv-blocks", "7", "--sim-speed", "1", "0.5"])
+                                      "--kv-full-usage", "0.9", "--sim-num-kv-blocks", "7", "--sim-speed", "1", "0.5"])
     spec = spec_from_args(args)
-    assert (spec.router.routing, spec.router.kv_home_weight) == ("round-robin", 0.2)
+    assert (spec.router.routing, spec.router.kv_home_weight, spec.router.kv_full_usage) == ("round-robin", 0.2, 0.9)
     assert spec.worker.sim_num_kv_blocks == 7 and spec.sim_speeds == [1.0, 0.5]
 
 

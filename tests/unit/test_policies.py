@@ -42,9 +42,10 @@ def w(
     age: float | None = 0.1,
     connected: bool = True,
     draining: bool = False,
+    kv_usage: float = 0.0,
 ) -> WorkerView:
     load = None if age is None else WorkerLoad(
-        num_running=running, num_waiting=waiting, num_in_flight=in_flight, draining=draining
+        num_running=running, num_waiting=waiting, num_in_flight=in_flight, draining=draining, kv_cache_usage=kv_usage
     )
     # Reports ``age`` seconds old at the default pick time (PickContext.now = 0).
     return WorkerView.of(worker_id, f"{worker_id}:1", connected, load, None if age is None else -age, assigned)
@@ -337,7 +338,7 @@ def test_the_table_s_columns_follow_its_workers() -> None:
 
     def columns() -> Fleet:
         fleet, made = table.fleet(), Fleet.of(table.snapshot())
-        for name in ("connected", "reported_at", "draining", "outstanding", "seeds"):
+        for name in ("connected", "reported_at", "draining", "outstanding", "waiting", "kv_usage", "seeds"):
             assert getattr(fleet, name).tolist() == getattr(made, name).tolist(), name
         assert dict(fleet.rows) == dict(made.rows)
         return fleet
@@ -348,9 +349,10 @@ def test_the_table_s_columns_follow_its_workers() -> None:
     before = columns()
     table.add("c:1")
     table.on_connected("c:1", "worker-c")
-    table.on_report("c:1", WorkerLoad(num_waiting=2))
+    table.on_report("c:1", WorkerLoad(num_waiting=2, kv_cache_usage=0.5))
     table.on_assigned("c:1")
     assert columns().outstanding.tolist() == [3, 0, 3]
+    assert columns().waiting.tolist() == [0, 0, 2] and columns().kv_usage.tolist() == [0.0, 0.0, 0.5]
     table.remove("a:1")
     fleet = columns()
     assert dict(fleet.rows) == {"b:1": 0, "c:1": 1} and fleet.outstanding.tolist() == [0, 3]
@@ -385,6 +387,33 @@ def test_registry_builds_each_policy_by_name_and_rejects_unknown_names() -> None
 )
 def test_kv_aware_scores_the_cached_fraction(ctx: PickContext, expected: list[float]) -> None:
     assert scores(KvAwareScorer(), ctx, [w("a"), w("b"), w("c")]) == expected
+
+
+@pytest.mark.parametrize(
+    ("holder", "full", "expected"),
+    [
+        # A full KV cache and a queue: the blocks count for the share of requests the engine runs.
+        (w("a", running=2, waiting=6, kv_usage=0.98), 0.95, 0.25),
+        (w("a", running=2, waiting=6, kv_usage=0.98), 0.0, 1.0),      # off
+        (w("a", running=2, waiting=6, kv_usage=0.90), 0.95, 1.0),     # a queue, room in the cache
+        (w("a", running=8, waiting=0, kv_usage=1.0), 0.95, 1.0),      # full, nothing waiting
+    ],
+)
+def test_kv_aware_discounts_the_blocks_of_a_worker_whose_full_cache_queues(
+    holder: WorkerView, full: float, expected: float
+) -> None:
+    ctx = PickContext(block_hashes=(1, 2, 3, 4), cached_blocks={"a:1": 4})
+    assert scores(KvAwareScorer(full=full), ctx, [holder, w("b", running=8)]) == [expected, 0.0]
+
+
+def test_a_prefix_on_a_worker_whose_full_cache_queues_goes_to_one_that_runs_it() -> None:
+    """The holder's KV cache is full of other prefixes: it runs 20 requests and queues 60. The
+    request goes to a worker that runs it now (and computes the prefix); with the discount off
+    (``kv_full_usage`` 0), to the holder."""
+    ctx = PickContext(block_hashes=(1, 2, 3, 4), cached_blocks={"a:1": 4})
+    fleet = [w("a", running=20, waiting=60, kv_usage=0.99), w("b", running=70, kv_usage=0.8)]
+    assert build_policy("kv-aware", 2.0).pick(ctx, fleet, random.Random(0)).worker.worker_id == "b"
+    assert build_policy("kv-aware", 2.0, kv_full_usage=0).pick(ctx, fleet, random.Random(0)).worker.worker_id == "a"
 
 
 def test_kv_aware_without_a_view_falls_back_to_the_text_hash() -> None:
@@ -462,7 +491,8 @@ def test_a_choice_says_what_each_scorer_gave_the_chosen_worker() -> None:
 
 
 @pytest.mark.parametrize(("knobs", "named"), [({"load_bound": 0.9}, "load_bound"), ({"kv_load_weight": -1}, "kv_load_weight"),
-                                              ({"kv_home_weight": -0.1}, "kv_home_weight")])
+                                              ({"kv_home_weight": -0.1}, "kv_home_weight"),
+                                              ({"kv_full_usage": 1.5}, "kv_full_usage")])
 def test_bad_weights_are_refused_naming_the_knob(knobs: dict, named: str) -> None:
     with pytest.raises(ValueError, match=named):
         build_policy("kv-aware", 2.0, **knobs)
