@@ -202,7 +202,10 @@ class KvAwareScorer(Scorer):
     over the load bound), ``unheld`` scores them, if given: with the prompt's two text-hash
     homes, the prompt is computed on one of the same two workers each time, not on whichever
     worker load points to, so a prefix spills to one more worker instead of seeding every cache
-    (the span's ``kv`` score is then the home's: 1 for the chosen home)."""
+    (the span's ``kv`` score is then the home's: 1 for the chosen home). With ``full``, a worker
+    whose KV cache is at least that full while its engine queues requests (it holds too many
+    other prefixes to run more) scores its blocks times the share of its outstanding requests it
+    runs: a request it would queue goes where it starts now."""
 
     name = "kv"
 
