@@ -419,11 +419,11 @@ POLICIES: dict[str, Callable[[Tuning], Policy]] = {
 assert tuple(POLICIES) == ROUTING_POLICIES, "services.config.ROUTING_POLICIES names these policies"
 
 
-def build_policy(name: str, stale_after_s: float = 2.0, load_bound: float = 1.25,
-                 kv_load_weight: float = 0.3, kv_home_weight: float = 0.0, kv_full_usage: float = 0.95) -> Policy:
-    """The named policy; raises ValueError naming the valid choices or the bad knob."""
+def build_policy(name: str, stale_after_s: float = 2.0, **knobs: float) -> Policy:
+    """The named policy, with ``knobs`` (``Tuning``'s fields) over ``Tuning``'s defaults; raises
+    ValueError naming the valid choices or the bad knob."""
     try:
         factory = POLICIES[name]
     except KeyError:
         raise ValueError(f"unknown routing policy {name!r}; choose one of: {', '.join(POLICIES)}") from None
-    return factory(Tuning(stale_after_s, load_bound, kv_load_weight, kv_home_weight, kv_full_usage))
+    return factory(Tuning(stale_after_s, **knobs))

@@ -525,8 +525,7 @@ class SimEngine(Engine):
                 continue  # aborted while the step ran
             if seq.prefill_left:
                 seq.prefill_left -= seq.chunk
-                if seq.prefill_left:  # a chunk of its prompt: its full blocks are cached, no token yet
-                    self._cache_computed_blocks(seq, seq.num_tokens - seq.prefill_left)
+                if seq.prefill_left:  # a chunk of its prompt (cached when scheduled): no token yet
                     continue
             self._cache_computed_blocks(seq)
             request = seq.request
@@ -583,8 +582,8 @@ class SimEngine(Engine):
             seq.block_hashes.append(block_hash(parent, seq.tokens(i * bs, (i + 1) * bs)))
 
     def _cache_computed_blocks(self, seq: _Seq, computed: int | None = None) -> None:
-        """Registers the blocks this step filled: its first ``computed`` tokens (default: all
-        tokens before the new one) are computed."""
+        """Registers the full blocks of ``seq``'s first ``computed`` tokens (default: all tokens
+        before the new one): a prompt's when its step is scheduled, a decode's after its step."""
         if not self._cfg.enable_prefix_caching:
             return
         self._hash_full_blocks(seq)
