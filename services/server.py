@@ -42,8 +42,11 @@ CHANNEL_OPTIONS = [
     # A restarted peer (a worker, the router) is reached again within 2 s, not gRPC's default
     # of up to 2 minutes of backoff.
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 2000),
+    # gRPC core reads this one as the time a connection attempt gets to finish its TCP and HTTP/2
+    # handshake, not as a backoff. At 100 ms an RPC failed UNAVAILABLE ("timed out before
+    # receiving SETTINGS frame") when a busy 2-core machine answered a new connection late.
+    ("grpc.min_reconnect_backoff_ms", 5000),
 ]
 
 

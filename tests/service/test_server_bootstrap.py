@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from services.config import ServerConfig
@@ -132,3 +132,35 @@ async def test_meshserve_health_exits_0_while_serving_and_1_once_draining() -> N
         assert unknown.returncode == 1 and "NOT_FOUND" in unknown.stderr
     finally:
         await running.shutdown()
+
+
+async def test_a_peer_slow_to_answer_a_new_connection_is_still_reached() -> None:
+    """A peer on a busy machine may answer a new connection's handshake late: the mesh's channels
+    wait for it rather than failing the RPC (gRPC reads ``min_reconnect_backoff_ms`` as the
+    handshake's time limit; at 100 ms a CI run failed a request this way)."""
+    server = grpc.aio.server()
+    health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        finally:
+            writer.close()
+
+    async def late(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(0.5)  # the peer's side of the handshake arrives half a second late
+        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", port)
+        await asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer), return_exceptions=True)
+
+    relay = await asyncio.start_server(late, "127.0.0.1", 0)
+    try:
+        async with insecure_channel(f"127.0.0.1:{relay.sockets[0].getsockname()[1]}") as channel:
+            reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        relay.close()
+        await server.stop(0)
