@@ -73,10 +73,11 @@ def stall_options(stall_timeout_s: float) -> list[tuple[str, int]]:
     """Channel options that close a connection whose peer answers no keepalive ping within
     ``stall_timeout_s``: a process that froze (SIGSTOP, a hung host) without closing its socket.
     Pings are answered by gRPC's transport, not by the peer's Python code, so a busy peer is
-    not taken for a frozen one."""
+    not taken for a frozen one. A new connection whose handshake goes unanswered that long is
+    given up the same way (its kernel still accepts the TCP connection of a frozen process)."""
     timeout_ms = max(1, int(stall_timeout_s * 1000))
     return [("grpc.keepalive_time_ms", max(1, timeout_ms // 4)), ("grpc.keepalive_timeout_ms", timeout_ms),
-            ("grpc.http2.ping_timeout_ms", timeout_ms)]
+            ("grpc.http2.ping_timeout_ms", timeout_ms), ("grpc.min_reconnect_backoff_ms", timeout_ms)]
 
 
 def insecure_channel(address: str, extra: list[tuple[str, int]] | None = None) -> grpc.aio.Channel:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import urllib.request
 from collections.abc import AsyncIterator
 
@@ -14,7 +15,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from services.config import ServerConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.server import CannotListen, Lifecycle, insecure_channel, start
+from services.server import CannotListen, Lifecycle, insecure_channel, stall_options, start
 
 
 class SlowLoad(pb_grpc.WorkerServicer):
@@ -164,3 +165,17 @@ async def test_a_peer_slow_to_answer_a_new_connection_is_still_reached() -> None
     finally:
         relay.close()
         await server.stop(0)
+
+
+async def test_a_frozen_peers_new_connection_is_given_up_after_the_stall_timeout() -> None:
+    """A frozen process's kernel still accepts TCP connections, but nothing answers the HTTP/2
+    handshake: a worker channel gives up after its stall timeout (the RPC fails UNAVAILABLE and
+    the gateway goes elsewhere), as it does for a connection whose pings go unanswered."""
+    with socket.socket() as frozen:
+        frozen.bind(("127.0.0.1", 0))
+        frozen.listen(8)  # never accepted, never answered
+        address = f"127.0.0.1:{frozen.getsockname()[1]}"
+        async with insecure_channel(address, stall_options(0.5)) as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as failed:
+                await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=3)
+    assert failed.value.code() == grpc.StatusCode.UNAVAILABLE, failed.value.details()
