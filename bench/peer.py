@@ -397,7 +397,8 @@ def main() -> None:
                         help="extra `meshserve up` flags for the meshserve stack LABEL")
     args = parser.parse_args()
     meshes = {"mesh": REPO, **{label: Path(d).resolve() for label, _, d in (m.partition("=") for m in args.mesh)}}
-    stacks = [*args.stacks.split(","), *(m.partition("=")[0] for m in args.mesh)]
+    # A --mesh label is a stack whether or not --stacks names it too (once, not twice a round).
+    stacks = list(dict.fromkeys([*args.stacks.split(","), *(m.partition("=")[0] for m in args.mesh)]))
     up_args = {label: shlex.split(flags) for label, _, flags in (a.partition("=") for a in args.up_args)}
     workloads = [WORKLOADS[w] for w in args.workloads.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
