@@ -134,6 +134,7 @@ class Stack:
         self.procs: list[subprocess.Popen[bytes]] = []
         self._labels: dict[int, str] = {}  # pid of each process started here -> its label
         self.gateway_metrics: list[str] = []  # a meshserve stack: its gateways' metrics URLs
+        self.worker_metrics: list[str] = []  # ... and its workers'
 
     def _spawn(self, label: str, argv: list[str], src: Path | None = None) -> subprocess.Popen[bytes]:
         env = {**os.environ, **CHILD_ENV}
@@ -186,7 +187,8 @@ class Stack:
                 time.sleep(PORT_RETRY_S)
         with open(log, "rb") as f:  # the table this start printed
             f.seek(seen)
-            self.gateway_metrics = UpMesh(f.read().decode(errors="replace").splitlines()).all_metrics("gateway")
+            printed = UpMesh(f.read().decode(errors="replace").splitlines())
+        self.gateway_metrics, self.worker_metrics = printed.all_metrics("gateway"), printed.all_metrics("worker")
         return MESH_PORT
 
     def relayed(self) -> tuple[float, float]:
@@ -197,6 +199,17 @@ class Stack:
             tokens += summed(url, 'meshserve_gateway_output_tokens_total{source="engine"}')
             messages += summed(url, 'meshserve_gateway_stream_messages_total{source="engine"}')
         return tokens, messages
+
+    def ttft_sums(self) -> dict[str, tuple[float, float]]:
+        """Where the stack times first tokens itself, so far: hop -> (seconds summed, requests).
+        "engine": vLLM's ``vllm:time_to_first_token_seconds`` (from the request's arrival at the
+        engine's frontend: `vllm serve`'s API server, meshserve's worker); "gateway": from the
+        request's arrival at meshserve's gateway."""
+        engine = [f"http://127.0.0.1:{VLLM_PORT}/metrics"] if self.name in PEERS else self.worker_metrics
+        hops = {"engine": (engine, "vllm:time_to_first_token_seconds"),
+                "gateway": (self.gateway_metrics, "meshserve_gateway_time_to_first_token_seconds")}
+        return {hop: (sum(summed(u, f"{name}_sum") for u in urls), sum(summed(u, f"{name}_count") for u in urls))
+                for hop, (urls, name) in hops.items() if urls}
 
     def groups(self) -> dict[int, str]:
         """pid -> the part of the stack it belongs to."""
@@ -292,7 +305,7 @@ PEERS = ("vllm", "router")
 # Median ITL is not compared under load: vllm bench serve stamps each SSE event when it parses
 # it, and events that reach it in one read (a busy client or proxy) get gaps of ~0 ms, which
 # can pull the median to 0 with no token any earlier. TPOT and mean ITL have no such artefact.
-KEYS = ["completed", "failed", "output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms",
+KEYS = ["completed", "failed", "output_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms",
         "mean_itl_ms", "median_tpot_ms", "median_e2el_ms"]
 
 
@@ -309,16 +322,19 @@ def run_round(rnd: int, stacks: list[str], meshes: dict[str, Path], up_args: dic
             bench(port, model, Workload("warmup", 64, 16, 40, 20), 99, out, f"warmup-{name}-{rnd}")
             for i, w in enumerate(workloads):
                 seed = 1000 * rnd + i
-                before, relayed_before = cpu_by_group(groups), stack.relayed()
+                before, relayed_before, timed_before = cpu_by_group(groups), stack.relayed(), stack.ttft_sums()
                 result = bench(port, model, w, seed, out, f"{name}-{w.name}-{rnd}")
-                after, relayed_after = cpu_by_group(groups), stack.relayed()
+                after, relayed_after, timed_after = cpu_by_group(groups), stack.relayed(), stack.ttft_sums()
                 cpu = {g: round(after.get(g, 0.0) - before.get(g, 0.0), 3) for g in after}
                 tokens, messages = (a - b for a, b in zip(relayed_after, relayed_before))
                 row = {"round": rnd, "stack": name, "workload": w.name, "seed": seed,
                        **{k: result.get(k) for k in KEYS}, "cpu_s": cpu,
                        "cpu_ms_per_request": 1000 * sum(cpu.values()) / max(1, result["completed"]),
                        # a meshserve stack: tokens per chunk its gateways sent (merged when they queued)
-                       "tokens_per_message": round(tokens / messages, 2) if messages else None}
+                       "tokens_per_message": round(tokens / messages, 2) if messages else None,
+                       # mean TTFT where the stack measures it (the client's is mean_ttft_ms)
+                       "mean_ttft_ms_at": {hop: round(1000 * (s - timed_before[hop][0]) / (n - timed_before[hop][1]), 1)
+                                           for hop, (s, n) in timed_after.items() if n > timed_before[hop][1]}}
                 rows.append(row)
                 merged = f"  {row['tokens_per_message']} tokens/chunk" if messages else ""
                 print(f"round {rnd} {name:<6} {w.name:<5} {row['output_throughput']:>9.0f} tok/s  "
@@ -382,6 +398,14 @@ def summary(rows: list[dict], stacks: list[str], workloads: list[Workload]) -> s
         if merged:
             lines.append("\nTokens per chunk the gateways sent, by round: "
                          + "; ".join(f"{s}: {v}" for s, v in merged.items()))
+        timed = {s: rs for s in stacks if (rs := [r for r in rows if r["stack"] == s and r["workload"] == w.name
+                                                   and r.get("mean_ttft_ms_at") and r.get("mean_ttft_ms")])}
+        if timed:
+            lines.append("\nMean TTFT (ms) where it is timed, median over rounds: " + "; ".join(
+                f"{s}: client {statistics.median(r['mean_ttft_ms'] for r in rs):.1f}, " + ", ".join(
+                    f"{hop} {statistics.median(r['mean_ttft_ms_at'][hop] for r in rs):.1f}"
+                    for hop in ("gateway", "engine") if all(hop in r["mean_ttft_ms_at"] for r in rs))
+                for s, rs in timed.items()))
     return "\n".join(lines) + "\n"
 
 

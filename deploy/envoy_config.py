@@ -530,13 +530,22 @@ def _http_gateway_cluster(cfg: EnvoyConfig) -> dict[str, Any]:
 def _tracing(cfg: EnvoyConfig) -> dict[str, Any]:
     """Envoy's OpenTelemetry tracer: the trace starts here (or continues a client's
     ``traceparent``), and Envoy sends ``traceparent`` on to the gateway."""
+    # Sampled as every service samples (ParentBased(TraceIdRatioBased)): a client's sampled
+    # ``traceparent`` is followed, a new trace is kept at the configured ratio. The tracer decides,
+    # not the HCM's ``random_sampling``, which reads its dice from the request id (see build_config).
+    ratio = _typed("envoy.extensions.tracers.opentelemetry.samplers.v3.TraceIdRatioBasedSamplerConfig",
+                   sampling_percentage={"numerator": round(cfg.trace_sampling_ratio * 1_000_000),
+                                        "denominator": "MILLION"})
+    sampler = _typed("envoy.extensions.tracers.opentelemetry.samplers.v3.ParentBasedSamplerConfig",
+                     wrapped_sampler={"name": "envoy.tracers.opentelemetry.samplers.trace_id_ratio_based",
+                                      "typed_config": ratio})
     provider = _typed(
         "envoy.config.trace.v3.OpenTelemetryConfig",
         grpc_service={"envoy_grpc": {"cluster_name": OTLP_CLUSTER}, "timeout": "2s"},
         service_name="envoy",
+        sampler={"name": "envoy.tracers.opentelemetry.samplers.parent_based", "typed_config": sampler},
     )
     return {
-        "random_sampling": {"value": 100.0 * cfg.trace_sampling_ratio},
         "spawn_upstream_span": False,
         "provider": {"name": "envoy.tracers.opentelemetry", "typed_config": provider},
     }
@@ -604,6 +613,14 @@ def build_config(
         stat_prefix="ingress",
         codec_type="AUTO",
         generate_request_id=True,
+        # A client's own X-Request-Id is kept as it is, and the tracer samples (_tracing). Envoy's
+        # default derives the sampling decision from the id (and rewrites a UUID's 14th digit to
+        # record it): a request whose id is not a UUID ("req-7", what `vllm bench serve` sends)
+        # was never traced, in any service.
+        request_id_extension={"typed_config": _typed(
+            "envoy.extensions.request_id.uuid.v3.UuidRequestIdConfig",
+            pack_trace_reason=False, use_request_id_for_trace_sampling=False,
+        )},
         stream_idle_timeout=_seconds(cfg.stream_idle_timeout_s),
         request_timeout="0s",
         access_log=_access_log(),

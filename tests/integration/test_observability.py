@@ -189,6 +189,33 @@ async def test_http_json_request_is_one_trace_across_all_components(traced_mesh:
     _assert_one_linked_trace(spans, trace_id, "Inference/Complete")
 
 
+@pytest.mark.parametrize("client_request_id", ["bench-request-7", str(uuid.uuid4())])
+async def test_a_request_with_its_own_request_id_is_traced_and_keeps_its_id(
+    traced_mesh: Mesh, client_request_id: str
+) -> None:
+    """Clients (and load generators such as `vllm bench serve`) send their own X-Request-Id: the
+    request is sampled like any other, and the id reaches the access log as the client sent it."""
+    async with httpx.AsyncClient(timeout=30) as client:
+        r = await client.post(f"http://{traced_mesh.envoy_address}/v1/generate", headers={
+            "x-request-id": client_request_id}, json={"prompt": f"my own id {client_request_id}",
+                                                      "max_tokens": 6, "temperature": 0})
+    assert r.status_code == 200, r.text
+    trace_id = r.headers["x-trace-id"]
+
+    spans = await _trace_with(traced_mesh.traces_address, trace_id, _request_spans("Inference/Complete"))
+    _assert_one_linked_trace(spans, trace_id, "Inference/Complete")
+    logged: list[dict] = []
+
+    def in_access_log() -> bool:
+        lines = (traced_mesh.run_dir / "envoy.log").read_text().splitlines()
+        logged[:] = [e for e in map(json.loads, filter(lambda ln: ln.startswith("{"), lines))
+                     if e.get("trace_id") == trace_id]
+        return bool(logged)
+
+    await wait_until(in_access_log, WAIT_S, "the request's access log line")
+    assert [e["request_id"] for e in logged] == [client_request_id]
+
+
 async def test_client_traceparent_is_continued_and_errors_carry_the_trace_id(traced_mesh: Mesh) -> None:
     trace_id = uuid.uuid4().hex
     parent = f"00-{trace_id}-{uuid.uuid4().hex[:16]}-01"

@@ -46,8 +46,11 @@ def test_envoy_tracer_only_with_an_endpoint() -> None:
     on = envoy.build_config(EnvoyConfig(otlp_endpoint="127.0.0.1:4317", trace_sampling_ratio=0.25), api_keys={})
     hcm = on["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
     tracing = hcm["tracing"]
-    assert tracing["random_sampling"] == {"value": 25.0}
     assert tracing["provider"]["name"] == "envoy.tracers.opentelemetry"
+    sampler = tracing["provider"]["typed_config"]["sampler"]  # ParentBased(TraceIdRatioBased(0.25))
+    assert sampler["name"] == "envoy.tracers.opentelemetry.samplers.parent_based"
+    assert sampler["typed_config"]["wrapped_sampler"]["typed_config"]["sampling_percentage"] == {
+        "numerator": 250_000, "denominator": "MILLION"}
     assert tracing["provider"]["typed_config"]["grpc_service"]["envoy_grpc"]["cluster_name"] == envoy.OTLP_CLUSTER
     otlp = next(c for c in on["static_resources"]["clusters"] if c["name"] == envoy.OTLP_CLUSTER)
     assert otlp["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"] == {
