@@ -21,6 +21,7 @@ from typing import Any
 import grpc
 from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
+from services.config import SESSION_BATCH_HEADER
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 
@@ -157,7 +158,7 @@ class Outbox:
         self._call = call
         self._queued: list[object] = []
         self._ready = asyncio.Event()
-        self._batch = batch  # given: whatever queued during a write goes as one message
+        self.batch = batch  # set: whatever queued during a write goes as one message
         self.task = asyncio.create_task(self._write_all(), name=name)
 
     def send(self, msg: object) -> None:
@@ -170,8 +171,8 @@ class Outbox:
                 await self._ready.wait()
                 self._ready.clear()
                 msgs, self._queued = self._queued, []
-                if self._batch is not None:
-                    msgs = [self._batch(msgs)]
+                if self.batch is not None:
+                    msgs = [self.batch(msgs)]
                 for msg in msgs:
                     await self._call.write(msg)
 
@@ -184,6 +185,10 @@ async def end_call(call: grpc.aio.StreamStreamCall | None, *tasks: asyncio.Task[
     for task in running:
         task.cancel()
     await asyncio.gather(*running, return_exceptions=True)
+
+
+def _batched(actions: list[pb.SessionRequest]) -> pb.SessionRequest:
+    return actions[0] if len(actions) == 1 else pb.SessionRequest(batch=actions)
 
 
 class WorkerSession:
@@ -228,6 +233,8 @@ class WorkerSession:
     async def _read_all(self) -> None:
         error = WorkerFailed(grpc.StatusCode.UNAVAILABLE, "the worker ended the session")
         try:
+            if dict(await self._call.initial_metadata() or ()).get(SESSION_BATCH_HEADER) == "1":
+                self._outbox.batch = _batched  # the worker reads batches: a burst is one message
             while (msg := await self._call.read()) is not grpc.aio.EOF:
                 for chunk in msg.deltas:
                     stream = self._requests.get(chunk.request_id)

@@ -28,6 +28,8 @@ def _f(default: Any, help: str, **kw: Any) -> Any:
 # The name the project's own tiny model is served under (`meshserve make-model` builds it).
 DEFAULT_MODEL = "meshserve-tiny"
 CACHE_KEY_PREFIX = "meshserve:cache:"  # of every cache key: the cache service writes, the gateway reads
+# A worker's Session response header: it reads batched actions (protos: SessionRequest.batch).
+SESSION_BATCH_HEADER = "meshserve-session-batch"
 # Inference engines (WorkerConfig.engine); worker/server.py defines them, under these names.
 WORKER_ENGINES = ("vllm", "sim", "transformers")
 # Where vLLM's engine-core process may run on CPU (WorkerConfig.engine_core_cpus).

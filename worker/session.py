@@ -1,10 +1,11 @@
 """The worker's Session stream: many requests over one long-lived call from a gateway.
 
-Each ``generate`` in the stream runs the worker's own Generate handler (same validation,
-admission, engine path, metrics and SERVER span, "Worker/Generate", continuing the trace the
-request carries); one writer sends whatever all of them produced since its last message as one
-``SessionResponse``. Under load every running request gets a token per engine step, so a step
-becomes one message, not one per request; a lone request still gets each token at once.
+Each ``generate`` in the stream (alone in a message, or in a batch of actions) runs the worker's
+own Generate handler (same validation, admission, engine path, metrics and SERVER span,
+"Worker/Generate", continuing the trace the request carries); one writer sends whatever all of
+them produced since its last message as one ``SessionResponse``. Under load every running
+request gets a token per engine step, so a step becomes one message, not one per request; a lone
+request still gets each token at once.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import grpc
 from opentelemetry import trace
 
 from services import telemetry, validation
+from services.config import SESSION_BATCH_HEADER
 from services.gen import meshserve_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,7 @@ class Session:
         self._changed.set()
 
     async def serve(self, requests: AsyncIterator[pb.SessionRequest], context: grpc.aio.ServicerContext) -> None:
+        await context.send_initial_metadata(((SESSION_BATCH_HEADER, "1"),))  # the gateway may batch
         reader = asyncio.create_task(self._read(requests))
         try:
             while True:
@@ -84,11 +87,12 @@ class Session:
     async def _read(self, requests: AsyncIterator[pb.SessionRequest]) -> None:
         try:
             async for msg in requests:
-                action = msg.WhichOneof("action")
-                if action == "generate":
-                    self._start(msg.generate, msg.trace_context)
-                elif action == "cancel" and (task := self._tasks.get(msg.cancel)) is not None:
-                    task.cancel()
+                for one in msg.batch or (msg,):
+                    action = one.WhichOneof("action")
+                    if action == "generate":
+                        self._start(one.generate, one.trace_context)
+                    elif action == "cancel" and (task := self._tasks.get(one.cancel)) is not None:
+                        task.cancel()
         except grpc.aio.AioRpcError:  # the gateway went away: serve() ends with the call
             pass
         finally:
@@ -102,32 +106,36 @@ class Session:
                        f"request id {request_id!r} is empty or already running on this session", "request_id")
             return
         parent = telemetry.incoming_context(trace_context.items())
-        self._tasks[request_id] = asyncio.create_task(self._run(request, parent), name=f"session {request_id}")
+        task = self._tasks[request_id] = asyncio.create_task(self._run(request, parent), name=f"session {request_id}")
+        task.add_done_callback(lambda _: self._done(request_id, task))
+
+    def _done(self, request_id: str, task: asyncio.Task[None]) -> None:
+        # Here, not in _run: a request cancelled before its task ran (a cancel in the same batch)
+        # never enters _run.
+        if self._tasks.get(request_id) is task:
+            del self._tasks[request_id]
+        self.wake()
 
     async def _run(self, request: pb.GenerateRequest, parent: Any) -> None:
         request_id = request.request_id
         attributes = {"rpc.system": "grpc", "rpc.method": "/meshserve.v1.Worker/Session"}
-        try:
-            with telemetry.server_span(SPAN_NAME, parent, attributes) as span:
-                try:
-                    async with aclosing(self._generate(request, RequestContext())) as stream:
-                        async for chunk in stream:
-                            self._deltas.append(chunk)
-                            self._changed.set()
-                except RequestAborted as e:
-                    span.set_attribute("rpc.grpc.status_code", e.code.value[0])
-                    span.set_status(trace.Status(trace.StatusCode.ERROR, f"{e.code.name}: {e.details}"))
-                    self._fail(request_id, e.code, e.details, e.param)
-                except asyncio.CancelledError as e:  # by the gateway: no one to tell
-                    telemetry.mark_failed(span, e)
-                    raise
-                except Exception as e:  # a bug: this request fails, the session goes on
-                    telemetry.mark_failed(span, e)
-                    log.exception("request %s failed on its session", request_id)
-                    self._fail(request_id, grpc.StatusCode.INTERNAL, f"worker failed: {e}")
-        finally:
-            del self._tasks[request_id]
-            self.wake()
+        with telemetry.server_span(SPAN_NAME, parent, attributes) as span:
+            try:
+                async with aclosing(self._generate(request, RequestContext())) as stream:
+                    async for chunk in stream:
+                        self._deltas.append(chunk)
+                        self._changed.set()
+            except RequestAborted as e:
+                span.set_attribute("rpc.grpc.status_code", e.code.value[0])
+                span.set_status(trace.Status(trace.StatusCode.ERROR, f"{e.code.name}: {e.details}"))
+                self._fail(request_id, e.code, e.details, e.param)
+            except asyncio.CancelledError as e:  # by the gateway: no one to tell
+                telemetry.mark_failed(span, e)
+                raise
+            except Exception as e:  # a bug: this request fails, the session goes on
+                telemetry.mark_failed(span, e)
+                log.exception("request %s failed on its session", request_id)
+                self._fail(request_id, grpc.StatusCode.INTERNAL, f"worker failed: {e}")
 
     def _fail(self, request_id: str, code: grpc.StatusCode, message: str, param: str | None = None) -> None:
         self._errors.append(pb.SessionError(request_id=request_id, code=code.value[0], message=message,

@@ -10,10 +10,11 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
-from services.config import WorkerConfig
+from gateway.relay import RequestStream, WorkerSession
+from services.config import SESSION_BATCH_HEADER, WorkerConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.server import Running
+from services.server import Running, insecure_channel
 from worker.server import WorkerServicer, start_worker
 
 TIMEOUT = 30.0
@@ -132,3 +133,81 @@ async def test_a_gateway_that_goes_away_stops_its_requests(
     call.cancel()
     await wait_idle(servicer)
     assert servicer.in_flight == 0 and servicer.engine.load().num_running == 0
+
+
+async def test_a_batch_of_actions_is_served_in_order_and_the_worker_says_it_reads_batches(
+    stub: pb_grpc.WorkerStub, worker: tuple[Running, WorkerServicer]
+) -> None:
+    """A burst the gateway queued comes as one message: each generate runs, and a cancel in the
+    same batch stops its request before it ever ran (its id is free again at once)."""
+    expected = {}
+    for rid in ("b1", "b3"):
+        chunks = [c async for c in stub.Generate(greedy(f"direct-{rid}", prompt=rid), timeout=TIMEOUT)]
+        expected[rid] = "".join(c.text for c in chunks) + "\0"
+    call = stub.Session()
+    assert dict(await call.initial_metadata())[SESSION_BATCH_HEADER] == "1"
+    await call.write(pb.SessionRequest(batch=[
+        pb.SessionRequest(generate=greedy("b1", prompt="b1")),
+        pb.SessionRequest(generate=greedy("b2", max_tokens=1500)),
+        pb.SessionRequest(cancel="b2"),
+        pb.SessionRequest(generate=greedy("b3", prompt="b3")),
+    ]))
+    texts: dict[str, str] = {}
+    errors: dict[str, pb.SessionError] = {}
+    await read_until(call, {"b1", "b3"}, texts, errors)
+    assert not errors and texts == expected  # b2 never produced a token
+    await wait_idle(worker[1])
+    await call.write(pb.SessionRequest(generate=greedy("b2", max_tokens=3)))  # its id is free
+    await read_until(call, {"b2"}, texts, errors)
+    call.cancel()
+    assert not errors and finished(texts, "b2")
+
+
+class Recorder(pb_grpc.WorkerServicer):
+    """A Session peer that records every message it reads and ends each generate at once; with
+    ``batches``, it says it reads batches, as a worker does (without: a worker from before)."""
+
+    def __init__(self, batches: bool) -> None:
+        self.batches = batches
+        self.messages: list[pb.SessionRequest] = []
+
+    async def Session(self, requests: AsyncIterator[pb.SessionRequest], context: grpc.aio.ServicerContext) -> None:
+        if self.batches:
+            await context.send_initial_metadata(((SESSION_BATCH_HEADER, "1"),))
+        async for msg in requests:
+            self.messages.append(msg)
+            done = [one.generate.request_id for one in (msg.batch or [msg]) if one.HasField("generate")]
+            await context.write(pb.SessionResponse(deltas=[
+                pb.GenerateResponse(request_id=rid, text=rid, finish_reason="stop") for rid in done]))
+
+
+@pytest.mark.parametrize("batches", [True, False], ids=["worker-reads-batches", "worker-from-before"])
+async def test_the_gateway_sends_a_burst_as_one_message_to_a_worker_that_reads_batches(batches: bool) -> None:
+    recorder = Recorder(batches)
+    server = grpc.aio.server()
+    pb_grpc.add_WorkerServicer_to_server(recorder, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with insecure_channel(f"127.0.0.1:{port}") as channel:
+            session = WorkerSession(pb_grpc.WorkerStub(channel), f"127.0.0.1:{port}")
+
+            async def answer(stream: RequestStream) -> str:
+                texts = []
+                async with asyncio.timeout(TIMEOUT):
+                    while (msg := await stream.next()) is not None:
+                        texts.append(msg.text)
+                return "".join(texts)
+
+            assert await answer(session.start(greedy("first"), {}, TIMEOUT)) == "first"  # the session is up
+            burst = [f"burst-{i}" for i in range(20)]
+            streams = [session.start(greedy(rid), {}, TIMEOUT) for rid in burst]  # queued in one go
+            assert [await answer(s) for s in streams] == burst
+            await session.close()
+    finally:
+        await server.stop(0)
+    later = recorder.messages[1:]
+    if batches:
+        assert [[one.generate.request_id for one in m.batch] for m in later] == [burst]
+    else:
+        assert [m.generate.request_id for m in later] == burst and not any(m.batch for m in later)
