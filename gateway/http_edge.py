@@ -47,6 +47,11 @@ HEALTH_PATH = "/health"  # Envoy's health check of this edge: 200 while serving,
 # An upstream connection Envoy keeps idle must not be closed by this side first (Envoy's idle
 # timeout for this cluster is shorter: deploy/envoy_config.py).
 KEEPALIVE_S = 75.0
+# Envoy opens a connection per stream: 300 users arriving together are 300 connects while the
+# loop is busy relaying. The kernel completes them in the accept queue up to the backlog; past it a
+# connect's SYN is dropped and retried a second later. (aiohttp's default: 128; the kernel caps it
+# at net.core.somaxconn, 4096 on current kernels.)
+LISTEN_BACKLOG = 4096
 
 # gRPC status -> HTTP status, as Envoy's transcoder maps them (Grpc::Utility::grpcToHttpStatus).
 HTTP_STATUS = {
@@ -186,7 +191,7 @@ class HttpEdge:
 
     async def start(self) -> None:
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self._port, reuse_port=False)
+        site = web.TCPSite(self._runner, self._host, self._port, reuse_port=False, backlog=LISTEN_BACKLOG)
         try:
             await site.start()
         except OSError:

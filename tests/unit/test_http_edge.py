@@ -5,6 +5,7 @@ errors before the first chunk get the transcoder's HTTP status and OpenAI's erro
 from __future__ import annotations
 
 import json
+import socket
 
 import grpc
 import orjson
@@ -116,3 +117,20 @@ def test_an_error_before_the_first_chunk_is_the_transcoder_s_status_with_an_open
     assert error == {"message": 'bad "value"', "type": error["type"], "param": "temperature",
                      "code": code.name.lower()}
     assert ("retry-after" in reply.headers) == (code == grpc.StatusCode.RESOURCE_EXHAUSTED)
+
+
+async def test_a_burst_of_connections_is_queued_by_the_kernel_while_the_loop_is_busy() -> None:
+    """Envoy opens an HTTP/1.1 connection per stream to the edge: 300 users arriving together are
+    300 connects, made while the gateway's loop is busy. Here the loop does not run at all while
+    they are made: each must still complete (queued for accept), not wait out a dropped SYN."""
+    edge = http_edge.HttpEdge(None, "127.0.0.1", 0, 1.0)  # type: ignore[arg-type]  # no request is sent
+    await edge.start()
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(300):
+            sockets.append(socket.create_connection(("127.0.0.1", edge.port), timeout=0.5))
+    finally:
+        for s in sockets:
+            s.close()
+        await edge.close()
+    assert len(sockets) == 300
