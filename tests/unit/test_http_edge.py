@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
+from pathlib import Path
 
 import grpc
 import orjson
@@ -123,14 +124,16 @@ async def test_a_burst_of_connections_is_queued_by_the_kernel_while_the_loop_is_
     """Envoy opens an HTTP/1.1 connection per stream to the edge: 300 users arriving together are
     300 connects, made while the gateway's loop is busy. Here the loop does not run at all while
     they are made: each must still complete (queued for accept), not wait out a dropped SYN."""
+    # The kernel caps any backlog at net.core.somaxconn (4096 on current kernels, 128 before 5.4).
+    burst = min(300, int(Path("/proc/sys/net/core/somaxconn").read_text()))
     edge = http_edge.HttpEdge(None, "127.0.0.1", 0, 1.0)  # type: ignore[arg-type]  # no request is sent
     await edge.start()
     sockets: list[socket.socket] = []
     try:
-        for _ in range(300):
+        for _ in range(burst):
             sockets.append(socket.create_connection(("127.0.0.1", edge.port), timeout=0.5))
     finally:
         for s in sockets:
             s.close()
         await edge.close()
-    assert len(sockets) == 300
+    assert len(sockets) == burst
