@@ -185,9 +185,15 @@ class Stack:
                 seen = log.stat().st_size  # the next start's lines only
                 print(f"{self.name}: a port was taken; starting again ({attempt}/{PORT_TRIES - 1})", flush=True)
                 time.sleep(PORT_RETRY_S)
-        with open(log, "rb") as f:  # the table this start printed
-            f.seek(seen)
-            printed = UpMesh(f.read().decode(errors="replace").splitlines())
+        deadline = time.monotonic() + 60
+        while True:  # the table this start printed: Envoy answers before `up` has printed it all
+            with open(log, "rb") as f:
+                f.seek(seen)
+                text = f.read().decode(errors="replace")
+            if "\nTry:" in text or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        printed = UpMesh(text.splitlines())
         self.gateway_metrics, self.worker_metrics = printed.all_metrics("gateway"), printed.all_metrics("worker")
         return MESH_PORT
 
