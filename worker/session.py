@@ -107,13 +107,12 @@ class Session:
             return
         parent = telemetry.incoming_context(trace_context.items())
         task = self._tasks[request_id] = asyncio.create_task(self._run(request, parent), name=f"session {request_id}")
-        task.add_done_callback(lambda _: self._done(request_id, task))
+        task.add_done_callback(lambda _: self._done(request_id))
 
-    def _done(self, request_id: str, task: asyncio.Task[None]) -> None:
+    def _done(self, request_id: str) -> None:
         # Here, not in _run: a request cancelled before its task ran (a cancel in the same batch)
-        # never enters _run.
-        if self._tasks.get(request_id) is task:
-            del self._tasks[request_id]
+        # never enters _run. The entry is this task's: _start refuses an id while it is running.
+        del self._tasks[request_id]
         self.wake()
 
     async def _run(self, request: pb.GenerateRequest, parent: Any) -> None:
