@@ -353,6 +353,22 @@ def run_round(rnd: int, stacks: list[str], meshes: dict[str, Path], up_args: dic
     return rows
 
 
+def paired(rows: list[dict], workload: str, mine: str, peer: str) -> str:
+    """``mine`` over ``peer`` round by round (throughput, median TTFT, CPU per request) and the
+    median of those ratios: a round's two runs share the machine's state of the moment, so
+    these ratios carry less of its drift than the ratio of the medians does."""
+    by_round = {(r["stack"], r["round"]): r for r in rows if r["workload"] == workload}
+    rounds = sorted(n for (s, n) in by_round if s == mine and (peer, n) in by_round)
+    out = []
+    for key, label in (("output_throughput", "throughput"), ("median_ttft_ms", "median TTFT"),
+                       ("cpu_ms_per_request", "CPU/request")):
+        ratios = [by_round[mine, n][key] / by_round[peer, n][key] for n in rounds]
+        if ratios:
+            out.append(f"{label} " + " / ".join(f"x{q:.2f}" for q in ratios)
+                       + f" (median x{statistics.median(ratios):.3f})")
+    return "; ".join(out)
+
+
 def summary(rows: list[dict], stacks: list[str], workloads: list[Workload]) -> str:
     lines = []
     for w in workloads:
@@ -389,6 +405,8 @@ def summary(rows: list[dict], stacks: list[str], workloads: list[Workload]) -> s
                                  f"median TPOT x{a['median_tpot_ms'] / b['median_tpot_ms']:.3f}, "
                                  f"median ITL {a['median_itl_ms'] - b['median_itl_ms']:+.3f} ms, "
                                  f"CPU/request x{a['cpu_ms_per_request'] / b['cpu_ms_per_request']:.3f}")
+                    lines.append(f"  by round (the two stacks of one round on the same machine state): "
+                                 f"{paired(rows, w.name, mine, peer)}")
         split = {}
         for s in stacks:
             rs = [r for r in rows if r["stack"] == s and r["workload"] == w.name]
