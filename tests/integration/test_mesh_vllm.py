@@ -7,6 +7,7 @@ with the engine called directly, response caching, cancellation, bad input, and 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import math
 import os
@@ -149,7 +150,13 @@ async def test_stream_interval_over_http_json_groups_tokens_end_to_end(mesh: UpM
                 assert r.status_code == 200
                 streams.append([json.loads(line[6:]) async for line in r.aiter_lines() if line.startswith("data: ")])
     one, grouped = streams
-    assert [len(e["token_ids"]) for e in grouped] == [1, 5, 5, 1]
+    # vLLM sends the first token alone, then groups of 5 (the last holds what is left): messages
+    # end after tokens 1, 6, 11 and 12. A gateway whose client side was busy writing hands two
+    # queued groups over as one message (gateway/relay.py), so a message may end on a later
+    # group's end, never inside a group.
+    ends = list(itertools.accumulate(len(e["token_ids"]) for e in grouped))
+    assert ends[0] == 1 and ends[-1] == 12
+    assert set(ends) <= {1, 6, 11, 12}, ends
     assert "".join(e["text"] for e in grouped) == "".join(e["text"] for e in one)
 
 
