@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from router.state import Fleet, WorkerView
-from services.config import ROUTING_POLICIES
+from services.config import ROUTING_POLICIES, RoutingConfig
 
 
 @dataclass(frozen=True)
@@ -354,13 +354,14 @@ def _eligible(stale_after_s: float) -> list[Filter]:
 @dataclass(frozen=True)
 class Tuning:
     """The knobs of the policies (RouterConfig): when a report is stale, how far above the
-    average load an affine worker may go, and how much load weighs against cached blocks."""
+    average load an affine worker may go, and how much load weighs against cached blocks. The
+    defaults are the command line's (RoutingConfig), stated once."""
 
-    stale_after_s: float = 2.0
-    load_bound: float = 1.25
-    kv_load_weight: float = 0.3
-    kv_home_weight: float = 0.0
-    kv_full_usage: float = 0.95
+    stale_after_s: float = RoutingConfig.stale_after_s
+    load_bound: float = RoutingConfig.load_bound
+    kv_load_weight: float = RoutingConfig.kv_load_weight
+    kv_home_weight: float = RoutingConfig.kv_home_weight
+    kv_full_usage: float = RoutingConfig.kv_full_usage
 
     def __post_init__(self) -> None:
         if self.load_bound < 1.0:
@@ -419,7 +420,7 @@ POLICIES: dict[str, Callable[[Tuning], Policy]] = {
 assert tuple(POLICIES) == ROUTING_POLICIES, "services.config.ROUTING_POLICIES names these policies"
 
 
-def build_policy(name: str, stale_after_s: float = 2.0, **knobs: float) -> Policy:
+def build_policy(name: str, stale_after_s: float = RoutingConfig.stale_after_s, **knobs: float) -> Policy:
     """The named policy, with ``knobs`` (``Tuning``'s fields) over ``Tuning``'s defaults; raises
     ValueError naming the valid choices or the bad knob."""
     try:
