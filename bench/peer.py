@@ -43,7 +43,7 @@ import psutil
 VENV_BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from bench._mesh import UpMesh, summed  # noqa: E402
+from bench._mesh import UpMesh, samples  # noqa: E402
 from services.config import DEFAULT_MODEL as MODEL_NAME  # noqa: E402
 
 VLLM_PORT, ROUTER_PORT, MESH_PORT = 8100, 8200, 8080
@@ -197,25 +197,26 @@ class Stack:
         self.gateway_metrics, self.worker_metrics = printed.all_metrics("gateway"), printed.all_metrics("worker")
         return MESH_PORT
 
-    def relayed(self) -> tuple[float, float]:
-        """Tokens its gateways streamed from the engine so far, and the chunks they came in
-        (0, 0: not a meshserve stack, or a tree from before these metrics)."""
-        tokens = messages = 0.0
-        for url in self.gateway_metrics:
-            tokens += summed(url, 'meshserve_gateway_output_tokens_total{source="engine"}')
-            messages += summed(url, 'meshserve_gateway_stream_messages_total{source="engine"}')
-        return tokens, messages
-
-    def ttft_sums(self) -> dict[str, tuple[float, float]]:
-        """Where the stack times first tokens itself, so far: hop -> (seconds summed, requests).
-        "engine": vLLM's ``vllm:time_to_first_token_seconds`` (from the request's arrival at the
-        engine's frontend: `vllm serve`'s API server, meshserve's worker); "gateway": from the
-        request's arrival at meshserve's gateway."""
+    def counters(self) -> tuple[tuple[float, float], dict[str, tuple[float, float]]]:
+        """The stack's own counters so far, each metrics URL read once: the tokens its gateways
+        streamed from the engine and the chunks they came in ((0, 0): not a meshserve stack, or a
+        tree from before these metrics), and where it times first tokens itself: hop -> (seconds
+        summed, requests). "engine": vLLM's ``vllm:time_to_first_token_seconds`` (from the
+        request's arrival at the engine's frontend: `vllm serve`'s API server, meshserve's
+        worker); "gateway": from the request's arrival at meshserve's gateway."""
         engine = [f"http://127.0.0.1:{VLLM_PORT}/metrics"] if self.name in PEERS else self.worker_metrics
-        hops = {"engine": (engine, "vllm:time_to_first_token_seconds"),
-                "gateway": (self.gateway_metrics, "meshserve_gateway_time_to_first_token_seconds")}
-        return {hop: (sum(summed(u, f"{name}_sum") for u in urls), sum(summed(u, f"{name}_count") for u in urls))
-                for hop, (urls, name) in hops.items() if urls}
+        read = {"gateway": [samples(u) for u in self.gateway_metrics], "engine": [samples(u) for u in engine]}
+
+        def total(hop: str, prefix: str) -> float:
+            return sum(v for scrape in read[hop] for k, v in scrape.items() if k.startswith(prefix))
+
+        relayed = (total("gateway", 'meshserve_gateway_output_tokens_total{source="engine"}'),
+                   total("gateway", 'meshserve_gateway_stream_messages_total{source="engine"}'))
+        names = {"engine": "vllm:time_to_first_token_seconds",
+                 "gateway": "meshserve_gateway_time_to_first_token_seconds"}
+        timed = {hop: (total(hop, f"{name}_sum"), total(hop, f"{name}_count"))
+                 for hop, name in names.items() if read[hop]}
+        return relayed, timed
 
     def groups(self) -> dict[int, str]:
         """pid -> the part of the stack it belongs to."""
@@ -328,9 +329,12 @@ def run_round(rnd: int, stacks: list[str], meshes: dict[str, Path], up_args: dic
             bench(port, model, Workload("warmup", 64, 16, 40, 20), 99, out, f"warmup-{name}-{rnd}")
             for i, w in enumerate(workloads):
                 seed = 1000 * rnd + i
-                before, relayed_before, timed_before = cpu_by_group(groups), stack.relayed(), stack.ttft_sums()
+                # The counters are read outside the CPU window: serving a scrape is not the run's work.
+                relayed_before, timed_before = stack.counters()
+                before = cpu_by_group(groups)
                 result = bench(port, model, w, seed, out, f"{name}-{w.name}-{rnd}")
-                after, relayed_after, timed_after = cpu_by_group(groups), stack.relayed(), stack.ttft_sums()
+                after = cpu_by_group(groups)
+                relayed_after, timed_after = stack.counters()
                 cpu = {g: round(after.get(g, 0.0) - before.get(g, 0.0), 3) for g in after}
                 tokens, messages = (a - b for a, b in zip(relayed_after, relayed_before))
                 row = {"round": rnd, "stack": name, "workload": w.name, "seed": seed,
