@@ -265,7 +265,15 @@ RESOURCE_EXHAUSTED = 8
 
 
 def _header_is(name: str, match: dict[str, str], invert: bool = False) -> dict[str, Any]:
-    return {"header_filter": {"header": {"name": name, "string_match": match, "invert_match": invert}}}
+    """A local-reply filter on a request header; inverted, a request without the header passes."""
+    header: dict[str, Any] = {"name": name, "string_match": match, "invert_match": invert,
+                              "treat_missing_header_as_empty": invert}
+    return {"header_filter": {"header": header}}
+
+
+def _status_is(status: int) -> dict[str, Any]:
+    return {"status_code_filter": {"comparison": {"op": "EQ", "value": {"default_value": status,
+                                                                          "runtime_key": f"lr_{status}"}}}}
 
 
 def _overflow_mappers(
@@ -314,7 +322,7 @@ def _local_reply_config(cfg: EnvoyConfig) -> dict[str, Any]:
     mappers = _overflow_mappers(openai, native, retry_after)
     for status, (kind, code, message) in LOCAL_REPLIES.items():
         text = "%LOCAL_REPLY_BODY%" if message is None else message.format(max_request_bytes=cfg.max_request_bytes)
-        status_is = {"status_code_filter": {"comparison": {"op": "EQ", "value": {"default_value": status, "runtime_key": f"lr_{status}"}}}}
+        status_is = _status_is(status)
         extra = {"headers_to_add": retry_after} if status in (429, 503) else {}
         mappers.append({
             "filter": {"and_filter": {"filters": [status_is, openai]}},
@@ -333,6 +341,17 @@ def _local_reply_config(cfg: EnvoyConfig) -> dict[str, Any]:
                 },
                 **extra,
             })
+    # A path outside both APIs (``/``, ``/v2/...``, a typo) that is not a gRPC call: no route, so a
+    # 404 whose body says which path, in OpenAI's shape (what a lost HTTP client most likely speaks).
+    kind, code, message = LOCAL_REPLIES[404]
+    not_grpc = _header_is("content-type", {"prefix": "application/grpc"}, invert=True)
+    mappers.append({
+        "filter": {"and_filter": {"filters": [_status_is(404), not_grpc]}},
+        "body_format_override": {
+            "json_format": {"error": {"message": message, "type": kind, "param": None, "code": code}},
+            "content_type": "application/json",
+        },
+    })
     return {"mappers": mappers}
 
 

@@ -150,6 +150,27 @@ async def test_a_get_on_a_post_path_is_405_in_our_json_shape(edge: str, backend:
     assert len(servicer.requests) == seen
 
 
+@pytest.mark.parametrize("method,path", [("GET", "/"), ("GET", "/v2/models"), ("POST", "/generate"),
+                                         ("GET", "/favicon.ico"), ("POST", "/v1/no-such-thing")])
+async def test_an_unknown_path_is_404_with_a_body_that_names_it(edge: str, method: str, path: str) -> None:
+    async with httpx.AsyncClient(base_url=f"http://{edge}") as client:
+        r = await client.request(method, path, json={"prompt": "hi"} if method == "POST" else None)
+        ok = await client.post("/v1/generate", json={"prompt": "still serving"})
+    assert r.status_code == 404, r.text
+    error = r.json()["error"]
+    assert error["message"] == f"no such endpoint: {method} {path}"
+    assert (error["type"], error["code"]) == ("not_found_error", "not_found")
+    assert ok.status_code == 200
+
+
+async def test_a_grpc_call_to_an_unknown_service_is_unimplemented(edge: str) -> None:
+    async with insecure_channel(edge) as channel:
+        call = channel.unary_unary("/meshserve.v1.Nowhere/Nothing")
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await call(b"")
+    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED, err.value
+
+
 async def test_backend_invalid_argument_becomes_400_with_message(edge: str) -> None:
     async with httpx.AsyncClient(base_url=f"http://{edge}") as client:
         r = await client.post("/v1/generate", json={"prompt": "hi", "top_p": 1.5})
