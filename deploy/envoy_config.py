@@ -276,6 +276,12 @@ def _status_is(status: int) -> dict[str, Any]:
                                                                           "runtime_key": f"lr_{status}"}}}}
 
 
+def _openai_reply(message: str, kind: str, code: str) -> dict[str, Any]:
+    """A local reply's body as OpenAI's ``{"error": {...}}``."""
+    return {"json_format": {"error": {"message": message, "type": kind, "param": None, "code": code}},
+            "content_type": "application/json"}
+
+
 def _overflow_mappers(
     openai: dict[str, Any], native: dict[str, Any], retry_after: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
@@ -288,7 +294,6 @@ def _overflow_mappers(
     grpc_request = _header_is("content-type", {"prefix": "application/grpc"})
     grpc_status = {"header": {"key": "grpc-status", "value": str(RESOURCE_EXHAUSTED)},
                    "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}
-    openai_body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
     native_body = {"code": RESOURCE_EXHAUSTED, "message": message, "details": []}
 
     def mapper(api: dict[str, Any], headers: list[dict[str, Any]], body: dict[str, Any]) -> dict[str, Any]:
@@ -296,7 +301,7 @@ def _overflow_mappers(
                 "headers_to_add": headers, "body_format_override": body}
 
     return [
-        mapper(openai, retry_after, {"json_format": openai_body, "content_type": "application/json"}),
+        mapper(openai, retry_after, _openai_reply(message, kind, code)),
         mapper(native, retry_after, {"json_format": native_body, "content_type": "application/json"}),
         mapper(grpc_request, [*retry_after, grpc_status], {"text_format": message}),
     ]
@@ -319,6 +324,9 @@ def _local_reply_config(cfg: EnvoyConfig) -> dict[str, Any]:
         _header_is(":path", {"prefix": NATIVE_JSON_PREFIX}),
     ]}}
     retry_after = [{"header": {"key": "retry-after", "value": "1"}, "append_action": "ADD_IF_ABSENT"}]
+    # A path outside both APIs (``/``, ``/v2/...``, a typo) that is not a gRPC call: its 404 (no
+    # route) in OpenAI's shape too, saying which path (what a lost HTTP client most likely speaks).
+    not_grpc = _header_is("content-type", {"prefix": "application/grpc"}, invert=True)
     mappers = _overflow_mappers(openai, native, retry_after)
     for status, (kind, code, message) in LOCAL_REPLIES.items():
         text = "%LOCAL_REPLY_BODY%" if message is None else message.format(max_request_bytes=cfg.max_request_bytes)
@@ -326,10 +334,7 @@ def _local_reply_config(cfg: EnvoyConfig) -> dict[str, Any]:
         extra = {"headers_to_add": retry_after} if status in (429, 503) else {}
         mappers.append({
             "filter": {"and_filter": {"filters": [status_is, openai]}},
-            "body_format_override": {
-                "json_format": {"error": {"message": text, "type": kind, "param": None, "code": code}},
-                "content_type": "application/json",
-            },
+            "body_format_override": _openai_reply(text, kind, code),
             **extra,
         })
         if status != 400:  # our JSON API's 400s are already {"code","message"} (Lua, transcoder)
@@ -341,17 +346,9 @@ def _local_reply_config(cfg: EnvoyConfig) -> dict[str, Any]:
                 },
                 **extra,
             })
-    # A path outside both APIs (``/``, ``/v2/...``, a typo) that is not a gRPC call: no route, so a
-    # 404 whose body says which path, in OpenAI's shape (what a lost HTTP client most likely speaks).
-    kind, code, message = LOCAL_REPLIES[404]
-    not_grpc = _header_is("content-type", {"prefix": "application/grpc"}, invert=True)
-    mappers.append({
-        "filter": {"and_filter": {"filters": [_status_is(404), not_grpc]}},
-        "body_format_override": {
-            "json_format": {"error": {"message": message, "type": kind, "param": None, "code": code}},
-            "content_type": "application/json",
-        },
-    })
+        if status == 404:  # after the native mapper: our JSON API keeps its own shape
+            mappers.append({"filter": {"and_filter": {"filters": [status_is, not_grpc]}},
+                            "body_format_override": _openai_reply(text, kind, code)})
     return {"mappers": mappers}
 
 
