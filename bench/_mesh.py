@@ -32,9 +32,14 @@ def by_name(url: str) -> dict[str, float]:
     return out
 
 
+def prefix_sum(scrape: dict[str, float], prefix: str) -> float:
+    """The sum of the samples of ``scrape`` (``samples``) whose name and labels begin with ``prefix``."""
+    return sum(v for k, v in scrape.items() if k.startswith(prefix))
+
+
 def summed(url: str, prefix: str) -> float:
     """The sum of the samples of ``url`` whose name and labels begin with ``prefix``."""
-    return sum(v for k, v in samples(url).items() if k.startswith(prefix))
+    return prefix_sum(samples(url), prefix)
 
 
 def tree_env(tree: Path) -> dict[str, str]:

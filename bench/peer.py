@@ -43,7 +43,7 @@ import psutil
 VENV_BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from bench._mesh import UpMesh, samples  # noqa: E402
+from bench._mesh import UpMesh, prefix_sum, samples  # noqa: E402
 from services.config import DEFAULT_MODEL as MODEL_NAME  # noqa: E402
 
 VLLM_PORT, ROUTER_PORT, MESH_PORT = 8100, 8200, 8080
@@ -208,7 +208,7 @@ class Stack:
         read = {"gateway": [samples(u) for u in self.gateway_metrics], "engine": [samples(u) for u in engine]}
 
         def total(hop: str, prefix: str) -> float:
-            return sum(v for scrape in read[hop] for k, v in scrape.items() if k.startswith(prefix))
+            return sum(prefix_sum(scrape, prefix) for scrape in read[hop])
 
         relayed = (total("gateway", 'meshserve_gateway_output_tokens_total{source="engine"}'),
                    total("gateway", 'meshserve_gateway_stream_messages_total{source="engine"}'))
