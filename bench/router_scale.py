@@ -2,7 +2,7 @@
 and KV events to it, and gateways' worth of Picks streams asking it as fast as it answers.
 
     .venv/bin/python bench/router_scale.py [--workers 256] [--seconds 10] [--streams 8]
-        [--depth 16] [--batches] [--prompt-words 256] [--routing kv-aware] [--router-cpu 0]
+        [--depth 16] [--batches | --rate PICKS_PER_S] [--prompt-words 256] [--routing kv-aware] [--router-cpu 0]
         [--report-interval-s 0.1] [--router-tree DIR] [--out FILE]
 
 The simulated workers (this process, on the other CPUs) implement the real Worker service's
@@ -10,7 +10,8 @@ Info / WatchLoad / WatchKvEvents: a load report every ``--report-interval-s`` (1
 carrying 16 blocks stored and 16 removed from a pool holding the benchmark's prefixes (on the
 one WatchLoad stream the router asks for, or on WatchKvEvents for a router that asks for that),
 so the router's index churns as a busy fleet's does. Each Picks stream keeps ``--depth`` picks
-outstanding (the gateway's stream carries many requests at once); prompts are prefix_repetition prompts (16 prefixes). Prints
+outstanding (the gateway's stream carries many requests at once), or, with ``--rate``, is sent
+the picks due at that rate whatever is outstanding (open loop: the latency of a rate); prompts are prefix_repetition prompts (16 prefixes). Prints
 picks/s and the pick latency seen by the caller (p50/p99), plus the router's own CPU seconds.
 """
 
@@ -75,6 +76,7 @@ class SimulatedWorker(pb_grpc.WorkerServicer):
         """As a busy worker: a report every interval; with ``kv_events`` each carries that
         interval's KV changes (the worker's one stream to the router)."""
         changes = self._kv_changes() if request.kv_events else None
+        await asyncio.sleep(self.rng.random() * self.interval_s)  # workers started together report out of step
         for seq in itertools.count(1):
             report = self._load(seq)
             if changes is not None:
@@ -106,6 +108,10 @@ async def main() -> int:
     parser.add_argument("--batches", action="store_true",
                         help="ask over Router/PickBatches, as the gateway does: each answer's picks are asked "
                              "again as one batch (without: Router/Picks, one message per pick)")
+    parser.add_argument("--rate", type=float, default=0.0,
+                        help="offer this many picks a second in all, open loop (over PickBatches: each stream sends "
+                             "the picks due every millisecond as one batch), and time each from when it was due; "
+                             "0: closed loop, --depth outstanding per stream")
     parser.add_argument("--prompt-words", type=int, default=256, help="words per prompt (prefix 3/4, suffix 1/4)")
     parser.add_argument("--routing", default="kv-aware")
     parser.add_argument("--router-cpu", type=int, default=0, help="the one CPU the router may use")
@@ -194,7 +200,36 @@ async def main() -> int:
             while await call.read() is not grpc.aio.EOF:
                 pass
 
+        async def paced_stream(s: int) -> None:
+            """Open loop: the picks due at ``--rate`` go out each millisecond, whatever is unanswered."""
+            call = stub.PickBatches()
+            sent: dict[int, float] = {}
+            prompt_at = itertools.cycle(prompts[s::args.streams])
+            interval = args.streams / args.rate  # between two picks of this stream
+
+            async def read() -> None:
+                while (resp := await call.read()) is not grpc.aio.EOF:
+                    for answer in resp.answers:
+                        answered(answer, sent)
+
+            reader = asyncio.create_task(read())
+            start, due = time.perf_counter(), 0
+            while time.monotonic() < stop_at:
+                now_due = int((time.perf_counter() - start) / interval) + 1
+                picks = []
+                for i in range(due, now_due):
+                    sent[i] = start + i * interval  # when it was due, not when the loop got to it
+                    picks.append(pb.PickRequest(request_id=f"s{s}-{i}", prompt=next(prompt_at), pick_id=i))
+                due = now_due
+                if picks:
+                    await call.write(pb.PickBatch(picks=picks))
+                await asyncio.sleep(0.001)
+            await call.done_writing()
+            await reader
+
         async def stream(s: int) -> None:
+            if args.rate:
+                return await paced_stream(s)
             if args.batches:
                 return await batch_stream(s)
             call = stub.Picks()
@@ -222,8 +257,9 @@ async def main() -> int:
         fleet_messages = SimulatedWorker.sent - sent_before
         lat = np.array(latencies) * 1000
         figures = {
-            "workers": args.workers, "routing": args.routing, "streams": args.streams, "depth": args.depth,
-            "rpc": "PickBatches" if args.batches else "Picks",
+            "workers": args.workers, "routing": args.routing, "streams": args.streams,
+            **({"offered_picks_per_s": args.rate} if args.rate else {"depth": args.depth}),
+            "rpc": "PickBatches" if args.batches or args.rate else "Picks",
             "prompt_words": args.prompt_words, "picks": len(latencies),
             "picks_per_s": len(latencies) / elapsed, "p50_ms": float(np.percentile(lat, 50)),
             "p99_ms": float(np.percentile(lat, 99)), "router_cpu_s_per_s": cpu / elapsed,

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from router.kv_index import HeldBlocks
 from router.state import Fleet, WorkerView
 from services.config import ROUTING_POLICIES, RoutingConfig
 
@@ -219,12 +220,7 @@ class KvAwareScorer(Scorer):
             return self.fallback.score(ctx, fleet, rows)
         if not ctx.block_hashes or len(rows) == 1:
             return np.zeros(len(rows))  # no full block to reuse, or no choice (the prompt was not worked out)
-        held = np.zeros(len(fleet))
-        known = [(fleet.rows[a], n) for a, n in ctx.cached_blocks.items() if a in fleet.rows]
-        if known:
-            at, n = zip(*known)
-            held[list(at)] = n
-        held = held[rows]
+        held = _column(ctx.cached_blocks, fleet)[rows]
         # Blocks every candidate holds (a system prompt cached everywhere) tell them apart no
         # better than none: only what a worker holds beyond the others counts.
         beyond = (held - held.min()) / len(ctx.block_hashes)
@@ -239,6 +235,18 @@ class KvAwareScorer(Scorer):
             if pressed.any():
                 beyond = np.where(pressed, beyond * (1.0 - waiting / np.maximum(fleet.outstanding[rows], 1)), beyond)
         return beyond
+
+
+def _column(blocks: Mapping[str, int], fleet: Fleet) -> np.ndarray:
+    """``blocks`` (by worker address) as a column over ``fleet``'s rows (0 for the others)."""
+    if isinstance(blocks, HeldBlocks) and blocks.rows is fleet.rows:
+        return blocks.counts  # already one (the router's KV index made it for this fleet)
+    column = np.zeros(len(fleet), dtype=np.int64)
+    for address, n in blocks.items():
+        row = fleet.rows.get(address)
+        if row is not None:
+            column[row] = n
+    return column
 
 
 class SessionAffinityScorer(Scorer):

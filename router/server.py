@@ -18,7 +18,7 @@ from lightkube import KubeConfig
 from opentelemetry import trace
 
 from router.discovery import EndpointSliceDiscovery, api_client, own_namespace
-from router.kv_index import KvIndex
+from router.kv_index import HeldBlocks, KvIndex
 from router.policies import Choice, NoWorker, PickContext, Policy, build_policy
 from router.prefix import PromptBlocks
 from router.state import Fleet, WorkerTable, WorkerView
@@ -124,7 +124,7 @@ class Router:
             known.update(block_hashes=(), cached_blocks={})
         elif view and self.prefix.ready:
             hashes = self.prefix.chain(ctx.prompt if not messages else "", messages)
-            known.update(block_hashes=hashes, cached_blocks=self._cached(view, hashes, now))
+            known.update(block_hashes=hashes, cached_blocks=self._cached(view, hashes, now, fleet.rows))
         ctx = replace(ctx, **known)
         try:
             choice = self.policy.pick(ctx, fleet, self._rng)
@@ -149,17 +149,14 @@ class Router:
         PICK_SECONDS.observe(time.perf_counter() - started)
         return Pick(choice, reason, predicted)
 
-    def _cached(self, view: str, hashes: Sequence[int], now: float) -> dict[str, int]:
-        """Leading blocks of ``hashes`` each worker holds, in the policy's view."""
+    def _cached(self, view: str, hashes: Sequence[int], now: float, rows: Mapping[str, int]) -> HeldBlocks:
+        """Leading blocks of ``hashes`` each worker (of ``rows``) holds, in the policy's view."""
         if view == "approx":
-            return self.approx.match(hashes)
+            return self.approx.held(hashes, rows)
         if now >= self._next_expiry:
             self.pending.expire(now - self._pending_s)
             self._next_expiry = now + min(1.0, self._pending_s / 4)
-        cached = self.kv.match(hashes)
-        for address, n in self.pending.match(hashes).items():
-            cached[address] = max(n, cached.get(address, 0))
-        return cached
+        return self.kv.held(hashes, rows).most(self.pending.held(hashes, rows))
 
     def workers(self) -> list[tuple[WorkerView, bool]]:
         """Every worker's view, and whether it is healthy now."""
@@ -234,6 +231,8 @@ class RouterServicer(pb_grpc.RouterServicer):
         is current, the gateway's own "router pick": one span per pick either way."""
         if embedded:
             return self._answer_or_refusal(request, trace.get_current_span())
+        if not telemetry.exporting():  # a span nobody would see
+            return self._answer_or_refusal(request, trace.INVALID_SPAN)
         parent = telemetry.incoming_context(request.trace_context.items())
         with telemetry.server_span("Router/Pick", parent, PICKS_SPAN_ATTRIBUTES) as span:
             return self._answer_or_refusal(request, span)
@@ -275,18 +274,20 @@ class RouterServicer(pb_grpc.RouterServicer):
             f"outstanding {worker.outstanding}, cached {pick.predicted_cached_tokens} tokens"
         )
         # The span of this call (tracing interceptor in services.server): the choice and why.
-        trace.get_current_span().set_attributes({
-            "meshserve.request_id": request.request_id,
-            "meshserve.worker": worker.worker_id,
-            "meshserve.router.policy": self._router.policy.name,
-            "meshserve.router.reason": reason,
-            "meshserve.router.score": choice.score,
-            "meshserve.router.candidates": choice.num_candidates,
-            "meshserve.router.outstanding": worker.outstanding,
-            "meshserve.router.excluded": len(ctx.exclude),
-            "meshserve.router.predicted_cached_tokens": pick.predicted_cached_tokens,
-            **{f"meshserve.router.score.{name}": score for name, score in choice.scores.items()},
-        })
+        span = trace.get_current_span()
+        if span.is_recording():
+            span.set_attributes({
+                "meshserve.request_id": request.request_id,
+                "meshserve.worker": worker.worker_id,
+                "meshserve.router.policy": self._router.policy.name,
+                "meshserve.router.reason": reason,
+                "meshserve.router.score": choice.score,
+                "meshserve.router.candidates": choice.num_candidates,
+                "meshserve.router.outstanding": worker.outstanding,
+                "meshserve.router.excluded": len(ctx.exclude),
+                "meshserve.router.predicted_cached_tokens": pick.predicted_cached_tokens,
+                **{f"meshserve.router.score.{name}": score for name, score in choice.scores.items()},
+            })
         return pb.PickResponse(worker_id=worker.worker_id, address=worker.address, reason=detail,
                                predicted_cached_tokens=pick.predicted_cached_tokens)
 

@@ -6,7 +6,8 @@ Spans are exported in batches by a background thread (BatchSpanProcessor: a full
 spans, it never blocks a request) that encodes them and hands each batch to the service's event
 loop, which sends it over ``grpc.aio`` (AioOTLPSpanExporter). With no OTLP endpoint nothing is
 exported, but spans, trace ids and propagation work exactly the same, so logs and the
-``x-trace-id`` header still tie a request together across services.
+``x-trace-id`` header still tie a request together across services (only a span nothing
+continues may be left unmade then: ``exporting``).
 """
 
 from __future__ import annotations
@@ -45,6 +46,14 @@ EXPORT_QUEUE_SIZE = 8192  # spans buffered for export; beyond, new spans are dro
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 tracer = trace.get_tracer("meshserve")
+_exported = True  # whether this process's spans go anywhere (setup_tracing says; a provider it did not install may)
+
+
+def exporting() -> bool:
+    """Whether this process exports its spans. A span that nothing continues (a router's pick)
+    is worth making only then: a recorded span costs a pick ~70 us, and a router without an
+    OTLP endpoint would make thousands a second for nobody."""
+    return _exported
 
 
 def setup_tracing(service_name: str, cfg: ServerConfig) -> TracerProvider:
@@ -53,9 +62,11 @@ def setup_tracing(service_name: str, cfg: ServerConfig) -> TracerProvider:
     A process runs one service; when tests run several in one process, the first one's
     settings apply to all of them.
     """
+    global _exported
     current = trace.get_tracer_provider()
     if isinstance(current, TracerProvider):
         return current
+    _exported = bool(cfg.otlp_endpoint)
     provider = TracerProvider(
         resource=Resource.create({"service.name": service_name}),
         sampler=ParentBased(TraceIdRatioBased(cfg.trace_sampling_ratio)),

@@ -30,6 +30,37 @@ def test_match_counts_leading_blocks(held: dict[str, list[int]], chain: list[int
     assert index(**held).match(chain) == expected
 
 
+@pytest.mark.parametrize(
+    ("held", "chain", "expected"),
+    [
+        ({"a": [1, 2, 3], "b": [1, 2]}, [1, 2, 3, 4], {"a": 3, "b": 2}),
+        ({"a": [2, 3], "b": [1]}, [1, 2, 3], {"b": 1}),
+        ({"a": [5]}, [1, 2], {}),
+        ({"a": [1, 2], "b": [1, 2], "c": [1, 2, 3]}, [1, 2, 3], {"a": 2, "b": 2, "c": 3}),
+    ],
+)
+def test_held_is_match_as_a_column_over_the_rows(
+    held: dict[str, list[int]], chain: list[int], expected: dict[str, int]
+) -> None:
+    kv = index(**held)
+    rows = {"z": 0, "c": 1, "b": 2, "a": 3}  # a worker the index never heard of, the others shuffled
+    column = kv.held(chain, rows)
+    assert dict(column) == expected
+    assert column.counts.tolist() == [expected.get(w, 0) for w in rows]
+
+
+def test_held_follows_workers_that_come_and_go() -> None:
+    kv = index(a=[1, 2])
+    rows = {"a": 0, "b": 1, "c": 2}
+    assert dict(kv.held([1, 2], rows)) == {"a": 2}
+    kv.stored("b", [1])  # a new worker (slot) after the index answered for these rows
+    assert dict(kv.held([1, 2], rows)) == {"a": 2, "b": 1}
+    kv.drop("a")
+    kv.stored("c", [1, 2])  # takes the slot a gave up
+    assert dict(kv.held([1, 2], rows)) == {"b": 1, "c": 2}
+    assert dict(kv.held([1, 2], {"c": 0})) == {"c": 2}  # rows without b: b is left out
+
+
 def test_removed_and_dropped_blocks_no_longer_match() -> None:
     kv = index(a=[1, 2, 3], b=[1, 2, 3])
     kv.removed("a", [2])
