@@ -22,7 +22,7 @@ from gateway.orchestrator import GatewayError, Orchestrator
 from services import telemetry
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.validation import InvalidRequest, param_metadata
+from services.validation import InvalidRequest, param_metadata, unknown_model
 
 OWNED_BY = "meshserve"
 
@@ -132,7 +132,7 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
 
     async def RetrieveModel(self, request: pb.RetrieveModelRequest, context: grpc.aio.ServicerContext) -> pb.Model:
         if request.model != self._model:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"model {request.model!r} not found; this mesh serves {self._model!r}")
+            await context.abort(grpc.StatusCode.NOT_FOUND, unknown_model(request.model, self._model))
         return await self._model_card()
 
     async def Health(self, request: pb.HealthRequest, context: grpc.aio.ServicerContext) -> pb.HealthStatus:
@@ -175,8 +175,7 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
     async def _on_a_worker(self, model: str, call: Callable[[], Awaitable[T]], context: grpc.aio.ServicerContext) -> T:
         """``call`` (a worker's answer) for a request naming ``model``, or the status it failed with."""
         if model and model != self._model:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"'model' must be {self._model!r} (the served model), got {model!r}",
+            await context.abort(grpc.StatusCode.NOT_FOUND, unknown_model(model, self._model),
                                 _trailers(param_metadata("model")))
         try:
             return await call()

@@ -199,11 +199,8 @@ class Orchestrator:
                 validation.param_metadata("continue_token_ids"),
             )
         if request.model and request.model != self._cfg.model:
-            raise GatewayError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"'model' must be {self._cfg.model!r} (the served model), got {request.model!r}",
-                validation.param_metadata("model"),
-            )
+            raise GatewayError(grpc.StatusCode.NOT_FOUND, validation.unknown_model(request.model, self._cfg.model),
+                               validation.param_metadata("model"))
         req = pb.GenerateRequest()
         req.CopyFrom(request)
         if not req.request_id:

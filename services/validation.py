@@ -43,6 +43,12 @@ class InvalidRequest(ValueError):
         self.param = param
 
 
+def unknown_model(asked: str, served: str) -> str:
+    """The message for a request naming a model this mesh does not serve (NOT_FOUND: HTTP 404,
+    as OpenAI's and vLLM's servers answer)."""
+    return f"the model {asked!r} does not exist; this mesh serves {served!r}"
+
+
 def param_metadata(param: str | None) -> tuple[tuple[str, str], ...]:
     """The trailing metadata that carries ``param`` with the status (none without one)."""
     return ((PARAM_METADATA, param),) if param else ()

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import jsonschema
 import openai
@@ -311,12 +312,22 @@ async def test_client_cancel_aborts_the_engine_request(mesh: UpMesh) -> None:
         ({"prompt": "x", "top_p": 1.5}, "'top_p'"),
         ({"prompt": "x", "stream_interval": -2}, "'stream_interval'"),
         ({"prompt": "word " * 3000, "max_tokens": 8}, "prompt"),
-        ({"prompt": "x", "model": "gpt-17"}, "'model'"),
     ],
 )
 async def test_bad_input_is_invalid_argument_and_mesh_keeps_serving(mesh: UpMesh, fields: dict, named: str) -> None:
     message = await invalid_argument(mesh.envoy, **fields)
     assert named in message
+    ok = await generate(mesh.envoy, prompt="still here", max_tokens=2, skip_cache=True)
+    assert ok[-1].finish_reason
+
+
+async def test_an_unknown_model_is_not_found_and_mesh_keeps_serving(mesh: UpMesh) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await generate(mesh.envoy, prompt="x", model="gpt-17", max_tokens=2)
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND and "'gpt-17' does not exist" in (err.value.details() or "")
+    async with httpx.AsyncClient(base_url=f"http://{mesh.envoy}", timeout=60) as client:
+        r = await client.post("/v1/generate", json={"prompt": "x", "model": "gpt-17", "max_tokens": 2})
+    assert r.status_code == 404 and "'gpt-17' does not exist" in r.json()["message"]
     ok = await generate(mesh.envoy, prompt="still here", max_tokens=2, skip_cache=True)
     assert ok[-1].finish_reason
 

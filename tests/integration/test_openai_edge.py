@@ -168,8 +168,11 @@ async def test_client_errors_surface_with_the_service_message(mesh: Mesh) -> Non
         await oa.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], n=0)
     assert err.value.status_code == 400 and "'n' must be in [1, 128]" in err.value.message
     assert err.value.body["param"] == "n"
-    with pytest.raises(openai.BadRequestError, match="'model' must be"):
+    with pytest.raises(openai.NotFoundError, match="the model 'gpt-4o' does not exist") as missing:
         await oa.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}], stream=True)
+    assert missing.value.status_code == 404 and missing.value.body["param"] == "model"
+    with pytest.raises(openai.NotFoundError, match="the model 'gpt-4o' does not exist"):
+        await oa.completions.create(model="gpt-4o", prompt="x", max_tokens=2)
     with pytest.raises(openai.AuthenticationError):
         await client(mesh, key="sk-wrong-0123456789").models.list()
 
@@ -280,7 +283,7 @@ async def test_tokenize_on_the_sim_and_a_clear_no_to_detokenize(mesh: Mesh) -> N
     assert both.status_code == 400 and both.json()["error"]["message"].startswith("give either")
     assert both.json()["error"]["param"] is None  # no one field is at fault; the wording is not parsed
     assert anonymous.status_code == 401  # an API route like the others
-    assert other_model.status_code == 400 and other_model.json()["error"]["param"] == "model"
+    assert other_model.status_code == 404 and other_model.json()["error"]["param"] == "model"
 
 
 async def test_a_cache_hit_says_so_in_the_answer_and_the_last_chunk(mesh: Mesh) -> None:
