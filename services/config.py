@@ -65,7 +65,8 @@ class ServerConfig:
         "", "OTLP/gRPC trace collector host:port; empty: no spans exported (trace context still propagated)"
     )
     trace_sampling_ratio: float = _f(
-        1.0, "fraction of new traces sampled; a caller's decision (traceparent) is always followed"
+        1.0, "fraction of new traces sampled (none without --otlp-endpoint); a caller's decision (traceparent) "
+        "is always followed"
     )
 
 

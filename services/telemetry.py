@@ -5,9 +5,9 @@ the response metadata.
 Spans are exported in batches by a background thread (BatchSpanProcessor: a full queue drops
 spans, it never blocks a request) that encodes them and hands each batch to the service's event
 loop, which sends it over ``grpc.aio`` (AioOTLPSpanExporter). With no OTLP endpoint nothing is
-exported, but spans, trace ids and propagation work exactly the same, so logs and the
-``x-trace-id`` header still tie a request together across services (only a span nothing
-continues may be left unmade then: ``exporting``).
+exported and no trace is started sampled (spans are not recorded unless a caller's trace is
+sampled), but trace ids and propagation work exactly the same, so logs and the ``x-trace-id``
+header still tie a request together across services.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -67,17 +67,19 @@ def setup_tracing(service_name: str, cfg: ServerConfig) -> TracerProvider:
     if isinstance(current, TracerProvider):
         return current
     _exported = bool(cfg.otlp_endpoint)
-    provider = TracerProvider(
-        resource=Resource.create({"service.name": service_name}),
-        sampler=ParentBased(TraceIdRatioBased(cfg.trace_sampling_ratio)),
-    )
+    # A process that exports nothing starts no sampled trace: its spans would be recorded (tens of
+    # microseconds each, several per request) for nobody. Trace ids are made and propagated all the
+    # same, and a caller's decision is followed as always (a sampled parent still records here).
+    root = TraceIdRatioBased(cfg.trace_sampling_ratio) if _exported else ALWAYS_OFF
+    provider = TracerProvider(resource=Resource.create({"service.name": service_name}), sampler=ParentBased(root))
     if cfg.otlp_endpoint:
         exporter = AioOTLPSpanExporter(cfg.otlp_endpoint, asyncio.get_running_loop())
         provider.add_span_processor(
             BatchSpanProcessor(exporter, max_queue_size=EXPORT_QUEUE_SIZE, schedule_delay_millis=EXPORT_DELAY_MS)
         )
     trace.set_tracer_provider(provider)
-    log.info("tracing: %s (sampling %g)", cfg.otlp_endpoint or "not exported", cfg.trace_sampling_ratio)
+    log.info("tracing: %s", f"{cfg.otlp_endpoint} (sampling {cfg.trace_sampling_ratio:g})" if _exported
+             else "not exported (trace ids only; a sampled caller's trace is still recorded)")
     return provider
 
 

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 import pytest
+from opentelemetry import trace
 
 from services import telemetry
 from services.config import ServerConfig
@@ -23,6 +24,10 @@ async def _unary(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
     return "".join(v for _, v in telemetry.outgoing_metadata()).encode()  # what a call from here sends
 
 
+async def _recording(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    return b"recorded" if trace.get_current_span().is_recording() else b"not recorded"
+
+
 async def _stream(request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
     for _ in range(2):
         yield telemetry.current_trace_id().encode()
@@ -33,6 +38,7 @@ async def server() -> AsyncIterator[Running]:
     def register(server: grpc.aio.Server) -> list[str]:
         server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("meshserve.v1.Echo", {
             "Unary": grpc.unary_unary_rpc_method_handler(_unary),
+            "Recording": grpc.unary_unary_rpc_method_handler(_recording),
             "Stream": grpc.unary_stream_rpc_method_handler(_stream),
         })])
         return []
@@ -61,6 +67,19 @@ async def test_a_call_without_traceparent_starts_a_trace(server: Running) -> Non
         stream = channel.unary_stream("/meshserve.v1.Echo/Stream")(b"")
         ids = {m.decode() async for m in stream}
         assert len(ids) == 1 and len(ids.pop()) == 32
+
+
+async def test_with_no_exporter_spans_are_recorded_only_for_a_sampled_caller(server: Running) -> None:
+    """No OTLP endpoint: a call that starts its trace here records nothing (the span would go to
+    nobody) but still gets a trace id; a caller's sampled trace is followed, an unsampled one too."""
+    unsampled = TRACEPARENT[:-2] + "00"
+    async with insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        recording = channel.unary_unary("/meshserve.v1.Echo/Recording")
+        alone = recording(b"")
+        assert await alone == b"not recorded"
+        assert len(dict(await alone.initial_metadata())["x-trace-id"]) == 32
+        assert await recording(b"", metadata=(("traceparent", TRACEPARENT),)) == b"recorded"
+        assert await recording(b"", metadata=(("traceparent", unsampled),)) == b"not recorded"
 
 
 async def test_errors_carry_the_trace_id_in_trailers(server: Running) -> None:
