@@ -1,7 +1,8 @@
 """Which worker holds which KV-cache block: block hash -> the set of workers (a bitmask), kept
 from the workers' KV-event streams (precise) or from the router's own picks (approximate).
 
-``match`` answers, for a prompt's block-hash chain, how many leading blocks each worker holds;
+``match`` answers, for a prompt's block-hash chain, how many leading blocks each worker holds
+(``held``: the same as a column over a fleet's rows, for a pick);
 an engine can reuse only a prefix of its blocks, so a worker's count stops at the first block it
 lacks. The work per event and per match is linear in the blocks it names, never in the index.
 """
@@ -166,7 +167,6 @@ class KvIndex:
             self._holders[h] = left
         else:
             self._holders.pop(h, None)
-
 
 
 class HeldBlocks(Mapping[str, int]):

@@ -227,8 +227,8 @@ class RouterServicer(pb_grpc.RouterServicer):
 
     def answer(self, request: pb.PickRequest, embedded: bool = False) -> pb.PickResponse:
         """The answer to one pick of a stream (a refusal as an answer, not a status), in a SERVER
-        span of its own; with ``embedded`` (a gateway picking in its own process) on the span that
-        is current, the gateway's own "router pick": one span per pick either way."""
+        span of its own when the router exports spans; with ``embedded`` (a gateway picking in its
+        own process) on the span that is current, the gateway's own "router pick"."""
         if embedded:
             return self._answer_or_refusal(request, trace.get_current_span())
         if not telemetry.exporting():  # a span nobody would see
