@@ -23,6 +23,10 @@ Scenarios:
   multi   multi_turn: 100 users x 5 turns, a shared 100-word system prompt, 40-word questions,
           32-token answers; each turn sends the whole conversation so far (~550 tokens by the
           fifth), so a user's history is worth keeping on one engine.
+  multi-history  the same conversations, each user's first question opening with 1,000 words of
+          its own (production-stack's --user-history-prompt: ~1,400 tokens every turn repeats),
+          on engines of 4,000 KV blocks: ~115 blocks a user by the fifth turn, so an engine holds
+          the histories of about a third of the users.
   multi-large  the same conversations on engines 4x slower per token (--sim-speed 0.25: prefill
           0.24 ms a token, ~33 ms a step at 25 sequences, a larger model than the sim's 8B
           default), so the engines' time, not the mesh's CPU on a small machine, is most of TTFT.
@@ -87,6 +91,10 @@ SCENARIOS = {
     "multi-large": Scenario("multi-large", ["--sim-speed", "0.25"], MULTI_BENCH),
     "multi-ramp": Scenario("multi-ramp", [], [*MULTI_BENCH, "--multi-turn-ramp-up", "0.5"]),
     "multi-large-ramp": Scenario("multi-large-ramp", ["--sim-speed", "0.25"], [*MULTI_BENCH, "--multi-turn-ramp-up", "2"]),
+    # Each user brings 1,000 words of its own (production-stack's user history prompt), on engines
+    # whose KV cache holds a quarter of the users' histories each (4,000 blocks).
+    "multi-history": Scenario("multi-history", ["--sim-num-kv-blocks", "4000"],
+                              [*MULTI_BENCH, "--multi-turn-user-history-len", "1000"]),
 }
 HEADLINE = ["output_throughput", "median_ttft_ms", "p99_ttft_ms", "mean_ttft_ms", "failed"]
 

@@ -223,16 +223,23 @@ class Conversation:
 
 
 def multi_turn_conversations(
-    num_users: int, num_turns: int, system_len: int, question_len: int, output_len: int, rng: random.Random
+    num_users: int, num_turns: int, system_len: int, question_len: int, output_len: int, rng: random.Random,
+    history_len: int = 0,
 ) -> list[Conversation]:
     """Users sharing one system prompt of ``system_len`` words, each with ``num_turns`` questions
-    of ``question_len`` random words (production-stack's multi-round QA, closed loop)."""
+    of ``question_len`` random words (production-stack's multi-round QA, closed loop). With
+    ``history_len``, each user's first question opens with that many words of its own (the
+    document or the earlier chat it brings: production-stack's user history prompt), which every
+    later turn repeats."""
     system = " ".join(rng.choices(VOCABULARY, k=system_len))
-    return [
-        Conversation(system, [" ".join(rng.choices(VOCABULARY, k=question_len)) for _ in range(num_turns)],
-                     output_len)
-        for _ in range(num_users)
-    ]
+
+    def questions() -> list[str]:
+        asked = [" ".join(rng.choices(VOCABULARY, k=question_len)) for _ in range(num_turns)]
+        if history_len:
+            asked[0] = " ".join(rng.choices(VOCABULARY, k=history_len)) + "\n\n" + asked[0]
+        return asked
+
+    return [Conversation(system, questions(), output_len) for _ in range(num_users)]
 
 
 # Opens one turn of a conversation: (the chat so far, request id, max_tokens) -> its stream.
@@ -644,6 +651,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     turns.add_argument("--multi-turn-system-prompt-len", type=_non_negative_int, default=200,
                        help="words of the system prompt all users share")
     turns.add_argument("--multi-turn-question-len", type=_positive_int, default=32, help="words per question")
+    turns.add_argument("--multi-turn-user-history-len", type=_non_negative_int, default=0,
+                       help="words of each user's own history before its first question, repeated in every turn "
+                            "(production-stack's --user-history-prompt; 0: none)")
     turns.add_argument("--multi-turn-output-len", type=_positive_int, default=32, help="max_tokens per answer")
     turns.add_argument("--multi-turn-think-time", type=_non_negative_float, default=0.0,
                        help="seconds a user waits between an answer and the next question")
@@ -857,6 +867,7 @@ async def run(args: argparse.Namespace) -> int:
         conversations = multi_turn_conversations(
             args.multi_turn_num_users, args.multi_turn_num_turns, args.multi_turn_system_prompt_len,
             args.multi_turn_question_len, args.multi_turn_output_len, random.Random(args.seed),
+            args.multi_turn_user_history_len,
         )
         requests: list[BenchRequest] = []
         warmups: list[BenchRequest] = []

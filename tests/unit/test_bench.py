@@ -533,10 +533,29 @@ async def test_multi_turn_users_join_one_after_another_over_the_ramp_up(
     assert json.loads((tmp_path / "result.json").read_text())["completed"] == 8
 
 
-@pytest.mark.parametrize("flag", ["--multi-turn-ramp-up", "--multi-turn-think-time", "--multi-turn-system-prompt-len"])
+@pytest.mark.parametrize("flag", ["--multi-turn-ramp-up", "--multi-turn-think-time", "--multi-turn-system-prompt-len",
+                                  "--multi-turn-user-history-len"])
 def test_a_negative_multi_turn_duration_or_length_is_refused(flag: str) -> None:
     with pytest.raises(SystemExit):
         parse([flag, "-1"])
+
+
+async def test_multi_turn_users_bring_their_own_history_to_every_turn(serve_fake, tmp_path: Path) -> None:
+    fake = ChatFake()
+    target = await serve_fake(fake)
+    argv = ["--target", target, "--service", "worker", "--dataset-name", "multi_turn", "--multi-turn-num-users", "3",
+            "--multi-turn-num-turns", "2", "--multi-turn-system-prompt-len", "5", "--multi-turn-question-len", "4",
+            "--multi-turn-user-history-len", "50", "--disable-tqdm", "--save-result", str(tmp_path / "r.json")]  # fmt: skip
+
+    assert await asyncio.to_thread(bench.main, parse(argv)) == 0
+
+    first = {r.request_id.rsplit("-t", 1)[0]: r.messages[1].content for r in fake.requests if r.request_id.endswith("-t0")}
+    assert len(first) == 3 and len(set(first.values())) == 3  # each user's own
+    for text in first.values():
+        history, question = text.split("\n\n")
+        assert len(history.split()) == 50 and len(question.split()) == 4
+    for r in fake.requests:  # every later turn opens with the same first message
+        assert r.messages[1].content == first[r.request_id.rsplit("-t", 1)[0]]
 
 
 async def test_multi_turn_sends_each_turn_with_the_answers_the_mesh_gave(serve_fake, tmp_path: Path) -> None:
