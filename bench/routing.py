@@ -25,7 +25,8 @@ Scenarios:
           fifth), so a user's history is worth keeping on one engine.
   multi-history  the same conversations, each user's first question opening with 1,000 words of
           its own (production-stack's --user-history-prompt: ~1,400 tokens every turn repeats),
-          on engines of 4,000 KV blocks: ~115 blocks a user by the fifth turn, so an engine holds
+          on engines of 4,000 KV blocks and a 4,096-token context (a fifth turn can pass 2,048):
+          ~115 blocks a user by the fifth turn, so an engine holds
           the histories of about a third of the users. Every user's first turn is ~1,500 prompt
           tokens no cache holds: 2.4 s of the fleet's prefill when they all start at once, a burst
           that every policy pays; multi-history-ramp lets them join over 5 s instead.
@@ -85,6 +86,11 @@ MULTI_BENCH = ["--dataset-name", "multi_turn", "--multi-turn-num-users", "100", 
                "--multi-turn-system-prompt-len", "100", "--multi-turn-question-len", "40",
                "--multi-turn-output-len", "32"]
 
+# Each user brings 1,000 words of its own (production-stack's user history prompt), on engines
+# whose KV cache holds about a third of the users' histories each.
+HISTORY_FLEET = ["--sim-num-kv-blocks", "4000", "--max-model-len", "4096"]
+HISTORY_BENCH = [*MULTI_BENCH, "--multi-turn-user-history-len", "1000"]
+
 SCENARIOS = {
     "prefix": Scenario("prefix", [], PREFIX_BENCH),
     "slow": Scenario("slow", ["--sim-speed", "1", "1", "1", "0.5"], PREFIX_BENCH),
@@ -93,12 +99,8 @@ SCENARIOS = {
     "multi-large": Scenario("multi-large", ["--sim-speed", "0.25"], MULTI_BENCH),
     "multi-ramp": Scenario("multi-ramp", [], [*MULTI_BENCH, "--multi-turn-ramp-up", "0.5"]),
     "multi-large-ramp": Scenario("multi-large-ramp", ["--sim-speed", "0.25"], [*MULTI_BENCH, "--multi-turn-ramp-up", "2"]),
-    # Each user brings 1,000 words of its own (production-stack's user history prompt), on engines
-    # whose KV cache holds a quarter of the users' histories each (4,000 blocks).
-    "multi-history": Scenario("multi-history", ["--sim-num-kv-blocks", "4000"],
-                              [*MULTI_BENCH, "--multi-turn-user-history-len", "1000"]),
-    "multi-history-ramp": Scenario("multi-history-ramp", ["--sim-num-kv-blocks", "4000"],
-                                   [*MULTI_BENCH, "--multi-turn-user-history-len", "1000", "--multi-turn-ramp-up", "5"]),
+    "multi-history": Scenario("multi-history", HISTORY_FLEET, HISTORY_BENCH),
+    "multi-history-ramp": Scenario("multi-history-ramp", HISTORY_FLEET, [*HISTORY_BENCH, "--multi-turn-ramp-up", "5"]),
 }
 HEADLINE = ["output_throughput", "median_ttft_ms", "p99_ttft_ms", "mean_ttft_ms", "failed"]
 

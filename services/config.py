@@ -88,7 +88,8 @@ class WorkerConfig(ServerConfig):
     max_model_len: int = _f(2048, "context length (prompt + completion) in tokens")
     max_num_seqs: int = _f(256, "most requests in one running batch")
     block_size: int = _f(16, "KV-cache block size in tokens")
-    kv_cache_memory_bytes: int = _f(256 * 2**20, "KV-cache memory for the vLLM engine, bytes")
+    kv_cache_memory_bytes: int = _f(256 * 2**20, "KV-cache memory for the vLLM engine on CPU, bytes (on a GPU "
+                                    "--gpu-memory-utilization sizes it)")
     gpu_memory_utilization: float = _f(0.9, "fraction of GPU memory vLLM may use (GPU only)")
     enable_prefix_caching: bool = _f(True, "reuse KV blocks of shared prompt prefixes")
     compact_json: bool = _f(

@@ -23,5 +23,5 @@ def test_a_scenario_s_own_flags_win_over_the_fleet_s() -> None:
     scenario = routing.SCENARIOS["multi-history"]
     up = build_parser().parse_args(["up", *routing.FLEET, *scenario.up])
     bench = build_parser().parse_args(["bench", "--target", "127.0.0.1:1", *scenario.bench])
-    assert up.sim_num_kv_blocks == 4000  # FLEET says 1000 first
+    assert up.sim_num_kv_blocks == 4000 and up.max_model_len == 4096  # FLEET says 1000 blocks first
     assert bench.multi_turn_user_history_len == 1000
