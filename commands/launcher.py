@@ -519,8 +519,9 @@ def _signal_group(proc: Proc, sig: signal.Signals) -> None:
 
 # Service settings `meshserve up` takes as they are: one flag per field, its name, help and default
 # generated from the field, as `meshserve serve NAME`'s are (tests/unit/test_up_flags.py checks it).
-WORKER_FLAGS = ("engine", "model", "tensor_parallel_size", "max_model_len", "max_num_seqs",
-                "kv_cache_memory_bytes", "gpu_memory_utilization", "enforce_eager", "compact_json",
+WORKER_FLAGS = ("engine", "model", "tensor_parallel_size", "max_model_len", "max_num_seqs", "dtype", "block_size",
+                "enable_prefix_caching", "kv_cache_memory_bytes", "gpu_memory_utilization", "swap_space_gib",
+                "max_queue", "enforce_eager", "compact_json",
                 "kv_events", "tool_call_parser",
                 "engine_core_cpus", "engine_priority", "stream_interval", "sim_prefill_ms_per_token",
                 "sim_itl_base_ms", "sim_itl_per_seq_ms", "sim_num_kv_blocks", "sim_max_num_batched_tokens",
