@@ -76,14 +76,15 @@ class SimulatedWorker(pb_grpc.WorkerServicer):
         """As a busy worker: a report every interval; with ``kv_events`` each carries that
         interval's KV changes (the worker's one stream to the router)."""
         changes = self._kv_changes() if request.kv_events else None
-        await asyncio.sleep(self.rng.random() * self.interval_s)  # workers started together report out of step
+        interval_s = max(self.interval_s, request.min_interval_s)  # fewer if the router asks, as a worker does
+        await asyncio.sleep(self.rng.random() * interval_s)  # workers started together report out of step
         for seq in itertools.count(1):
             report = self._load(seq)
             if changes is not None:
                 report.kv.CopyFrom(next(changes))
             SimulatedWorker.sent += 1
             yield report
-            await asyncio.sleep(self.interval_s)
+            await asyncio.sleep(interval_s)
 
     async def WatchKvEvents(self, request: pb.WatchKvEventsRequest, context: grpc.aio.ServicerContext):
         for n, events in enumerate(self._kv_changes()):

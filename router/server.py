@@ -332,7 +332,8 @@ class RouterCore:
                              cfg.kv_pending_s, clock)
         self.servicer = RouterServicer(self.router)
         self.watcher = Watcher(table, cfg.stale_after_s, max(cfg.lost_after_s, cfg.stale_after_s),
-                               kv=self.router.kv if policy.prefix_view == "kv" else None, prefix=self.router.prefix)
+                               kv=self.router.kv if policy.prefix_view == "kv" else None, prefix=self.router.prefix,
+                               fleet_reports_per_s=cfg.fleet_reports_per_s)
         self.discovery = None
         if cfg.discovery == "kubernetes":
             self.namespace = cfg.kubernetes_namespace or own_namespace()

@@ -68,8 +68,10 @@ class Watcher:
         max_backoff_s: float = 1.0,  # a worker restarted by the supervisor is seen within ~1 s of serving
         kv: KvIndex | None = None,
         prefix: PromptBlocks | None = None,
+        fleet_reports_per_s: float = float("inf"),
     ) -> None:
         self._table = table
+        self._fleet_reports_per_s = fleet_reports_per_s
         self._kv = kv
         self._prefix = prefix
         self._stale_after_s = stale_after_s
@@ -78,6 +80,11 @@ class Watcher:
         self._max_backoff_s = max_backoff_s
         self._tasks: dict[str, asyncio.Task[None]] = {}  # by address
         self._configuring: set[asyncio.Task[None]] = set()  # the prompt view's tokenizer, loading
+
+    def report_interval_s(self) -> float:
+        """The shortest gap between two reports to ask each worker for: the fleet's reports stay
+        under ``fleet_reports_per_s`` in all, and a worker stays fresh well within ``stale_after_s``."""
+        return min(len(self._table.addresses()) / self._fleet_reports_per_s, self._stale_after_s / 4)
 
     def start(self) -> None:
         for address in self._table.addresses():
@@ -179,7 +186,7 @@ class Watcher:
 
     async def _reports(self, stub: pb_grpc.WorkerStub, address: str, info: pb.WorkerInfo, kv_events: bool):
         """The reports of the worker's WatchLoad stream (with its KV events if ``kv_events``)."""
-        call = stub.WatchLoad(pb.WatchLoadRequest(kv_events=kv_events))
+        call = stub.WatchLoad(pb.WatchLoadRequest(kv_events=kv_events, min_interval_s=self.report_interval_s()))
         first = True
         while True:
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a

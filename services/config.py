@@ -192,6 +192,12 @@ class RoutingConfig:
     lost_after_s: float = _f(
         10.0, "a worker whose load stream is silent this long is lost: not picked, its stream reopened"
     )
+    fleet_reports_per_s: float = _f(
+        1000.0, "most load reports a second asked of all the workers together: a worker of a larger fleet is "
+        "asked for one every workers / this seconds at most (at most a quarter of --stale-after-s), so that "
+        "reading them leaves the router's core to the picks; its picks between reports still count",
+        minimum=1.0,
+    )
 
     def check_routing(self) -> None:
         """Settings that contradict each other: refused together, as argparse refuses a bad value."""

@@ -363,12 +363,16 @@ class WorkerServicer(pb_grpc.WorkerServicer):
     async def WatchLoad(self, request: pb.WatchLoadRequest, context: grpc.aio.ServicerContext
                         ) -> AsyncIterator[pb.LoadReport]:
         """Pushes a report when the load changes, at most one per minimum report interval (the
-        changes of each interval go out together) and at least one per report interval. With
+        changes of each interval go out together) and at least one per report interval (both at
+        least the caller's ``min_interval_s``). With
         ``kv_events`` each report also carries the engine's prefix-cache changes since the one
         before (the first: the whole cache). While draining it keeps reporting until the last
         stream is done, then ends."""
         view = self.engine.kv_cache if request.kv_events else None
-        min_gap = min(self.cfg.load_report_min_interval_s, self.cfg.load_report_interval_s)
+        # A caller may ask for fewer reports (a router of many workers), never for more.
+        min_gap = max(min(self.cfg.load_report_min_interval_s, self.cfg.load_report_interval_s),
+                      request.min_interval_s)
+        longest_gap = max(self.cfg.load_report_interval_s, min_gap)
         with self.engine.load_signal.subscribe() as changed:
             kv = view.subscribe(changed) if view is not None else None
             try:
@@ -380,7 +384,7 @@ class WorkerServicer(pb_grpc.WorkerServicer):
                         return
                     await asyncio.sleep(min_gap)  # what changes meanwhile goes in the next report
                     with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(self.cfg.load_report_interval_s - min_gap):
+                        async with asyncio.timeout(longest_gap - min_gap):
                             await changed.wait()
             finally:
                 if view is not None and kv is not None:

@@ -790,10 +790,12 @@ class DetokenizeResponse(_message.Message):
     def __init__(self, prompt: _Optional[str] = ...) -> None: ...
 
 class WatchLoadRequest(_message.Message):
-    __slots__ = ("kv_events",)
+    __slots__ = ("kv_events", "min_interval_s")
     KV_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    MIN_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     kv_events: bool
-    def __init__(self, kv_events: _Optional[bool] = ...) -> None: ...
+    min_interval_s: float
+    def __init__(self, kv_events: _Optional[bool] = ..., min_interval_s: _Optional[float] = ...) -> None: ...
 
 class LoadReport(_message.Message):
     __slots__ = ("worker_id", "num_running", "num_waiting", "kv_cache_usage", "prefix_cache_hit_rate", "max_num_seqs", "draining", "sequence", "num_in_flight", "requests_received", "kv")

@@ -28,6 +28,7 @@ class FakeWorker(pb_grpc.WorkerServicer):
         self.interval_s = interval_s  # also repeat the report this often, as real workers do
         self.frozen = False           # keep streams open but send nothing (a hung worker)
         self.streams = 0              # WatchLoad streams opened
+        self.asked_interval_s: list[float] = []  # each stream's WatchLoadRequest.min_interval_s
         self.weights_id = f"weights-of-{worker_id}"
         self._report = pb.LoadReport(worker_id=worker_id, max_num_seqs=256, sequence=1)
         self._changed = asyncio.Condition()
@@ -65,6 +66,7 @@ class FakeWorker(pb_grpc.WorkerServicer):
         self, request: pb.WatchLoadRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.LoadReport]:
         self.streams += 1
+        self.asked_interval_s.append(request.min_interval_s)
         sent = 0
         while True:
             async with self._changed:
@@ -99,6 +101,7 @@ async def start_mesh() -> AsyncIterator[StartMesh]:
         lost_after_s: float = 60.0,
         routing: str = "least-load",  # most tests here are about the load view
         load_bound: float = 1.25,
+        fleet_reports_per_s: float = RouterConfig.fleet_reports_per_s,
     ) -> Mesh:
         for i in range(n):
             worker = FakeWorker(f"w{i}", interval_s)
@@ -106,7 +109,7 @@ async def start_mesh() -> AsyncIterator[StartMesh]:
             workers.append(worker)
         cfg = RouterConfig(
             port=0, metrics_port=-1, grace_seconds=0.5, stale_after_s=stale_after_s, lost_after_s=lost_after_s,
-            routing=routing, load_bound=load_bound,
+            routing=routing, load_bound=load_bound, fleet_reports_per_s=fleet_reports_per_s,
             workers=[*(x.address for x in workers), *extra_addresses],
         )
         routers.append(await start_router(cfg))
@@ -276,6 +279,19 @@ async def test_a_worker_that_keeps_reporting_keeps_its_stream(start_mesh: StartM
         n += 1
         await wait_for_workers(stub, healthy_with({"w0": await workers[0].set_load(num_running=n)}))
     assert workers[0].streams == 1
+
+
+@pytest.mark.parametrize(("rate", "stale_after_s", "asked"), [
+    (RouterConfig.fleet_reports_per_s, 30.0, 0.004),  # a small fleet: the workers' own rate (0.004 < 0.05)
+    (10.0, 30.0, 0.4),   # 4 workers, 10 reports a second in all: one each every 0.4 s
+    (1.0, 0.8, 0.2),     # never past a quarter of stale_after_s, or they would look late
+])
+async def test_the_router_asks_a_large_fleet_for_fewer_reports(
+    start_mesh: StartMesh, rate: float, stale_after_s: float, asked: float
+) -> None:
+    stub, workers = await start_mesh(4, fleet_reports_per_s=rate, stale_after_s=stale_after_s)
+    await wait_for_workers(stub, healthy_with({w.worker_id: 1 for w in workers}))
+    assert [w.asked_interval_s for w in workers] == [[pytest.approx(asked)]] * 4
 
 
 async def test_exclude_is_honoured_and_excluding_everyone_is_unavailable(start_mesh: StartMesh) -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import statistics
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -162,6 +163,27 @@ async def test_watch_load_reports_periodically_with_increasing_sequence(
     assert all(r.worker_id == worker[1].worker_id and r.max_num_seqs == 1 for r in reports)
     assert all(not r.draining and r.num_in_flight == 0 for r in reports)
     assert [r.sequence for r in reports] == sorted({r.sequence for r in reports})
+
+
+async def test_a_watcher_may_ask_for_fewer_reports_never_more(stub: pb_grpc.WorkerStub) -> None:
+    """A router of many workers asks each for a report at most every min_interval_s: idle, the
+    periodic reports then come that far apart (the worker's own: 0.1 s); asking for less than the
+    worker's own minimum changes nothing."""
+    loop = asyncio.get_running_loop()
+
+    async def gaps(request: pb.WatchLoadRequest, n: int) -> list[float]:
+        times: list[float] = []
+        call = stub.WatchLoad(request)
+        async for _ in call:
+            times.append(loop.time())
+            if len(times) == n:
+                break
+        call.cancel()
+        return [b - a for a, b in zip(times, times[1:], strict=False)]
+
+    assert min(await gaps(pb.WatchLoadRequest(min_interval_s=0.4), 4)) >= 0.39
+    assert min(await gaps(pb.WatchLoadRequest(min_interval_s=-5.0), 4)) >= 0.04  # the worker's own 0.05
+    assert statistics.median(await gaps(pb.WatchLoadRequest(), 6)) < 0.3
 
 
 @pytest.mark.parametrize(("fields", "named"), [
