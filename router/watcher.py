@@ -15,6 +15,7 @@ import grpc
 from router.kv_index import KvIndex
 from router.prefix import PromptBlocks
 from router.state import WorkerLoad, WorkerTable
+from services.config import RoutingConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.server import insecure_channel
@@ -68,7 +69,7 @@ class Watcher:
         max_backoff_s: float = 1.0,  # a worker restarted by the supervisor is seen within ~1 s of serving
         kv: KvIndex | None = None,
         prefix: PromptBlocks | None = None,
-        fleet_reports_per_s: float = float("inf"),
+        fleet_reports_per_s: float = RoutingConfig.fleet_reports_per_s,
     ) -> None:
         self._table = table
         self._fleet_reports_per_s = fleet_reports_per_s
