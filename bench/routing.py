@@ -109,13 +109,14 @@ DETAIL_SERIES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm
                  "vllm:num_preemptions_total")
 WORKER_SERIES = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total",
                  "vllm:time_to_first_token_seconds_sum", "vllm:time_to_first_token_seconds_count")
+GATEWAY_SERIES = ("meshserve_gateway_time_to_first_token_seconds_sum", "meshserve_gateway_time_to_first_token_seconds_count")
 
 
-def worker_stats(metrics_urls: list[str]) -> dict[str, float]:
+def worker_stats(metrics_urls: list[str], series: tuple[str, ...] | None = None) -> dict[str, float]:
     """The fleet's sums of the workers' own prefix-cache counters (prompt tokens queried and hit),
     preemptions (KV cache full) and time-to-first-token histograms (from the engine's arrival to
     its first token)."""
-    out = dict.fromkeys(WORKER_SERIES, 0.0)
+    out = dict.fromkeys(WORKER_SERIES if series is None else series, 0.0)
     for url in metrics_urls:
         sums = by_name(url)
         for name in out:
@@ -188,6 +189,7 @@ def run_one(out: Path, scenario: Scenario, label: str, up_args: list[str], seed:
         router_metrics = mesh.metrics("router")
         gateway_metrics = mesh.metrics("gateway")
         before = worker_stats(metrics)
+        gateway_before = worker_stats([gateway_metrics], GATEWAY_SERIES)
         result_file = run_dir / "bench.json"
         sampler = LoadSampler(metrics)
         sampler.start()
@@ -199,6 +201,7 @@ def run_one(out: Path, scenario: Scenario, label: str, up_args: list[str], seed:
         sampler.stop.set()
         sampler.join()
         after = worker_stats(metrics)
+        gateway_after = worker_stats([gateway_metrics], GATEWAY_SERIES)
         result = json.loads(result_file.read_text())
         result["load_imbalance"] = sampler.imbalance()
         result["worker_samples"] = {"series": list(DETAIL_SERIES), "samples": sampler.detail}
@@ -215,6 +218,12 @@ def run_one(out: Path, scenario: Scenario, label: str, up_args: list[str], seed:
         firsts = delta["vllm:time_to_first_token_seconds_count"]
         result["engine_mean_ttft_ms"] = 1000 * delta["vllm:time_to_first_token_seconds_sum"] / firsts if firsts else 0.0
         result["engine_preemptions"] = delta["vllm:num_preemptions_total"]
+        # The gateway's own TTFT (from its handler to the first token it sent): the client's less
+        # this is Envoy's and the load generator's part, this less the engines' the mesh's.
+        g = {k: gateway_after[k] - gateway_before[k] for k in GATEWAY_SERIES}
+        firsts = g["meshserve_gateway_time_to_first_token_seconds_count"]
+        result["gateway_mean_ttft_ms"] = (1000 * g["meshserve_gateway_time_to_first_token_seconds_sum"] / firsts
+                                          if firsts else 0.0)
         save_result(result, result_file, timings=True)  # `meshserve plot` draws runs side by side
         return result
 
