@@ -9,6 +9,7 @@ with one chunk carrying only an ``error`` object, since the HTTP status is alrea
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -22,7 +23,7 @@ from gateway.orchestrator import GatewayError, Orchestrator
 from services import telemetry
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.validation import InvalidRequest, param_metadata, unknown_model
+from services.validation import PARAM_METADATA, InvalidRequest, param_metadata, unknown_model
 
 OWNED_BY = "meshserve"
 
@@ -53,7 +54,7 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
     ) -> pb.ChatCompletion:
         req = await self._convert(convert.chat_request, request, context)
         response_id, reqs = self._choices(req, request)
-        resps = await self._complete(reqs, context)
+        resps = await self._complete(reqs, context, _limit_name(request))
         return convert.chat_completion(resps, response_id, req.HasField("logprobs"), self._model, int(self._clock()),
                                        convert.tool_choice(request), await self._fingerprint())
 
@@ -96,7 +97,7 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
             return pb.ChatCompletionChunk(**head, error=convert.error(e.code, e.message, e.trailers))
 
         async for out in self._stream(reqs, context, chunk, usage if request.stream_options.include_usage else None,
-                                      failed):
+                                      failed, _limit_name(request)):
             yield out
 
     async def StreamCompletions(
@@ -192,10 +193,10 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
         return response_id, convert.choice_requests(req, response_id, convert.choices(request))
 
     async def _complete(
-        self, reqs: list[pb.GenerateRequest], context: grpc.aio.ServicerContext
+        self, reqs: list[pb.GenerateRequest], context: grpc.aio.ServicerContext, limit: str = "max_tokens"
     ) -> list[pb.CompleteResponse]:
         """Every choice's completion, generated at once; the first failure ends the call (and
-        cancels the other choices)."""
+        cancels the other choices). ``limit``: what the client called the token limit."""
         tenant = self._tenant(context)
         failure: GatewayError
         if len(reqs) == 1:
@@ -210,6 +211,7 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
                 return [t.result() for t in tasks]
             except* GatewayError as errors:
                 failure = cast(GatewayError, errors.exceptions[0])
+        failure = _as_sent(failure, limit)
         await context.abort(failure.code, failure.message, trailing_metadata=failure.trailers)
         raise AssertionError("unreachable: abort raises")
 
@@ -220,9 +222,11 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
         chunk: Callable[[int, pb.GenerateResponse], Chunk],
         usage: Callable[[pb.Usage], Chunk] | None,
         failed: Callable[[GatewayError], Chunk],
+        limit: str = "max_tokens",
     ) -> AsyncIterator[Chunk]:
         """Every choice's stream, chunks by choice index as they come; then the usage chunk, if
-        asked for. A failure before the first chunk is the call's status, after it a last chunk."""
+        asked for. A failure before the first chunk is the call's status, after it a last chunk.
+        ``limit``: what the client called the token limit."""
         sent = False
         usages: dict[int, pb.Usage] = {}
         tenant = self._tenant(context)
@@ -235,12 +239,27 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
                     sent = True
                     yield chunk(index, c)
             except GatewayError as e:
+                e = _as_sent(e, limit)
                 if not sent:
                     await context.abort(e.code, e.message, trailing_metadata=e.trailers)
                 yield failed(e)
                 return
         if usage is not None:
             yield usage(convert.total_usage([usages[i] for i in sorted(usages)]))
+
+
+def _limit_name(request: pb.ChatCompletionRequest) -> str:
+    """The name a chat request gave its token limit: OpenAI's newer ``max_completion_tokens`` wins."""
+    return "max_completion_tokens" if request.HasField("max_completion_tokens") else "max_tokens"
+
+
+def _as_sent(e: GatewayError, limit: str) -> GatewayError:
+    """``e`` in the client's words: the gateway and the workers name the token limit
+    ``max_tokens`` (GenerateRequest's field), which a chat request may have sent as ``limit``."""
+    if limit == "max_tokens" or "max_tokens" not in e.message:
+        return e
+    trailers = tuple((k, limit if k == PARAM_METADATA and v == "max_tokens" else v) for k, v in e.trailers)
+    return GatewayError(e.code, re.sub(r"\bmax_tokens\b", limit, e.message), trailers)
 
 
 def _trailers(extra: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:

@@ -177,6 +177,24 @@ async def test_client_errors_surface_with_the_service_message(mesh: Mesh) -> Non
         await client(mesh, key="sk-wrong-0123456789").models.list()
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_errors_name_max_completion_tokens_when_the_client_sent_it(mesh: Mesh, stream: bool) -> None:
+    """The gateway and the workers call the limit max_tokens; a client that sent OpenAI's newer
+    max_completion_tokens is told about the field it sent."""
+    oa, messages = client(mesh), [{"role": "user", "content": "x"}]
+    with pytest.raises(openai.BadRequestError) as zero:
+        await oa.chat.completions.create(model=MODEL, messages=messages, max_completion_tokens=0, stream=stream)
+    assert "'max_completion_tokens' must be at least 1, got 0" in zero.value.message
+    assert zero.value.body["param"] == "max_completion_tokens"
+    with pytest.raises(openai.BadRequestError) as too_many:  # found by the worker: longer than the context
+        await oa.chat.completions.create(model=MODEL, messages=messages, max_completion_tokens=100_000, stream=stream)
+    assert "'max_completion_tokens' is 100000" in too_many.value.message, too_many.value.message
+    assert too_many.value.body["param"] == "max_completion_tokens"
+    with pytest.raises(openai.BadRequestError) as old_name:
+        await oa.chat.completions.create(model=MODEL, messages=messages, max_tokens=100_000, stream=stream)
+    assert "'max_tokens' is 100000" in old_name.value.message and old_name.value.body["param"] == "max_tokens"
+
+
 # -- status codes at the edge ------------------------------------------------------------------
 
 
