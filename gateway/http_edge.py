@@ -33,7 +33,7 @@ from gateway.openai_servicer import OpenAIServicer
 from services import openai_errors, telemetry
 from services.config import HTTP_EDGE_PATHS
 from services.gen import meshserve_pb2 as pb
-from services.server import CannotListen
+from services.server import CannotListen, port_free
 from services.validation import PARAM_METADATA
 
 log = logging.getLogger(__name__)
@@ -192,6 +192,7 @@ class HttpEdge:
     async def start(self) -> None:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port, reuse_port=False, backlog=LISTEN_BACKLOG)
+        await port_free("gateway", "the OpenAI HTTP edge", self._host, self._port)
         try:
             await site.start()
         except OSError:

@@ -10,6 +10,8 @@ import gc
 import logging
 import os
 import signal
+import socket
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -170,6 +172,39 @@ class CannotListen(SystemExit):
                          f"port ({flag})")
 
 
+# How long a start waits for a port that is taken for a moment: an earlier process on it still
+# closing, or an outgoing connection's own end (the default ports 50051+ lie in Linux's ephemeral
+# range, 32768-60999, from which every client connection takes one).
+BIND_WAIT_S = 5.0
+
+
+def _bindable(host: str, port: int) -> bool:
+    """Whether a listener could bind ``host:port`` now, as gRPC's would (SO_REUSEADDR, no SO_REUSEPORT)."""
+    if port == 0:
+        return True
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+        return True
+    except OSError:
+        return False
+
+
+async def port_free(name: str, what: str, host: str, port: int) -> None:
+    """Returns once ``host:port`` can be bound, or after BIND_WAIT_S (the bind then fails and says why)."""
+    if _bindable(host, port):
+        return
+    log.warning("%s: %s port %s:%d is taken; trying again for up to %.0f s", name, what, host, port, BIND_WAIT_S)
+    deadline = time.monotonic() + BIND_WAIT_S
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+        if _bindable(host, port):
+            return
+
+
 async def start(
     name: str,
     cfg: ServerConfig,
@@ -190,12 +225,14 @@ async def start(
         [*service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
         server,
     )
+    await port_free(name, "gRPC", cfg.host, cfg.port)
     try:
         port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
     except RuntimeError:  # grpc's own message says only "Failed to bind"
         raise CannotListen(name, "gRPC", cfg.host, cfg.port, "--port") from None
     metrics_port = -1
     if cfg.metrics_port >= 0:
+        await port_free(name, "metrics", cfg.host, cfg.metrics_port)
         try:
             http_server, _ = prometheus_client.start_http_server(cfg.metrics_port, addr=cfg.host)
         except OSError:

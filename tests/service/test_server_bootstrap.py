@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import urllib.request
 from collections.abc import AsyncIterator
@@ -12,6 +13,7 @@ import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from services import server
 from services.config import ServerConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
@@ -83,7 +85,8 @@ async def test_health_reflection_metrics_and_drain(tmp_path) -> None:  # noqa: A
     assert closed == ["closed"]
 
 
-async def test_a_busy_port_is_refused_not_shared() -> None:
+async def test_a_busy_port_is_refused_not_shared(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server, "BIND_WAIT_S", 0.3)  # how long a start waits for a port taken for a moment
     first = await start("first", ServerConfig(port=0, metrics_port=-1, grace_seconds=0), _register(SlowLoad()))
     try:
         # One line for the operator (a SystemExit: no traceback), naming the service and the port.
@@ -91,6 +94,39 @@ async def test_a_busy_port_is_refused_not_shared() -> None:
             await start("second", ServerConfig(port=first.port, metrics_port=-1), _register(SlowLoad()))
     finally:
         await first.shutdown()
+
+
+async def test_a_port_taken_for_a_moment_is_waited_for() -> None:
+    """An earlier process still closing, or a client connection's own end on the port (the default
+    ports lie in Linux's ephemeral range): the start waits for it to be let go, then serves on it."""
+    holder = socket.create_server(("127.0.0.1", 0))
+    port = holder.getsockname()[1]
+    loop, waiting = asyncio.get_running_loop(), asyncio.Event()
+
+    class Waiting(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if f"port 127.0.0.1:{port} is taken; trying again" in record.getMessage():
+                loop.call_soon_threadsafe(waiting.set)
+
+    seen = Waiting()
+    logging.getLogger("services.server").addHandler(seen)
+    try:
+        starting = asyncio.create_task(start("late", ServerConfig(port=port, metrics_port=-1, grace_seconds=0),
+                                             _register(SlowLoad())))
+        await asyncio.wait_for(waiting.wait(), 10)  # it found the port taken, and waits
+        assert not starting.done()
+        holder.close()
+        running = await asyncio.wait_for(starting, 10)
+    finally:
+        holder.close()
+        logging.getLogger("services.server").removeHandler(seen)
+    try:
+        assert running.port == port
+        async with insecure_channel(f"127.0.0.1:{port}") as channel:
+            check = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        assert check.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        await running.shutdown()
 
 
 async def test_a_started_service_freezes_its_start_up_objects_and_collects_young_ones_less_often() -> None:
