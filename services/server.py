@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import gc
 import logging
 import os
@@ -178,30 +179,37 @@ class CannotListen(SystemExit):
 BIND_WAIT_S = 5.0
 
 
-def _bindable(host: str, port: int) -> bool:
-    """Whether a listener could bind ``host:port`` now, as gRPC's would (SO_REUSEADDR, no SO_REUSEPORT)."""
+def _port_taken(host: str, port: int) -> bool:
+    """Whether ``host:port`` is in use now: no address it resolves to can be bound, as gRPC's
+    listener would bind it (SO_REUSEADDR, no SO_REUSEPORT), and one of them because it is in use.
+    Any other failure (a foreign address, a privileged port) is left to the bind to report."""
     if port == 0:
-        return True
+        return False
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
-                                                             flags=socket.AI_PASSIVE)[0]
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind(address)
-        return True
+        addresses = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except OSError:
         return False
+    in_use = False
+    for family, kind, proto, _, address in addresses:
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind(address)
+            return False
+        except OSError as e:
+            in_use = in_use or e.errno == errno.EADDRINUSE
+    return in_use
 
 
 async def port_free(name: str, what: str, host: str, port: int) -> None:
-    """Returns once ``host:port`` can be bound, or after BIND_WAIT_S (the bind then fails and says why)."""
-    if _bindable(host, port):
+    """Returns once ``host:port`` is not in use, or after BIND_WAIT_S (the bind then fails and says why)."""
+    if not _port_taken(host, port):
         return
     log.warning("%s: %s port %s:%d is taken; trying again for up to %.0f s", name, what, host, port, BIND_WAIT_S)
     deadline = time.monotonic() + BIND_WAIT_S
     while time.monotonic() < deadline:
         await asyncio.sleep(0.1)
-        if _bindable(host, port):
+        if not _port_taken(host, port):
             return
 
 
