@@ -172,9 +172,6 @@ def chat_request(req: pb.ChatCompletionRequest) -> pb.GenerateRequest:
         for call in m.tool_calls:
             turn.tool_calls.add(id=call.id, name=call.function.name, arguments=call.function.arguments)
     if req.HasField("max_completion_tokens"):
-        if req.max_completion_tokens <= 0:
-            raise InvalidRequest(f"'max_completion_tokens' must be at least 1, got {req.max_completion_tokens}",
-                                 param="max_completion_tokens")
         out.max_tokens = req.max_completion_tokens
     elif req.HasField("max_tokens"):
         out.max_tokens = req.max_tokens
