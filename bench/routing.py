@@ -112,16 +112,22 @@ WORKER_SERIES = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_tota
 GATEWAY_SERIES = ("meshserve_gateway_time_to_first_token_seconds_sum", "meshserve_gateway_time_to_first_token_seconds_count")
 
 
-def worker_stats(metrics_urls: list[str], series: tuple[str, ...] | None = None) -> dict[str, float]:
-    """The fleet's sums of the workers' own prefix-cache counters (prompt tokens queried and hit),
-    preemptions (KV cache full) and time-to-first-token histograms (from the engine's arrival to
-    its first token)."""
-    out = dict.fromkeys(WORKER_SERIES if series is None else series, 0.0)
+def worker_stats(metrics_urls: list[str], series: tuple[str, ...] = WORKER_SERIES) -> dict[str, float]:
+    """The sums of ``series`` over the services at ``metrics_urls``: by default the workers' own
+    prefix-cache counters (prompt tokens queried and hit), preemptions (KV cache full) and
+    time-to-first-token histograms (from the engine's arrival to its first token)."""
+    out = dict.fromkeys(series, 0.0)
     for url in metrics_urls:
         sums = by_name(url)
         for name in out:
             out[name] += sums.get(name, 0.0)
     return out
+
+
+def mean_ms(delta: dict[str, float], histogram: str) -> float:
+    """The mean of ``histogram``'s observations in ``delta`` (its _sum and _count), in ms; 0 for none."""
+    count = delta[f"{histogram}_count"]
+    return 1000 * delta[f"{histogram}_sum"] / count if count else 0.0
 
 
 class LoadSampler(threading.Thread):
@@ -215,15 +221,12 @@ def run_one(out: Path, scenario: Scenario, label: str, up_args: list[str], seed:
         result["engine_prefix_hit_rate"] = delta["vllm:prefix_cache_hits_total"] / queries if queries else 0.0
         # What routing controls (queueing and prefill in the engines) apart from the mesh's own
         # time before and after them, which on a small machine is most of a client's TTFT.
-        firsts = delta["vllm:time_to_first_token_seconds_count"]
-        result["engine_mean_ttft_ms"] = 1000 * delta["vllm:time_to_first_token_seconds_sum"] / firsts if firsts else 0.0
+        result["engine_mean_ttft_ms"] = mean_ms(delta, "vllm:time_to_first_token_seconds")
         result["engine_preemptions"] = delta["vllm:num_preemptions_total"]
         # The gateway's own TTFT (from its handler to the first token it sent): the client's less
         # this is Envoy's and the load generator's part, this less the engines' the mesh's.
-        g = {k: gateway_after[k] - gateway_before[k] for k in GATEWAY_SERIES}
-        firsts = g["meshserve_gateway_time_to_first_token_seconds_count"]
-        result["gateway_mean_ttft_ms"] = (1000 * g["meshserve_gateway_time_to_first_token_seconds_sum"] / firsts
-                                          if firsts else 0.0)
+        gateway_delta = {k: gateway_after[k] - gateway_before[k] for k in GATEWAY_SERIES}
+        result["gateway_mean_ttft_ms"] = mean_ms(gateway_delta, "meshserve_gateway_time_to_first_token_seconds")
         save_result(result, result_file, timings=True)  # `meshserve plot` draws runs side by side
         return result
 
