@@ -183,8 +183,44 @@ def chat_request(req: pb.ChatCompletionRequest) -> pb.GenerateRequest:
     if req.logprobs:
         out.logprobs = req.top_logprobs
     _sampling(req, out)
+    if req.prompt_cache_key:  # OpenAI's hint for requests that share a prefix: one worker's cache
+        out.user = req.prompt_cache_key
     _tools(req, out)
+    _check_openai_only(req)
     return out
+
+
+SERVICE_TIERS = ("auto", "default", "flex", "scale", "priority")
+VERBOSITIES = ("low", "medium", "high")
+MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512  # OpenAI's limits
+MAX_SAFETY_IDENTIFIER = 64
+
+
+def _check_openai_only(req: pb.ChatCompletionRequest) -> None:
+    """Checks, as OpenAI does, the fields that say something about the request and change nothing
+    generated here (``store``, ``metadata``, ``service_tier``, ``safety_identifier``,
+    ``verbosity``, ``modalities``): a client written for OpenAI sends them, and a bad one is a
+    400 all the same."""
+    if len(req.metadata) > MAX_METADATA_PAIRS:
+        raise InvalidRequest(f"'metadata' holds {len(req.metadata)} pairs; at most {MAX_METADATA_PAIRS}", param="metadata")
+    for key, value in req.metadata.items():
+        if len(key) > MAX_METADATA_KEY:
+            raise InvalidRequest(f"'metadata' key {key[:20]!r}... has {len(key)} characters; at most {MAX_METADATA_KEY}",
+                                 param="metadata")
+        if len(value) > MAX_METADATA_VALUE:
+            raise InvalidRequest(f"'metadata[{key!r}]' has {len(value)} characters; at most {MAX_METADATA_VALUE}",
+                                 param="metadata")
+    if req.service_tier and req.service_tier not in SERVICE_TIERS:
+        raise InvalidRequest(f"'service_tier' must be one of {', '.join(SERVICE_TIERS)}, got {req.service_tier!r}",
+                             param="service_tier")
+    if req.verbosity and req.verbosity not in VERBOSITIES:
+        raise InvalidRequest(f"'verbosity' must be one of {', '.join(VERBOSITIES)}, got {req.verbosity!r}", param="verbosity")
+    if len(req.safety_identifier) > MAX_SAFETY_IDENTIFIER:
+        raise InvalidRequest(f"'safety_identifier' has {len(req.safety_identifier)} characters; at most "
+                             f"{MAX_SAFETY_IDENTIFIER}", param="safety_identifier")
+    if other := [m for m in req.modalities if m != "text"]:
+        raise InvalidRequest(f"'modalities' may only hold \"text\" (the mesh generates text), got {other}",
+                             param="modalities")
 
 
 def tokenize_request(req: pb.TokenizeRequest) -> pb.GenerateRequest:

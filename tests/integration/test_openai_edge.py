@@ -195,6 +195,24 @@ async def test_errors_name_max_completion_tokens_when_the_client_sent_it(mesh: M
     assert "'max_tokens' is 100000" in old_name.value.message and old_name.value.body["param"] == "max_tokens"
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_openais_informational_fields_are_accepted(mesh: Mesh, stream: bool) -> None:
+    """What a client written for OpenAI sends beside the generation's fields (``store``,
+    ``metadata``, ...) is accepted, as vllm serve accepts it; a bad value is still a 400 naming it."""
+    oa, messages = client(mesh), [{"role": "user", "content": "informational fields"}]
+    fields = dict(store=False, metadata={"team": "search"}, service_tier="auto", safety_identifier="user-5f2a",
+                  verbosity="medium", modalities=["text"], prompt_cache_key="conversation-7")
+    resp = await oa.chat.completions.create(model=MODEL, messages=messages, max_tokens=3, stream=stream, **fields)
+    if stream:
+        text = "".join([c.choices[0].delta.content or "" async for c in resp if c.choices])
+    else:
+        text = resp.choices[0].message.content
+    assert text
+    with pytest.raises(openai.BadRequestError) as audio:
+        await oa.chat.completions.create(model=MODEL, messages=messages, stream=stream, modalities=["text", "audio"])
+    assert audio.value.body["param"] == "modalities" and "generates text" in audio.value.message
+
+
 # -- status codes at the edge ------------------------------------------------------------------
 
 

@@ -138,6 +138,36 @@ def test_chat_refuses_what_it_cannot_honour(body: dict, field: str) -> None:
     assert str(err.value).startswith(field)
 
 
+def test_openais_informational_fields_are_accepted_and_checked() -> None:
+    """store, metadata, service_tier, safety_identifier, verbosity and modalities: what a client
+    written for OpenAI sends, accepted as vllm serve accepts them; prompt_cache_key routes."""
+    req = convert.chat_request(chat(
+        store=True, metadata={"team": "search", "k" * 64: "v" * 512}, service_tier="flex",
+        safety_identifier="h" * 64, verbosity="low", modalities=["text"], user="u", prompt_cache_key="conv-7",
+    ))
+    assert req.user == "conv-7"  # the session key: OpenAI's cache-locality hint wins over user
+    assert convert.chat_request(chat(user="u")).user == "u"
+    assert req == convert.chat_request(chat(user="u", prompt_cache_key="conv-7"))  # nothing else reaches a worker
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"metadata": {str(i): "v" for i in range(17)}}, "metadata"),
+        ({"metadata": {"k" * 65: "v"}}, "metadata"),
+        ({"metadata": {"k": "v" * 513}}, "metadata"),
+        ({"service_tier": "gold"}, "service_tier"),
+        ({"verbosity": "loud"}, "verbosity"),
+        ({"safety_identifier": "h" * 65}, "safety_identifier"),
+        ({"modalities": ["text", "audio"]}, "modalities"),
+    ],
+)
+def test_openais_informational_fields_out_of_bounds_are_refused(body: dict, field: str) -> None:
+    with pytest.raises(InvalidRequest) as err:
+        convert.chat_request(chat(**body))
+    assert err.value.param == field and str(err.value).startswith(f"'{field}")
+
+
 def test_completion_request() -> None:
     req = convert.completion_request(completion(prompt=["one"], stop=["a", "b"]))
     assert req.prompt == "one" and list(req.stop) == ["a", "b"]
