@@ -185,9 +185,30 @@ def chat_request(req: pb.ChatCompletionRequest) -> pb.GenerateRequest:
     _sampling(req, out)
     if req.prompt_cache_key:  # OpenAI's hint for requests that share a prefix: one worker's cache
         out.user = req.prompt_cache_key
+    _template_kwargs(req, out)
     _tools(req, out)
     _check_openai_only(req)
     return out
+
+
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")  # vLLM's
+
+
+def _template_kwargs(req: pb.ChatCompletionRequest | pb.TokenizeRequest, out: pb.GenerateRequest) -> None:
+    """vLLM's chat_template_kwargs and OpenAI's reasoning_effort, as vLLM gives them to the chat
+    template: ``reasoning_effort`` over the kwargs' own, and ``enable_thinking`` (off for
+    "none") unless the kwargs set it."""
+    kwargs = _plain(json_format.MessageToDict(req.chat_template_kwargs)) if req.HasField("chat_template_kwargs") else {}
+    effort = req.reasoning_effort if isinstance(req, pb.ChatCompletionRequest) else ""
+    if effort:
+        if effort not in REASONING_EFFORTS:
+            raise InvalidRequest(f"'reasoning_effort' must be one of {', '.join(REASONING_EFFORTS)}, got {effort!r}",
+                                 param="reasoning_effort")
+        kwargs["reasoning_effort"] = effort
+        kwargs.setdefault("enable_thinking", effort != "none")
+    if kwargs:
+        out.chat_template_kwargs = json.dumps(kwargs, sort_keys=True, ensure_ascii=False)
+        validation.template_kwargs(out)
 
 
 SERVICE_TIERS = ("auto", "default", "flex", "scale", "priority")
@@ -233,6 +254,8 @@ def tokenize_request(req: pb.TokenizeRequest) -> pb.GenerateRequest:
             raise InvalidRequest("'prompt' is empty: give a prompt or chat 'messages'", param="prompt")
         return pb.GenerateRequest(prompt=req.prompt, model=req.model)
     as_chat = pb.ChatCompletionRequest(model=req.model, messages=req.messages, tools=req.tools)
+    if req.HasField("chat_template_kwargs"):
+        as_chat.chat_template_kwargs.CopyFrom(req.chat_template_kwargs)
     if req.tools:
         as_chat.tool_choice.string_value = NONE  # the tools as the template shows them; no call forced
     out = chat_request(as_chat)

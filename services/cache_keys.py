@@ -162,6 +162,8 @@ def canonical(req: pb.GenerateRequest, tenant: str) -> bytes:
         "tools": req.tools,
         "parse_tool_calls": req.parse_tool_calls,
     }
+    if req.chat_template_kwargs:  # only when set: the keys of requests without any stay as they were
+        fields["chat_template_kwargs"] = req.chat_template_kwargs  # as sent (the OpenAI edge sorts its keys)
     return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 

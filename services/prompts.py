@@ -50,11 +50,16 @@ def sim_tokenize(text: str) -> list[int]:
     return list(map(_SIM_IDS.__getitem__, _PIECE.findall(text)))
 
 
-def sim_render(prompt: str, messages: Sequence[Mapping[str, str]] | None) -> str:
-    """The prompt text; chat turns get a simple stand-in for a chat template."""
+def sim_render(prompt: str, messages: Sequence[Mapping[str, str]] | None,
+               template_kwargs: Mapping[str, Any] | None = None) -> str:
+    """The prompt text; chat turns get a simple stand-in for a chat template, which writes the
+    template's variables (``template_kwargs``) after the turns, as a real template may write a
+    thinking switch: they change the prompt."""
     if not messages:
         return prompt
     turns = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages)
+    if template_kwargs:
+        turns += "".join(f"<|{k}={json.dumps(v, sort_keys=True)}|>\n" for k, v in sorted(template_kwargs.items()))
     return turns + "<|assistant|>\n"
 
 
@@ -62,21 +67,24 @@ def sim_render(prompt: str, messages: Sequence[Mapping[str, str]] | None) -> str
 
 
 def hf_prompt_ids(tokenizer: Any, prompt: str, messages: Sequence[Mapping[str, Any]] | None,
-                  tools: list[dict[str, Any]] | None = None) -> list[int]:
+                  tools: list[dict[str, Any]] | None = None,
+                  template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
     """The prompt token ids vLLM gets from the worker: chat messages (and ``tools``, for
-    templates that render them) through the model's chat template (generation prompt added),
-    a plain prompt with the tokenizer's special tokens."""
-    text, add_special_tokens = hf_render(tokenizer, prompt, messages, tools)
+    templates that render them, and ``template_kwargs``, more variables for the template)
+    through the model's chat template (generation prompt added), a plain prompt with the
+    tokenizer's special tokens."""
+    text, add_special_tokens = hf_render(tokenizer, prompt, messages, tools, template_kwargs)
     return hf_encode(tokenizer, text, add_special_tokens)
 
 
 def hf_render(tokenizer: Any, prompt: str, messages: Sequence[Mapping[str, Any]] | None,
-              tools: list[dict[str, Any]] | None = None) -> tuple[str, bool]:
+              tools: list[dict[str, Any]] | None = None,
+              template_kwargs: Mapping[str, Any] | None = None) -> tuple[str, bool]:
     """The text vLLM's tokenizer gets for a prompt, and whether special tokens are added to it: a
     chat through the template (which writes its own), a plain prompt as it is (with them)."""
     if messages:
         return tokenizer.apply_chat_template(list(messages), tools=tools, add_generation_prompt=True,
-                                             tokenize=False), False
+                                             tokenize=False, **(template_kwargs or {})), False
     return prompt, True
 
 

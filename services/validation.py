@@ -28,6 +28,11 @@ VALID_ROLES = {"system", "user", "assistant", "tool", "developer"}
 # GenerateRequest.cache: "" leaves it to the gateway's --cache-mode.
 CACHE_OFF, CACHE_EXACT, CACHE_SEMANTIC = "off", "exact", "semantic"
 CACHE_MODES = (CACHE_OFF, CACHE_EXACT, CACHE_SEMANTIC)
+# chat_template_kwargs may not name what the worker's call of the template sets itself
+# (transformers' apply_chat_template arguments and the variables it renders with).
+TEMPLATE_OWN = frozenset({"conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+                          "continue_final_message", "tokenize", "padding", "truncation", "max_length",
+                          "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"})
 
 
 # Trailing metadata of an INVALID_ARGUMENT: the request field at fault (OpenAI's error `param`).
@@ -91,6 +96,7 @@ def validate(req: pb.GenerateRequest, max_model_len: int | None = None) -> None:
         raise InvalidRequest(f"'continue_token_ids' has {len(req.continue_token_ids)} tokens: no room left "
                              f"under max_tokens ({max_tokens(req)})", param="continue_token_ids")
     _validate_sampling(req)
+    template_kwargs(req)
     if req.parse_tool_calls and not (req.tools and req.messages):
         raise InvalidRequest("'parse_tool_calls' needs chat 'messages' and the 'tools' the model may call", param="parse_tool_calls")
     if req.cache and req.cache not in CACHE_MODES:
@@ -167,6 +173,27 @@ def check_schema(schema: object, field: str) -> None:
     except jsonschema.SchemaError as e:
         where = "/".join(str(p) for p in e.absolute_path) or "the top level"
         raise InvalidRequest(f"'{field}' is not a valid JSON schema (at {where}): {e.message}", param=field) from None
+
+
+def template_kwargs(req: pb.GenerateRequest) -> dict[str, object] | None:
+    """The request's chat_template_kwargs (None when it has none), checked: a JSON object, for
+    chat messages, not naming the template call's own arguments."""
+    if not req.chat_template_kwargs:
+        return None
+    try:
+        kwargs = json.loads(req.chat_template_kwargs)
+    except json.JSONDecodeError as e:
+        raise InvalidRequest(f"'chat_template_kwargs' is not JSON: {e}", param="chat_template_kwargs") from None
+    if not isinstance(kwargs, dict):
+        raise InvalidRequest(f"'chat_template_kwargs' must be a JSON object, got {type(kwargs).__name__}",
+                             param="chat_template_kwargs")
+    if not req.messages:
+        raise InvalidRequest("'chat_template_kwargs' needs chat 'messages' (a plain prompt has no template)",
+                             param="chat_template_kwargs")
+    if own := sorted(TEMPLATE_OWN & kwargs.keys()):
+        raise InvalidRequest(f"'chat_template_kwargs' may not set {', '.join(map(repr, own))}: the worker's call "
+                             "of the chat template sets it", param="chat_template_kwargs")
+    return kwargs
 
 
 def max_tokens(req: pb.GenerateRequest) -> int:

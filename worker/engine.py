@@ -51,6 +51,7 @@ class Request:
     # Constrained decoding: vLLM's StructuredOutputsParams fields ({"json": schema text}, ...).
     structured_outputs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None       # OpenAI's tools, for the chat template
+    chat_template_kwargs: dict[str, Any] | None = None  # more variables for the chat template (vLLM's)
     parse_tool_calls: bool = False                  # tool_choice "auto": find the calls in the output
 
     def non_default(self, *names: str) -> list[str]:

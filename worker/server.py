@@ -169,6 +169,7 @@ def to_engine_request(req: pb.GenerateRequest, min_stream_interval: int = 1) -> 
         logprobs=req.logprobs if req.HasField("logprobs") else None,
         structured_outputs=structured_outputs(req),
         tools=json.loads(req.tools) if req.tools else None,
+        chat_template_kwargs=validation.template_kwargs(req),
         parse_tool_calls=req.parse_tool_calls,
     )
 

@@ -108,7 +108,7 @@ def _uniform_logprob(at: int, num_top: int) -> TokenLogprob:
 
 
 def render_prompt(request: Request) -> str:
-    return sim_render(request.prompt or "", request.messages)
+    return sim_render(request.prompt or "", request.messages, request.chat_template_kwargs)
 
 
 class BlockPool:

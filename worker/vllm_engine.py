@@ -46,7 +46,7 @@ def resolve_model(cfg: WorkerConfig) -> tuple[str, str]:
 
 def render_prompt(tokenizer: Any, request: Request) -> list[int]:
     """The request's prompt token ids; chat messages go through the model's chat template."""
-    return hf_prompt_ids(tokenizer, request.prompt or "", request.messages, request.tools)
+    return hf_prompt_ids(tokenizer, request.prompt or "", request.messages, request.tools, request.chat_template_kwargs)
 
 
 def decode(tokenizer: Any, token_ids: list[int]) -> str:

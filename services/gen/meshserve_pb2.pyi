@@ -31,7 +31,7 @@ class ToolCall(_message.Message):
     def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., arguments: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "messages", "max_tokens", "temperature", "top_p", "seed", "stop", "ignore_eos", "request_id", "skip_cache", "model", "stream_interval", "user", "cache", "continue_token_ids", "presence_penalty", "frequency_penalty", "repetition_penalty", "top_k", "min_p", "min_tokens", "stop_token_ids", "logit_bias", "include_stop_str_in_output", "skip_special_tokens", "logprobs", "structured_outputs", "tools", "parse_tool_calls")
+    __slots__ = ("prompt", "messages", "max_tokens", "temperature", "top_p", "seed", "stop", "ignore_eos", "request_id", "skip_cache", "model", "stream_interval", "user", "cache", "continue_token_ids", "presence_penalty", "frequency_penalty", "repetition_penalty", "top_k", "min_p", "min_tokens", "stop_token_ids", "logit_bias", "include_stop_str_in_output", "skip_special_tokens", "logprobs", "structured_outputs", "tools", "parse_tool_calls", "chat_template_kwargs")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +68,7 @@ class GenerateRequest(_message.Message):
     STRUCTURED_OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     TOOLS_FIELD_NUMBER: _ClassVar[int]
     PARSE_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    CHAT_TEMPLATE_KWARGS_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     max_tokens: int
@@ -97,7 +98,8 @@ class GenerateRequest(_message.Message):
     structured_outputs: StructuredOutputs
     tools: str
     parse_tool_calls: bool
-    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., ignore_eos: _Optional[bool] = ..., request_id: _Optional[str] = ..., skip_cache: _Optional[bool] = ..., model: _Optional[str] = ..., stream_interval: _Optional[int] = ..., user: _Optional[str] = ..., cache: _Optional[str] = ..., continue_token_ids: _Optional[_Iterable[int]] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., include_stop_str_in_output: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ..., logprobs: _Optional[int] = ..., structured_outputs: _Optional[_Union[StructuredOutputs, _Mapping]] = ..., tools: _Optional[str] = ..., parse_tool_calls: _Optional[bool] = ...) -> None: ...
+    chat_template_kwargs: str
+    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., ignore_eos: _Optional[bool] = ..., request_id: _Optional[str] = ..., skip_cache: _Optional[bool] = ..., model: _Optional[str] = ..., stream_interval: _Optional[int] = ..., user: _Optional[str] = ..., cache: _Optional[str] = ..., continue_token_ids: _Optional[_Iterable[int]] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., include_stop_str_in_output: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ..., logprobs: _Optional[int] = ..., structured_outputs: _Optional[_Union[StructuredOutputs, _Mapping]] = ..., tools: _Optional[str] = ..., parse_tool_calls: _Optional[bool] = ..., chat_template_kwargs: _Optional[str] = ...) -> None: ...
 
 class StructuredOutputs(_message.Message):
     __slots__ = ("json", "json_object", "regex", "choice", "grammar")
@@ -278,7 +280,7 @@ class FunctionDefinition(_message.Message):
     def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., parameters: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., strict: _Optional[bool] = ...) -> None: ...
 
 class ChatCompletionRequest(_message.Message):
-    __slots__ = ("model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "n", "user", "presence_penalty", "frequency_penalty", "logprobs", "ignore_eos", "skip_cache", "stream_interval", "cache", "top_logprobs", "repetition_penalty", "top_k", "min_p", "min_tokens", "stop_token_ids", "logit_bias", "include_stop_str_in_output", "skip_special_tokens", "response_format", "structured_outputs", "tools", "tool_choice", "parallel_tool_calls", "store", "metadata", "service_tier", "safety_identifier", "verbosity", "modalities", "prompt_cache_key")
+    __slots__ = ("model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "n", "user", "presence_penalty", "frequency_penalty", "logprobs", "ignore_eos", "skip_cache", "stream_interval", "cache", "top_logprobs", "repetition_penalty", "top_k", "min_p", "min_tokens", "stop_token_ids", "logit_bias", "include_stop_str_in_output", "skip_special_tokens", "response_format", "structured_outputs", "tools", "tool_choice", "parallel_tool_calls", "store", "metadata", "service_tier", "safety_identifier", "verbosity", "modalities", "prompt_cache_key", "chat_template_kwargs", "reasoning_effort")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -333,6 +335,8 @@ class ChatCompletionRequest(_message.Message):
     VERBOSITY_FIELD_NUMBER: _ClassVar[int]
     MODALITIES_FIELD_NUMBER: _ClassVar[int]
     PROMPT_CACHE_KEY_FIELD_NUMBER: _ClassVar[int]
+    CHAT_TEMPLATE_KWARGS_FIELD_NUMBER: _ClassVar[int]
+    REASONING_EFFORT_FIELD_NUMBER: _ClassVar[int]
     model: str
     messages: _containers.RepeatedCompositeFieldContainer[ChatCompletionRequestMessage]
     max_tokens: int
@@ -373,7 +377,9 @@ class ChatCompletionRequest(_message.Message):
     verbosity: str
     modalities: _containers.RepeatedScalarFieldContainer[str]
     prompt_cache_key: str
-    def __init__(self, model: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatCompletionRequestMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., max_completion_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., stream: _Optional[bool] = ..., stream_options: _Optional[_Union[StreamOptions, _Mapping]] = ..., n: _Optional[int] = ..., user: _Optional[str] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logprobs: _Optional[bool] = ..., ignore_eos: _Optional[bool] = ..., skip_cache: _Optional[bool] = ..., stream_interval: _Optional[int] = ..., cache: _Optional[str] = ..., top_logprobs: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., include_stop_str_in_output: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ..., response_format: _Optional[_Union[ResponseFormat, _Mapping]] = ..., structured_outputs: _Optional[_Union[StructuredOutputsRequest, _Mapping]] = ..., tools: _Optional[_Iterable[_Union[ChatCompletionTool, _Mapping]]] = ..., tool_choice: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., store: _Optional[bool] = ..., metadata: _Optional[_Mapping[str, str]] = ..., service_tier: _Optional[str] = ..., safety_identifier: _Optional[str] = ..., verbosity: _Optional[str] = ..., modalities: _Optional[_Iterable[str]] = ..., prompt_cache_key: _Optional[str] = ...) -> None: ...
+    chat_template_kwargs: _struct_pb2.Struct
+    reasoning_effort: str
+    def __init__(self, model: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatCompletionRequestMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., max_completion_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., stream: _Optional[bool] = ..., stream_options: _Optional[_Union[StreamOptions, _Mapping]] = ..., n: _Optional[int] = ..., user: _Optional[str] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logprobs: _Optional[bool] = ..., ignore_eos: _Optional[bool] = ..., skip_cache: _Optional[bool] = ..., stream_interval: _Optional[int] = ..., cache: _Optional[str] = ..., top_logprobs: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., include_stop_str_in_output: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ..., response_format: _Optional[_Union[ResponseFormat, _Mapping]] = ..., structured_outputs: _Optional[_Union[StructuredOutputsRequest, _Mapping]] = ..., tools: _Optional[_Iterable[_Union[ChatCompletionTool, _Mapping]]] = ..., tool_choice: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., store: _Optional[bool] = ..., metadata: _Optional[_Mapping[str, str]] = ..., service_tier: _Optional[str] = ..., safety_identifier: _Optional[str] = ..., verbosity: _Optional[str] = ..., modalities: _Optional[_Iterable[str]] = ..., prompt_cache_key: _Optional[str] = ..., chat_template_kwargs: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., reasoning_effort: _Optional[str] = ...) -> None: ...
 
 class CompletionRequest(_message.Message):
     __slots__ = ("model", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "n", "user", "presence_penalty", "frequency_penalty", "logprobs", "echo", "best_of", "ignore_eos", "skip_cache", "stream_interval", "cache", "repetition_penalty", "top_k", "min_p", "min_tokens", "stop_token_ids", "logit_bias", "include_stop_str_in_output", "skip_special_tokens", "response_format", "structured_outputs")
@@ -775,16 +781,18 @@ class ModelList(_message.Message):
     def __init__(self, object: _Optional[str] = ..., data: _Optional[_Iterable[_Union[Model, _Mapping]]] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
-    __slots__ = ("model", "prompt", "messages", "tools")
+    __slots__ = ("model", "prompt", "messages", "tools", "chat_template_kwargs")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     TOOLS_FIELD_NUMBER: _ClassVar[int]
+    CHAT_TEMPLATE_KWARGS_FIELD_NUMBER: _ClassVar[int]
     model: str
     prompt: str
     messages: _containers.RepeatedCompositeFieldContainer[ChatCompletionRequestMessage]
     tools: _containers.RepeatedCompositeFieldContainer[ChatCompletionTool]
-    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatCompletionRequestMessage, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[ChatCompletionTool, _Mapping]]] = ...) -> None: ...
+    chat_template_kwargs: _struct_pb2.Struct
+    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatCompletionRequestMessage, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[ChatCompletionTool, _Mapping]]] = ..., chat_template_kwargs: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class TokenizeResponse(_message.Message):
     __slots__ = ("count", "max_model_len", "tokens")

@@ -213,6 +213,35 @@ async def test_openais_informational_fields_are_accepted(mesh: Mesh, stream: boo
     assert audio.value.body["param"] == "modalities" and "generates text" in audio.value.message
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_template_kwargs_and_reasoning_effort_reach_the_workers_template(mesh: Mesh, stream: bool) -> None:
+    """vLLM's chat_template_kwargs and OpenAI's reasoning_effort change the prompt the worker
+    renders (its usage counts them: the sim's stand-in template writes its variables), /tokenize
+    counts the same prompt, and the two are cached apart from the plain chat."""
+    oa, messages = client(mesh), [{"role": "user", "content": "template variables"}]
+
+    async def prompt_tokens(**fields: object) -> int:
+        resp = await oa.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, temperature=0,
+                                                stream=stream, stream_options={"include_usage": True} if stream else None,
+                                                **fields)
+        if not stream:
+            return resp.usage.prompt_tokens
+        return [c.usage async for c in resp if c.usage][0].prompt_tokens
+
+    plain = await prompt_tokens()
+    kwargs = {"enable_thinking": False, "thinking_budget": 512}
+    templated = await prompt_tokens(extra_body={"chat_template_kwargs": kwargs})
+    effort = await prompt_tokens(reasoning_effort="low")
+    assert plain < templated and plain < effort, (plain, templated, effort)
+    async with httpx.AsyncClient(base_url=f"http://{mesh.envoy_address}", timeout=30, headers=auth(ALICE)) as http:
+        counted = await http.post("/tokenize", json={"messages": messages, "chat_template_kwargs": kwargs})
+    assert counted.status_code == 200 and counted.json()["count"] == templated
+    with pytest.raises(openai.BadRequestError) as own:
+        await oa.chat.completions.create(model=MODEL, messages=messages, stream=stream,
+                                         extra_body={"chat_template_kwargs": {"tokenize": True}})
+    assert own.value.body["param"] == "chat_template_kwargs" and "'tokenize'" in own.value.message
+
+
 # -- status codes at the edge ------------------------------------------------------------------
 
 

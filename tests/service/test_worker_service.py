@@ -213,6 +213,12 @@ async def test_a_watcher_may_ask_for_fewer_reports_never_more(stub: pb_grpc.Work
     ({"messages": [pb.ChatMessage(role="user", content="x")], "parse_tool_calls": True,
       "tools": '[{"type": "function", "function": {"name": "f"}}]'}, "'tool_choice' \"auto\" needs a tool-call parser"),
     ({"messages": [pb.ChatMessage(role="user", content="x")], "parse_tool_calls": True}, "'parse_tool_calls' needs"),
+    # more variables for the chat template: a JSON object, for a chat, not the template call's own
+    ({"messages": [pb.ChatMessage(role="user", content="x")], "chat_template_kwargs": "[1]"}, "'chat_template_kwargs' must"),
+    ({"messages": [pb.ChatMessage(role="user", content="x")], "chat_template_kwargs": "{x"}, "'chat_template_kwargs' is not"),
+    ({"prompt": "hi", "chat_template_kwargs": '{"a": 1}'}, "'chat_template_kwargs' needs"),
+    ({"messages": [pb.ChatMessage(role="user", content="x")], "chat_template_kwargs": '{"tools": []}'},
+     "'chat_template_kwargs' may not set 'tools'"),
 ])
 async def test_bad_requests_are_invalid_argument_naming_the_field(
     stub: pb_grpc.WorkerStub, fields: dict, named: str

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.cache_keys import exact_key
+from services.cache_keys import canonical, exact_key
 from services.gen import meshserve_pb2 as pb
 
 
@@ -152,3 +152,10 @@ def test_messages_are_distinguished_by_role_and_boundary() -> None:
     )
     system = pb.GenerateRequest(messages=[pb.ChatMessage(role="system", content="ab")], temperature=0)
     assert len({exact_key(one, "t"), exact_key(two, "t"), exact_key(system, "t")}) == 3
+
+
+def test_template_kwargs_are_in_the_key_and_a_request_without_keeps_its_key() -> None:
+    chat = pb.GenerateRequest(messages=[pb.ChatMessage(role="user", content="why")], temperature=0)
+    thinking = pb.GenerateRequest(messages=chat.messages, temperature=0, chat_template_kwargs='{"enable_thinking": true}')
+    assert exact_key(thinking, "t") != exact_key(chat, "t")
+    assert b"chat_template_kwargs" not in canonical(chat, "t")  # entries stored before the field are still found

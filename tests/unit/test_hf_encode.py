@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -46,3 +47,17 @@ def test_a_truncation_left_on_the_backend_does_not_cut_the_prompt(tiny_model: Pa
     text = TEXTS[4]
     ids = hf_encode(fresh, text)
     assert len(ids) > 8 and ids == AutoTokenizer.from_pretrained(tiny_model).encode(text)
+
+
+def test_template_kwargs_reach_the_chat_template(tokenizer: Any) -> None:
+    """vLLM's chat_template_kwargs: more variables for the model's template (a thinking switch
+    here), rendered by the worker as vLLM renders them."""
+    thinking = copy.deepcopy(tokenizer)
+    thinking.chat_template = tokenizer.chat_template + "{% if enable_thinking %}<think>{% endif %}"
+    messages = [{"role": "user", "content": "why"}]
+    plain = hf_prompt_ids(thinking, "", messages)
+    assert plain == hf_prompt_ids(tokenizer, "", messages)  # unset: the template as it was
+    on = hf_prompt_ids(thinking, "", messages, template_kwargs={"enable_thinking": True})
+    assert on == tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+                                  + "<think>", add_special_tokens=False)
+    assert hf_prompt_ids(thinking, "", messages, template_kwargs={"enable_thinking": False}) == plain

@@ -168,6 +168,35 @@ def test_openais_informational_fields_out_of_bounds_are_refused(body: dict, fiel
     assert err.value.param == field and str(err.value).startswith(f"'{field}")
 
 
+def test_template_kwargs_and_reasoning_effort_go_to_the_template_as_vllm_gives_them() -> None:
+    req = convert.chat_request(chat(chat_template_kwargs={"thinking_budget": 512, "enable_thinking": False}))
+    assert json.loads(req.chat_template_kwargs) == {"thinking_budget": 512, "enable_thinking": False}  # 512, not 512.0
+    req = convert.chat_request(chat(reasoning_effort="none"))
+    assert json.loads(req.chat_template_kwargs) == {"reasoning_effort": "none", "enable_thinking": False}
+    req = convert.chat_request(chat(reasoning_effort="high", chat_template_kwargs={"enable_thinking": False,
+                                                                                   "reasoning_effort": "low"}))
+    assert json.loads(req.chat_template_kwargs) == {"reasoning_effort": "high", "enable_thinking": False}
+    assert not convert.chat_request(chat()).chat_template_kwargs
+    counted = convert.tokenize_request(json_format.ParseDict(
+        {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"enable_thinking": True}},
+        pb.TokenizeRequest()))
+    assert json.loads(counted.chat_template_kwargs) == {"enable_thinking": True}  # /tokenize counts the same prompt
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"reasoning_effort": "extreme"}, "reasoning_effort"),
+        ({"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs"),
+        ({"chat_template_kwargs": {"add_generation_prompt": False, "messages": []}}, "chat_template_kwargs"),
+    ],
+)
+def test_template_kwargs_the_worker_cannot_honour_are_refused(body: dict, field: str) -> None:
+    with pytest.raises(InvalidRequest) as err:
+        convert.chat_request(chat(**body))
+    assert err.value.param == field and str(err.value).startswith(f"'{field}'")
+
+
 def test_completion_request() -> None:
     req = convert.completion_request(completion(prompt=["one"], stop=["a", "b"]))
     assert req.prompt == "one" and list(req.stop) == ["a", "b"]
