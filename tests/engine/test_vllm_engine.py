@@ -96,6 +96,24 @@ async def test_chat_messages_go_through_the_chat_template(engine: VllmEngine, hf
     assert [t for d in deltas for t in d.token_ids] == hf_greedy(hf, prompt_ids, 16)
 
 
+async def test_template_kwargs_change_the_prompt_vllm_computes(engine: VllmEngine, hf: tuple[Any, Any]) -> None:
+    """chat_template_kwargs are the template's variables: with a template that reads one (a
+    thinking switch, as Qwen3's and DeepSeek-V3.1's do), vLLM computes the prompt it renders."""
+    messages = [{"role": "user", "content": "What is two plus two?"}]
+    tokenizer = engine._tokenizer
+    own = tokenizer.chat_template
+    tokenizer.chat_template = own + "{% if enable_thinking %}<think>{% endif %}"
+    try:
+        deltas = await collect(engine, greedy("chat-kwargs", messages=messages, max_tokens=8,
+                                              chat_template_kwargs={"enable_thinking": True}))
+    finally:
+        tokenizer.chat_template = own
+    text = hf[1].apply_chat_template(messages, add_generation_prompt=True, tokenize=False) + "<think>"
+    prompt_ids = hf[1].encode(text, add_special_tokens=False)
+    assert deltas[-1].prompt_tokens == len(prompt_ids)
+    assert [t for d in deltas for t in d.token_ids] == hf_greedy(hf, prompt_ids, 8)
+
+
 async def test_stop_strings_and_seeded_sampling(engine: VllmEngine) -> None:
     sampled = [await collect(engine, Request(request_id=f"seeded-{i}", prompt="Hello", max_tokens=16,
                                              temperature=1.0, seed=7, ignore_eos=True)) for i in range(2)]
