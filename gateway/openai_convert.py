@@ -396,7 +396,7 @@ def completion_request(req: pb.CompletionRequest) -> pb.GenerateRequest:
     return out
 
 
-INT32 = 2**31
+INT64 = 2**63
 
 
 def choice_requests(req: pb.GenerateRequest, request_id: str, n: int) -> list[pb.GenerateRequest]:
@@ -412,7 +412,7 @@ def choice_requests(req: pb.GenerateRequest, request_id: str, n: int) -> list[pb
         r.CopyFrom(req)
         r.request_id = f"{request_id}-{i}"
         if req.HasField("seed"):
-            r.seed = (req.seed + i + INT32) % (2 * INT32) - INT32  # wraps within int32
+            r.seed = (req.seed + i + INT64) % (2 * INT64) - INT64  # wraps within int64 (vLLM's range)
         out.append(r)
     return out
 

@@ -242,6 +242,15 @@ async def test_template_kwargs_and_reasoning_effort_reach_the_workers_template(m
     assert own.value.body["param"] == "chat_template_kwargs" and "'tokenize'" in own.value.message
 
 
+async def test_a_64_bit_seed_is_taken_and_reproduces_its_answer(mesh: Mesh) -> None:
+    """vLLM and OpenAI take any 64-bit seed; a seeded answer is the same each time it is generated."""
+    oa = client(mesh)
+    ask = dict(model=MODEL, prompt="seeded", max_tokens=6, temperature=1.0, extra_body={"skip_cache": True})
+    texts = {(await oa.completions.create(**ask, seed=seed)).choices[0].text for seed in (2**40 + 1, 2**40 + 1)}
+    other = (await oa.completions.create(**ask, seed=-(2**62))).choices[0].text
+    assert len(texts) == 1 and other not in texts
+
+
 # -- status codes at the edge ------------------------------------------------------------------
 
 

@@ -108,11 +108,11 @@ def test_a_bad_constraint_never_reaches_an_engine(body: dict, field: str) -> Non
 
 
 def test_n_choices_get_their_own_ids_and_seeds() -> None:
-    req = convert.chat_request(chat(n=3, seed=2**31 - 2))
+    req = convert.chat_request(chat(n=3, seed=2**63 - 2))
     assert convert.choices(chat(n=3)) == 3
     reqs = convert.choice_requests(req, "abc", 3)
     assert [r.request_id for r in reqs] == ["abc-0", "abc-1", "abc-2"]
-    assert [r.seed for r in reqs] == [2**31 - 2, 2**31 - 1, -(2**31)]  # as vLLM: seed + i (wrapped to int32)
+    assert [r.seed for r in reqs] == [2**63 - 2, 2**63 - 1, -(2**63)]  # as vLLM: seed + i (wrapped to int64)
     unseeded = convert.choice_requests(convert.chat_request(chat(n=2, temperature=0.5)), "g", 2)
     assert not any(r.HasField("seed") for r in unseeded)
     assert [r.request_id for r in convert.choice_requests(req, "one", 1)] == ["one"]
