@@ -33,7 +33,8 @@ def fingerprint(weights_id: str | None) -> str:
 
 
 def _text_parts(value: struct_pb2.Value, name: str) -> str:
-    """A message's content: a string, a list of text parts, or null."""
+    """A message's content: a string, a list of text parts (an assistant's refusal parts are
+    text too), or null."""
     kind = value.WhichOneof("kind")
     if kind in (None, "null_value"):
         return ""
@@ -43,10 +44,10 @@ def _text_parts(value: struct_pb2.Value, name: str) -> str:
         texts: list[str] = []
         for i, part in enumerate(value.list_value.values):
             fields = part.struct_value.fields if part.WhichOneof("kind") == "struct_value" else {}
-            kind_ok = "type" in fields and fields["type"].string_value == "text"
-            if not kind_ok or "text" not in fields or fields["text"].WhichOneof("kind") != "string_value":
+            key = fields["type"].string_value if "type" in fields else ""  # "text", or "refusal": its text
+            if key not in ("text", "refusal") or key not in fields or fields[key].WhichOneof("kind") != "string_value":
                 raise InvalidRequest(f"'{name}[{i}]' must be a text part {{\"type\": \"text\", \"text\": \"...\"}}", param=f"{name}[{i}]")
-            texts.append(fields["text"].string_value)
+            texts.append(fields[key].string_value)
         return "".join(texts)
     raise InvalidRequest(f"'{name}' must be a string or a list of text parts", param=name)
 
@@ -167,8 +168,13 @@ def chat_request(req: pb.ChatCompletionRequest) -> pb.GenerateRequest:
         raise InvalidRequest("'messages' is empty: give at least one message", param="messages")
     out = pb.GenerateRequest()
     for i, m in enumerate(req.messages):
-        turn = out.messages.add(role=m.role, content=_text_parts(m.content, f"messages[{i}].content"),
-                                tool_call_id=m.tool_call_id)
+        content = _text_parts(m.content, f"messages[{i}].content") or m.refusal
+        for name in ("audio", "function_call"):
+            if getattr(m, name).WhichOneof("kind") not in (None, "null_value"):
+                raise InvalidRequest(f"'messages[{i}].{name}' must be null: " + (
+                    "the mesh generates text" if name == "audio" else "send the calls as 'tool_calls'"),
+                    param=f"messages[{i}].{name}")
+        turn = out.messages.add(role=m.role, content=content, tool_call_id=m.tool_call_id)
         for call in m.tool_calls:
             turn.tool_calls.add(id=call.id, name=call.function.name, arguments=call.function.arguments)
     if req.HasField("max_completion_tokens"):

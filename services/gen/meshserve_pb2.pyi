@@ -228,18 +228,26 @@ class StreamOptions(_message.Message):
     def __init__(self, include_usage: _Optional[bool] = ...) -> None: ...
 
 class ChatCompletionRequestMessage(_message.Message):
-    __slots__ = ("role", "content", "name", "tool_calls", "tool_call_id")
+    __slots__ = ("role", "content", "name", "tool_calls", "tool_call_id", "refusal", "annotations", "audio", "function_call")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    REFUSAL_FIELD_NUMBER: _ClassVar[int]
+    ANNOTATIONS_FIELD_NUMBER: _ClassVar[int]
+    AUDIO_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_CALL_FIELD_NUMBER: _ClassVar[int]
     role: str
     content: _struct_pb2.Value
     name: str
     tool_calls: _containers.RepeatedCompositeFieldContainer[ChatCompletionMessageToolCall]
     tool_call_id: str
-    def __init__(self, role: _Optional[str] = ..., content: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., name: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ChatCompletionMessageToolCall, _Mapping]]] = ..., tool_call_id: _Optional[str] = ...) -> None: ...
+    refusal: str
+    annotations: _struct_pb2.Value
+    audio: _struct_pb2.Value
+    function_call: _struct_pb2.Value
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., name: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ChatCompletionMessageToolCall, _Mapping]]] = ..., tool_call_id: _Optional[str] = ..., refusal: _Optional[str] = ..., annotations: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., audio: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., function_call: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ...) -> None: ...
 
 class ChatCompletionMessageToolCall(_message.Message):
     __slots__ = ("id", "type", "function")

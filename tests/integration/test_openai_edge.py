@@ -251,6 +251,21 @@ async def test_a_64_bit_seed_is_taken_and_reproduces_its_answer(mesh: Mesh) -> N
     assert len(texts) == 1 and other not in texts
 
 
+async def test_an_openai_answer_put_back_in_the_history_is_taken(mesh: Mesh) -> None:
+    """The fields of an OpenAI answer's message (refusal, annotations, audio, function_call) come
+    back when a client appends the answer to its history: both edges take them."""
+    oa = client(mesh)
+    answered = {"role": "assistant", "content": None, "refusal": "I can't help with that.", "annotations": [],
+                "audio": None, "function_call": None}
+    messages = [{"role": "user", "content": "history"}, answered, {"role": "user", "content": "and now?"}]
+    resp = await oa.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
+    async with httpx.AsyncClient(base_url=f"http://{mesh.envoy_address}", timeout=30, headers=auth(ALICE)) as http:
+        counted = await http.post("/tokenize", json={"messages": messages})
+        without = await http.post("/tokenize", json={"messages": [messages[0], {"role": "assistant", "content": ""},
+                                                                  messages[2]]})
+    assert resp.usage.prompt_tokens == counted.json()["count"] > without.json()["count"]  # the refusal is in the prompt
+
+
 # -- status codes at the edge ------------------------------------------------------------------
 
 

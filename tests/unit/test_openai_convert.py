@@ -197,6 +197,27 @@ def test_template_kwargs_the_worker_cannot_honour_are_refused(body: dict, field:
     assert err.value.param == field and str(err.value).startswith(f"'{field}'")
 
 
+def test_an_openai_answer_put_back_in_the_history_is_taken() -> None:
+    """OpenAI's answers carry refusal, annotations, audio and function_call; a client that appends
+    an answer to its history sends them back."""
+    req = convert.chat_request(chat(messages=[
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": None, "refusal": "I can't help with that.", "annotations": [],
+         "audio": None, "function_call": None, "tool_calls": []},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "No."}, {"type": "text", "text": " Sorry."}]},
+        {"role": "assistant", "content": "b", "refusal": None, "annotations": [{"type": "url_citation"}]},
+    ]))
+    assert [m.content for m in req.messages] == ["a", "I can't help with that.", "No. Sorry.", "b"]
+
+
+@pytest.mark.parametrize("field", ["audio", "function_call"])
+def test_an_assistant_turn_with_audio_or_a_function_call_is_refused(field: str) -> None:
+    with pytest.raises(InvalidRequest) as err:
+        convert.chat_request(chat(messages=[{"role": "user", "content": "a"},
+                                            {"role": "assistant", "content": "b", field: {"id": "x"}}]))
+    assert err.value.param == f"messages[1].{field}"
+
+
 def test_completion_request() -> None:
     req = convert.completion_request(completion(prompt=["one"], stop=["a", "b"]))
     assert req.prompt == "one" and list(req.stop) == ["a", "b"]
