@@ -522,7 +522,7 @@ def _signal_group(proc: Proc, sig: signal.Signals) -> None:
 WORKER_FLAGS = ("engine", "model", "tensor_parallel_size", "max_model_len", "max_num_seqs", "dtype", "block_size",
                 "enable_prefix_caching", "kv_cache_memory_bytes", "gpu_memory_utilization", "swap_space_gib",
                 "max_queue", "enforce_eager", "compact_json",
-                "kv_events", "tool_call_parser",
+                "kv_events", "tool_call_parser", "reasoning_parser",
                 "engine_core_cpus", "engine_priority", "stream_interval", "sim_prefill_ms_per_token",
                 "sim_itl_base_ms", "sim_itl_per_seq_ms", "sim_num_kv_blocks", "sim_max_num_batched_tokens",
                 "sim_seed", "weights_id")  # not sim_speed: one per worker (--sim-speed)

@@ -105,7 +105,7 @@ def _plain_chat(c: pb.ChatCompletionChunk) -> bytes | None:
     choices = []
     for choice in c.choices:
         delta = choice.delta
-        if choice.HasField("logprobs") or delta.tool_calls:
+        if choice.HasField("logprobs") or delta.tool_calls or delta.HasField("reasoning"):
             return None
         out: dict[str, Any] = {"index": choice.index}
         if choice.HasField("delta"):

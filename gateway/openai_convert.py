@@ -191,6 +191,8 @@ def chat_request(req: pb.ChatCompletionRequest) -> pb.GenerateRequest:
     _sampling(req, out)
     if req.prompt_cache_key:  # OpenAI's hint for requests that share a prefix: one worker's cache
         out.user = req.prompt_cache_key
+    if req.HasField("include_reasoning"):
+        out.include_reasoning = req.include_reasoning
     _template_kwargs(req, out)
     _tools(req, out)
     _check_openai_only(req)
@@ -359,6 +361,8 @@ def _message(r: pb.CompleteResponse, tools: tuple[str, str]) -> tuple[pb.ChatCom
     """A choice's message and finish reason: a forced call's output is its tool_calls."""
     kind, name = tools
     message = pb.ChatCompletionMessage(role="assistant", content=r.text)
+    if r.reasoning:  # a worker's reasoning parser found the model's thinking
+        message.reasoning = r.reasoning
     if kind == FUNCTION:
         message.content = ""
         message.tool_calls.add(id=call_id(), type=FUNCTION, function=pb.FunctionCall(name=name, arguments=r.text))
@@ -429,6 +433,8 @@ def usage(u: pb.Usage) -> pb.CompletionUsage:
         completion_tokens=u.completion_tokens,
         total_tokens=u.prompt_tokens + u.completion_tokens,
         prompt_tokens_details=pb.PromptTokensDetails(cached_tokens=u.cached_prompt_tokens),
+        completion_tokens_details=pb.CompletionTokensDetails(reasoning_tokens=u.reasoning_tokens)
+        if u.reasoning_tokens else None,
     )
 
 
@@ -438,7 +444,8 @@ def total_usage(usages: Sequence[pb.Usage]) -> pb.Usage:
         return usages[0]
     first = usages[0] if usages else pb.Usage()
     return pb.Usage(prompt_tokens=first.prompt_tokens, cached_prompt_tokens=first.cached_prompt_tokens,
-                    completion_tokens=sum(u.completion_tokens for u in usages))
+                    completion_tokens=sum(u.completion_tokens for u in usages),
+                    reasoning_tokens=sum(u.reasoning_tokens for u in usages))
 
 
 def cache_info(resp: pb.GenerateResponse | pb.CompleteResponse) -> pb.CacheInfo | None:
@@ -568,6 +575,10 @@ def chat_chunk(chunk: pb.GenerateResponse, index: int, first: bool, response_id:
             call.function.arguments = piece.arguments
     else:
         delta.content = chunk.text
+    if chunk.reasoning:  # a worker's reasoning parser: the thinking beside the content, as vLLM's
+        delta.reasoning = chunk.reasoning
+        if not chunk.text and kind in (NONE, AUTO):
+            delta.ClearField("content")  # thinking only: no empty content beside it
     if first:
         delta.role = "assistant"
     if logprobs:

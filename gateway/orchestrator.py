@@ -156,10 +156,12 @@ class Orchestrator:
         """The same pipeline as ``generate``, aggregated into one message."""
         out = pb.CompleteResponse(request_id=request.request_id)
         texts: list[str] = []
+        thinking: list[str] = []
         joined = pb.GenerateResponse()  # its tool_calls: the pieces joined, one per call
         async with aclosing(self.generate(request, tenant)) as stream:
             async for chunk in stream:
                 texts.append(chunk.text)
+                thinking.append(chunk.reasoning)
                 out.token_ids.extend(chunk.token_ids)
                 out.logprobs.extend(chunk.logprobs)
                 for piece in chunk.tool_calls:
@@ -172,6 +174,7 @@ class Orchestrator:
                 if chunk.HasField("usage"):
                     out.usage.CopyFrom(chunk.usage)
         out.text = "".join(texts)
+        out.reasoning = "".join(thinking)
         out.tool_calls.extend(pb.ToolCall(id=c.id, name=c.name, arguments=c.arguments)
                               for c in sorted(joined.tool_calls, key=lambda c: c.index))
         return out

@@ -45,13 +45,14 @@ class WorkerFailed(StreamFailed):
 
 
 def merge(chunks: list[pb.GenerateResponse]) -> pb.GenerateResponse:
-    """Consecutive deltas of one request as one: texts, token ids, logprobs and tool-call pieces
-    joined; request id, worker, finish reason and usage from the last."""
+    """Consecutive deltas of one request as one: texts, thinking, token ids, logprobs and tool-call
+    pieces joined; request id, worker, finish reason and usage from the last."""
     if len(chunks) == 1:
         return chunks[0]
     last = chunks[-1]
     out = pb.GenerateResponse(request_id=last.request_id, text="".join(c.text for c in chunks),
-                              finish_reason=last.finish_reason, cached=last.cached, worker=last.worker)
+                              finish_reason=last.finish_reason, cached=last.cached, worker=last.worker,
+                              reasoning="".join(c.reasoning for c in chunks))
     for c in chunks:
         out.token_ids.extend(c.token_ids)
         out.logprobs.extend(c.logprobs)

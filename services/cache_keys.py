@@ -76,6 +76,7 @@ def _entry_bytes(chunks: Sequence[pb.GenerateResponse]) -> bytes:
                 token_ids=chunk.token_ids,
                 logprobs=chunk.logprobs,  # asked for: part of the key, and of the answer
                 tool_calls=chunk.tool_calls,  # parse_tool_calls: likewise
+                reasoning=chunk.reasoning,  # a worker's reasoning parser: the thinking
                 finish_reason=chunk.finish_reason,
                 usage=chunk.usage if chunk.HasField("usage") else None,
                 cached=True,
@@ -164,6 +165,8 @@ def canonical(req: pb.GenerateRequest, tenant: str) -> bytes:
     }
     if req.chat_template_kwargs:  # only when set: the keys of requests without any stay as they were
         fields["chat_template_kwargs"] = req.chat_template_kwargs  # as sent (the OpenAI edge sorts its keys)
+    if req.HasField("include_reasoning") and not req.include_reasoning:  # likewise; unset means true
+        fields["include_reasoning"] = False
     return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 

@@ -103,6 +103,10 @@ class WorkerConfig(ServerConfig):
     tool_call_parser: str = _f(
         "", "vLLM's tool-call parser for tool_choice \"auto\", as `vllm serve --tool-call-parser` names them "
         "(hermes, llama3_json, pythonic, deepseek_v3, ...; the vllm engine only); '': none, \"auto\" is refused")
+    reasoning_parser: str = _f(
+        "", "vLLM's reasoning parser, as `vllm serve --reasoning-parser` names them (deepseek_r1, qwen3, "
+        "deepseek_v3, ...; the vllm engine only): a chat answer's thinking comes back apart, as `reasoning`, "
+        "and structured outputs constrain what follows it; '': none (the thinking is content)")
     swap_space_gib: float = _f(0.0, "CPU swap space for preempted sequences, GiB (GPU only)")
     dtype: str = _f("auto", "model dtype (auto, float32, bfloat16, float16)")
     enforce_eager: bool = _f(False, "vLLM without torch.compile/CUDA graphs: starts ~2x faster, decodes ~25% slower")

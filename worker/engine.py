@@ -52,6 +52,7 @@ class Request:
     structured_outputs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None       # OpenAI's tools, for the chat template
     chat_template_kwargs: dict[str, Any] | None = None  # more variables for the chat template (vLLM's)
+    include_reasoning: bool = True                  # False: a reasoning parser's thinking is dropped
     parse_tool_calls: bool = False                  # tool_choice "auto": find the calls in the output
 
     def non_default(self, *names: str) -> list[str]:
@@ -93,13 +94,18 @@ class Delta:
     cached_prompt_tokens: int = 0
     logprobs: list[TokenLogprob] | None = None  # one per token id, when the request asked
     tool_calls: list[ToolCallDelta] = field(default_factory=list)  # parse_tool_calls: calls found
+    # A reasoning parser's work (--reasoning-parser): the thinking among this delta's output (not
+    # in ``text``), and on the last delta how many generated tokens were thinking.
+    reasoning: str = ""
+    reasoning_tokens: int = 0
 
     def then(self, later: Delta) -> Delta:
         """This Delta and the ``later`` one as one (the later one's status and counts)."""
         logprobs = None if self.logprobs is None and later.logprobs is None else \
             [*(self.logprobs or []), *(later.logprobs or [])]
         return replace(later, text=self.text + later.text, token_ids=[*self.token_ids, *later.token_ids],
-                       logprobs=logprobs, tool_calls=merge_tool_calls([*self.tool_calls, *later.tool_calls]))
+                       logprobs=logprobs, tool_calls=merge_tool_calls([*self.tool_calls, *later.tool_calls]),
+                       reasoning=self.reasoning + later.reasoning)
 
 
 class Chunker:
@@ -159,6 +165,7 @@ class EngineInfo:
     max_num_seqs: int
     tokenizer: str = ""   # what the router tokenizes prompts with ("sim", a path or a name)
     tool_call_parser: str = ""  # vLLM's tool parser for tool_choice "auto"; "" none
+    reasoning_parser: str = ""  # vLLM's reasoning parser for chat answers; "" none
     weights_id: str = ""  # what its answers depend on beyond the model's name (worker.weights)
 
 

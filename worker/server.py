@@ -53,6 +53,8 @@ def make_engine(cfg: WorkerConfig) -> Engine:
         raise ValueError(f"unknown engine {cfg.engine!r}; choose one of {sorted(ENGINES)}") from None
     if cfg.tool_call_parser and cfg.engine != "vllm":
         raise ValueError(f"--tool-call-parser is vLLM's: the {cfg.engine!r} engine has no tool parsers")
+    if cfg.reasoning_parser and cfg.engine != "vllm":
+        raise ValueError(f"--reasoning-parser is vLLM's: the {cfg.engine!r} engine has no reasoning parsers")
     return getattr(importlib.import_module(module), cls)(cfg)
 
 
@@ -170,6 +172,7 @@ def to_engine_request(req: pb.GenerateRequest, min_stream_interval: int = 1) -> 
         structured_outputs=structured_outputs(req),
         tools=json.loads(req.tools) if req.tools else None,
         chat_template_kwargs=validation.template_kwargs(req),
+        include_reasoning=req.include_reasoning if req.HasField("include_reasoning") else True,
         parse_tool_calls=req.parse_tool_calls,
     )
 
@@ -333,7 +336,7 @@ class WorkerServicer(pb_grpc.WorkerServicer):
 
     def _to_pb(self, request_id: str, delta: Delta) -> pb.GenerateResponse:
         chunk = pb.GenerateResponse(request_id=request_id, text=delta.text, token_ids=delta.token_ids,
-                                    worker=self.worker_id)
+                                    worker=self.worker_id, reasoning=delta.reasoning)
         for call in delta.tool_calls:
             chunk.tool_calls.add(index=call.index, id=call.id, name=call.name, arguments=call.arguments)
         for lp in delta.logprobs or ():
@@ -343,7 +346,8 @@ class WorkerServicer(pb_grpc.WorkerServicer):
             chunk.finish_reason = delta.finish_reason
             chunk.usage.CopyFrom(pb.Usage(prompt_tokens=delta.prompt_tokens,
                                           completion_tokens=delta.completion_tokens,
-                                          cached_prompt_tokens=delta.cached_prompt_tokens))
+                                          cached_prompt_tokens=delta.cached_prompt_tokens,
+                                          reasoning_tokens=delta.reasoning_tokens))
         return chunk
 
     def load_report(self) -> pb.LoadReport:
@@ -414,7 +418,7 @@ class WorkerServicer(pb_grpc.WorkerServicer):
             tensor_parallel_size=info.tensor_parallel_size, max_model_len=info.max_model_len,
             block_size=info.block_size, max_num_seqs=info.max_num_seqs,
             tokenizer=info.tokenizer, kv_events=self.engine.kv_cache is not None,
-            tool_call_parser=info.tool_call_parser, weights_id=info.weights_id,
+            tool_call_parser=info.tool_call_parser, weights_id=info.weights_id, reasoning_parser=info.reasoning_parser,
         )
 
     async def Tokenize(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:

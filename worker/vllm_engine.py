@@ -27,7 +27,7 @@ from worker.engine import (
     merge_tool_calls,
 )
 from worker.kv_events import KvCacheView
-from worker.vllm_tools import ToolCallStream, check_parser
+from worker.vllm_tools import ParsedStream, ToolCallStream, check_parser, reasoning_parsers
 from worker.weights import weights_id
 
 log = logging.getLogger(__name__)
@@ -148,6 +148,8 @@ class VllmEngine(Engine):
         self._tokenizer: Any = None
         self._model_path = ""
         self._kv_events: Any = None  # VllmKvEvents while the engine publishes KV events
+        # --reasoning-parser: vLLM's combined parser classes, without and with tool calls
+        self._parsers: dict[bool, Any] = {}
         self.info = EngineInfo(
             engine="vllm",
             model=cfg.model or DEFAULT_MODEL,
@@ -190,6 +192,8 @@ class VllmEngine(Engine):
                 binding = _cpu_thread_binding(cfg.tensor_parallel_size)
                 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", binding)
                 os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+        if cfg.reasoning_parser:  # the engine's structured outputs wait for the thinking to end
+            extra["reasoning_parser"] = cfg.reasoning_parser
         if cfg.kv_events and cfg.enable_prefix_caching:
             from worker.vllm_kv_events import VllmKvEvents
 
@@ -215,6 +219,8 @@ class VllmEngine(Engine):
         )
         log.info("starting vLLM on %s (tp=%d)", self._model_path, cfg.tensor_parallel_size)
         self._tokenizer = AutoTokenizer.from_pretrained(self._model_path)
+        if cfg.reasoning_parser:  # refused now, not after the model has loaded
+            self._parsers = reasoning_parsers(cfg.reasoning_parser, cfg.tool_call_parser, self._tokenizer)
         before = {p.pid for p in psutil.Process().children()}
         self._llm = AsyncLLM.from_engine_args(args, stat_loggers=[self._make_stat_logger])
         # The engine-core processes AsyncLLM just started (an embedding process may have others),
@@ -235,6 +241,7 @@ class VllmEngine(Engine):
             max_num_seqs=self._llm.vllm_config.scheduler_config.max_num_seqs,
             tokenizer=self._model_path,
             tool_call_parser=cfg.tool_call_parser,
+            reasoning_parser=cfg.reasoning_parser,
             weights_id=await weights_id(cfg, self._model_path),
         )
         if self._kv_events is not None:
@@ -271,26 +278,41 @@ class VllmEngine(Engine):
         prompt_ids = render_prompt(self._tokenizer, request)
         check_fits(len(prompt_ids), request.max_tokens, self.info.max_model_len)
         continued = request.continue_token_ids  # a migrated stream: its output so far follows the prompt
+        # --reasoning-parser: a chat's output goes through vLLM's combined parser (thinking, then
+        # the calls of tool_choice "auto" in what follows); a continued stream's output so far is
+        # part of what the parser is shown as the prompt.
+        parsed = ParsedStream(self._parsers[request.parse_tool_calls], self._tokenizer, request,
+                              [*prompt_ids, *continued]) if self._parsers and request.messages else None
         with _refusals_as_invalid():
             params = self._sampling_params(request)
+        extra: dict[str, Any] = {}
+        if parsed is not None:
+            params.skip_special_tokens = parsed.skip_special_tokens
+            if request.structured_outputs is not None:  # the constraint starts where the thinking ends
+                extra = {"reasoning_ended": parsed.reasoning_ended,
+                         "reasoning_parser_kwargs": {"chat_template_kwargs": parsed.chat_template_kwargs}}
         # tool_choice "auto": the output goes through the parser (the worker refused the request
         # if it has none); a migrated stream never asks (the parser's state stayed behind).
         tools = ToolCallStream(self.cfg.tool_call_parser, self._tokenizer, request.tools or []) \
-            if request.parse_tool_calls else None
+            if request.parse_tool_calls and parsed is None else None
         completion_tokens = len(continued)
         finished = False
         self._active.add(request.request_id)
         try:
             outputs = self._llm.generate(TokensPrompt(prompt_token_ids=[*prompt_ids, *continued]), params,
-                                         request.request_id)
+                                         request.request_id, **extra)
             with _refusals_as_invalid(structured=request.structured_outputs is not None):
                 async for out in outputs:
                     completion = out.outputs[0]
                     completion_tokens += len(completion.token_ids)
                     finished = out.finished
-                    text, calls = completion.text, []
+                    text, calls, reasoning = completion.text, [], ""
                     finish_reason = completion.finish_reason if finished else None
-                    if tools is not None:
+                    if parsed is not None:
+                        reasoning, text, calls = parsed.feed(text, list(completion.token_ids), finished)
+                        if finished and parsed.called and finish_reason == "stop":
+                            finish_reason = "tool_calls"  # as vLLM's server says it
+                    elif tools is not None:
                         text, calls = tools.feed(text, list(completion.token_ids))
                         if finished:
                             held, rest = tools.finish()
@@ -302,6 +324,8 @@ class VllmEngine(Engine):
                         token_ids=list(completion.token_ids),
                         finish_reason=finish_reason,
                         tool_calls=calls,
+                        reasoning=reasoning,
+                        reasoning_tokens=parsed.reasoning_tokens() if parsed is not None and finished else 0,
                         prompt_tokens=len(prompt_ids),
                         completion_tokens=completion_tokens,
                         cached_prompt_tokens=min(out.num_cached_tokens or 0, len(prompt_ids)),

@@ -20,6 +20,7 @@ from services.config import WorkerConfig
 from services.validation import InvalidRequest
 from worker.engine import Delta, Load, PromptTooLong, Request
 from worker.vllm_engine import VllmEngine
+from worker.vllm_tools import reasoning_parsers
 
 pytestmark = pytest.mark.engine
 
@@ -112,6 +113,31 @@ async def test_template_kwargs_change_the_prompt_vllm_computes(engine: VllmEngin
     prompt_ids = hf[1].encode(text, add_special_tokens=False)
     assert deltas[-1].prompt_tokens == len(prompt_ids)
     assert [t for d in deltas for t in d.token_ids] == hf_greedy(hf, prompt_ids, 8)
+
+
+async def test_a_reasoning_parser_takes_the_thinking_out_of_vllms_output(engine: VllmEngine) -> None:
+    """--reasoning-parser (qwen3's, which this tokenizer can serve) over what vLLM generates: with
+    thinking on and no end marker in a random model's output, all of it is thinking, none of it
+    content, and every token counts as reasoning; switched off in the template, all of it is the
+    answer. The same greedy tokens either way."""
+    messages = [{"role": "user", "content": "What is two plus two?"}]
+    plain = await collect(engine, greedy("think-plain", messages=messages, max_tokens=8))
+    engine._parsers = reasoning_parsers("qwen3", "", engine._tokenizer)
+    try:
+        thinking = await collect(engine, greedy("think-on", messages=messages, max_tokens=8))
+        off = await collect(engine, greedy("think-off", messages=messages, max_tokens=8,
+                                           chat_template_kwargs={"enable_thinking": False}))
+        prompt = await collect(engine, greedy("think-prompt", prompt="What is two plus two?", max_tokens=8))
+    finally:
+        engine._parsers = {}
+    text = "".join(d.text for d in plain)
+    assert text and all(d.reasoning == "" for d in plain)
+    assert "".join(d.reasoning for d in thinking) == text and "".join(d.text for d in thinking) == ""
+    assert thinking[-1].reasoning_tokens == 8
+    assert [t for d in thinking for t in d.token_ids] == [t for d in plain for t in d.token_ids]
+    assert "".join(d.text for d in off) == text and all(d.reasoning == "" for d in off)
+    assert off[-1].reasoning_tokens == 0
+    assert all(d.reasoning == "" for d in prompt)  # a plain prompt is not a chat: not parsed, as vLLM's completions
 
 
 async def test_stop_strings_and_seeded_sampling(engine: VllmEngine) -> None:

@@ -335,3 +335,5 @@ def test_a_tool_parser_is_refused_at_start_by_engines_that_have_none(tiny_model:
 
     with pytest.raises(ValueError, match="--tool-call-parser is vLLM's"):
         make_engine(worker_config(tiny_model, tool_call_parser="pythonic"))
+    with pytest.raises(ValueError, match="--reasoning-parser is vLLM's"):
+        make_engine(worker_config(tiny_model, reasoning_parser="qwen3"))

@@ -159,3 +159,20 @@ def test_template_kwargs_are_in_the_key_and_a_request_without_keeps_its_key() ->
     thinking = pb.GenerateRequest(messages=chat.messages, temperature=0, chat_template_kwargs='{"enable_thinking": true}')
     assert exact_key(thinking, "t") != exact_key(chat, "t")
     assert b"chat_template_kwargs" not in canonical(chat, "t")  # entries stored before the field are still found
+
+
+def test_an_entry_keeps_what_a_reasoning_parser_took_apart() -> None:
+    from services.cache_keys import _entry_bytes, parse_entry
+
+    chunks = [pb.GenerateResponse(text="", reasoning="so: four", token_ids=[1, 2]),
+              pb.GenerateResponse(text="Four.", token_ids=[3], finish_reason="stop", usage=pb.Usage(reasoning_tokens=2))]
+    replayed = parse_entry(_entry_bytes(chunks)).chunks
+    assert [(c.reasoning, c.text) for c in replayed] == [("so: four", ""), ("", "Four.")]
+    assert replayed[-1].usage.reasoning_tokens == 2
+
+
+def test_include_reasoning_false_has_a_key_of_its_own_and_unset_or_true_share_one() -> None:
+    chat = pb.GenerateRequest(messages=[pb.ChatMessage(role="user", content="why")], temperature=0)
+    kept = pb.GenerateRequest(messages=chat.messages, temperature=0, include_reasoning=True)
+    dropped = pb.GenerateRequest(messages=chat.messages, temperature=0, include_reasoning=False)
+    assert exact_key(chat, "t") == exact_key(kept, "t") != exact_key(dropped, "t")

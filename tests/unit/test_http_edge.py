@@ -82,13 +82,20 @@ def with_tool_call() -> pb.ChatCompletionChunk:
     return chunk
 
 
+def with_reasoning() -> pb.ChatCompletionChunk:
+    chunk = pb.ChatCompletionChunk(**HEAD)
+    chunk.choices.add(index=0).delta.reasoning = "thinking"
+    return chunk
+
+
 @pytest.mark.parametrize("chunk", [
     pb.ChatCompletionChunk(**HEAD, usage=pb.CompletionUsage(prompt_tokens=3, completion_tokens=2, total_tokens=5)),
     pb.ChatCompletionChunk(**HEAD, error=pb.OpenAIError(message="lost", type="server_error")),
     pb.ChatCompletionChunk(**HEAD, cache=pb.CacheInfo(kind="exact")),
     with_logprobs(),
     with_tool_call(),
-], ids=["usage", "error", "cache", "logprobs", "tool-call"])
+    with_reasoning(),
+], ids=["usage", "error", "cache", "logprobs", "tool-call", "reasoning"])
 def test_any_other_chat_chunk_takes_the_reflection_path(chunk: pb.ChatCompletionChunk) -> None:
     assert http_edge._plain_chat(chunk) is None
     assert orjson.loads(http_edge.chunk_json(chunk)) == orjson.loads(http_edge.to_json(chunk))

@@ -277,6 +277,27 @@ def test_chat_chunks_carry_role_first_then_finish() -> None:
     assert last.cache.kind == "exact" and {first.id, last.id} == {"chatcmpl-r"}
 
 
+def test_a_workers_thinking_is_vllms_reasoning_field_in_chunks_messages_and_usage() -> None:
+    """A worker's reasoning parser splits the thinking from the answer: vLLM's server puts it in
+    `reasoning` (a chunk of thinking alone has no content), and counts its tokens in usage."""
+    thinking = convert.chat_chunk(pb.GenerateResponse(text="", reasoning="hmm"), 0, True, "r", False, "m", 1)
+    answer = convert.chat_chunk(pb.GenerateResponse(text="Four.", reasoning=""), 0, False, "r", False, "m", 1)
+    both = convert.chat_chunk(pb.GenerateResponse(text="Four", reasoning="so"), 0, False, "r", False, "m", 1)
+    assert json_format.MessageToDict(thinking.choices[0].delta) == {"role": "assistant", "reasoning": "hmm"}
+    assert json_format.MessageToDict(answer.choices[0].delta) == {"content": "Four."}
+    assert json_format.MessageToDict(both.choices[0].delta) == {"content": "Four", "reasoning": "so"}
+    done = pb.CompleteResponse(text="Four.", reasoning="hmm", finish_reason="stop",
+                               usage=pb.Usage(prompt_tokens=3, completion_tokens=5, reasoning_tokens=2))
+    reply = convert.chat_completion([done, done], "r", False, "m", 1)
+    assert (reply.choices[0].message.reasoning, reply.choices[0].message.content) == ("hmm", "Four.")
+    assert reply.usage.completion_tokens_details.reasoning_tokens == 4  # both choices'
+    plain = convert.chat_completion([pb.CompleteResponse(text="a", usage=pb.Usage(completion_tokens=1))], "r", False,
+                                    "m", 1)
+    assert not plain.choices[0].message.HasField("reasoning") and not plain.usage.HasField("completion_tokens_details")
+    assert convert.chat_request(chat(include_reasoning=False)).include_reasoning is False
+    assert not convert.chat_request(chat()).HasField("include_reasoning")
+
+
 def test_completion_chunk_puts_the_echo_first_and_offsets_logprobs() -> None:
     chunk = pb.GenerateResponse(text=" a", logprobs=[logprob(" a", -0.1)], finish_reason="length")
     out = convert.completion_chunk(chunk, 0, "hi", 0, "r", True, "m", 1)

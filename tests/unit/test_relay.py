@@ -45,6 +45,12 @@ def test_merge_joins_text_and_tokens_and_keeps_the_last_status() -> None:
     assert merge([one]) is one  # nothing to merge: no copy
 
 
+def test_merge_joins_the_thinking_too() -> None:
+    merged = merge([pb.GenerateResponse(reasoning="so ", text=""), pb.GenerateResponse(reasoning="four", text=""),
+                    pb.GenerateResponse(text="Four.")])
+    assert (merged.reasoning, merged.text) == ("so four", "Four.")
+
+
 def test_merge_joins_the_pieces_of_each_tool_call() -> None:
     pieces = [pb.GenerateResponse(tool_calls=[pb.ToolCallDelta(index=0, id="a", name="f", arguments='{"x"')]),
               pb.GenerateResponse(tool_calls=[pb.ToolCallDelta(index=0, arguments=": 1}"),
