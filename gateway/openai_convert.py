@@ -175,6 +175,8 @@ def chat_request(req: pb.ChatCompletionRequest) -> pb.GenerateRequest:
                     "the mesh generates text" if name == "audio" else "send the calls as 'tool_calls'"),
                     param=f"messages[{i}].{name}")
         turn = out.messages.add(role=m.role, content=content, tool_call_id=m.tool_call_id)
+        if m.role == "assistant":  # its thinking, for templates that show it (vLLM's reasoning)
+            turn.reasoning = m.reasoning or m.reasoning_content
         for call in m.tool_calls:
             turn.tool_calls.add(id=call.id, name=call.function.name, arguments=call.function.arguments)
     if req.HasField("max_completion_tokens"):

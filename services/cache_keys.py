@@ -176,6 +176,8 @@ def _turn(m: pb.ChatMessage) -> list[Any]:
     turn: list[Any] = [m.role, m.content]
     if m.tool_call_id or m.tool_calls:
         turn += [m.tool_call_id, [[c.id, c.name, c.arguments] for c in m.tool_calls]]
+    if m.reasoning:  # likewise: only a turn that has thinking keys it
+        turn.append({"reasoning": m.reasoning})
     return turn
 
 

@@ -122,6 +122,8 @@ def chat_turns(messages: Sequence[Any]) -> list[dict[str, Any]]:
             turn["tool_calls"] = [{"id": c.id, "type": "function",
                                    "function": {"name": c.name, "arguments": _arguments(c.arguments)}}
                                   for c in m.tool_calls]
+        if m.reasoning:  # under both names, as vLLM gives an assistant's thinking to templates
+            turn["reasoning"] = turn["reasoning_content"] = m.reasoning
         turns.append(turn)
     return turns
 

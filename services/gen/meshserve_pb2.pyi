@@ -9,16 +9,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ChatMessage(_message.Message):
-    __slots__ = ("role", "content", "tool_call_id", "tool_calls")
+    __slots__ = ("role", "content", "tool_call_id", "tool_calls", "reasoning")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALL_ID_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    REASONING_FIELD_NUMBER: _ClassVar[int]
     role: str
     content: str
     tool_call_id: str
     tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
-    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ..., tool_call_id: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ...) -> None: ...
+    reasoning: str
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ..., tool_call_id: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., reasoning: _Optional[str] = ...) -> None: ...
 
 class ToolCall(_message.Message):
     __slots__ = ("id", "name", "arguments")
@@ -236,7 +238,7 @@ class StreamOptions(_message.Message):
     def __init__(self, include_usage: _Optional[bool] = ...) -> None: ...
 
 class ChatCompletionRequestMessage(_message.Message):
-    __slots__ = ("role", "content", "name", "tool_calls", "tool_call_id", "refusal", "annotations", "audio", "function_call")
+    __slots__ = ("role", "content", "name", "tool_calls", "tool_call_id", "refusal", "annotations", "audio", "function_call", "reasoning", "reasoning_content")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -246,6 +248,8 @@ class ChatCompletionRequestMessage(_message.Message):
     ANNOTATIONS_FIELD_NUMBER: _ClassVar[int]
     AUDIO_FIELD_NUMBER: _ClassVar[int]
     FUNCTION_CALL_FIELD_NUMBER: _ClassVar[int]
+    REASONING_FIELD_NUMBER: _ClassVar[int]
+    REASONING_CONTENT_FIELD_NUMBER: _ClassVar[int]
     role: str
     content: _struct_pb2.Value
     name: str
@@ -255,7 +259,9 @@ class ChatCompletionRequestMessage(_message.Message):
     annotations: _struct_pb2.Value
     audio: _struct_pb2.Value
     function_call: _struct_pb2.Value
-    def __init__(self, role: _Optional[str] = ..., content: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., name: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ChatCompletionMessageToolCall, _Mapping]]] = ..., tool_call_id: _Optional[str] = ..., refusal: _Optional[str] = ..., annotations: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., audio: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., function_call: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ...) -> None: ...
+    reasoning: str
+    reasoning_content: str
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., name: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ChatCompletionMessageToolCall, _Mapping]]] = ..., tool_call_id: _Optional[str] = ..., refusal: _Optional[str] = ..., annotations: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., audio: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., function_call: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., reasoning: _Optional[str] = ..., reasoning_content: _Optional[str] = ...) -> None: ...
 
 class ChatCompletionMessageToolCall(_message.Message):
     __slots__ = ("id", "type", "function")

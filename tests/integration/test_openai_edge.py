@@ -256,7 +256,7 @@ async def test_an_openai_answer_put_back_in_the_history_is_taken(mesh: Mesh) -> 
     back when a client appends the answer to its history: both edges take them."""
     oa = client(mesh)
     answered = {"role": "assistant", "content": None, "refusal": "I can't help with that.", "annotations": [],
-                "audio": None, "function_call": None}
+                "audio": None, "function_call": None, "reasoning": "a request to refuse", "reasoning_content": None}
     messages = [{"role": "user", "content": "history"}, answered, {"role": "user", "content": "and now?"}]
     resp = await oa.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
     async with httpx.AsyncClient(base_url=f"http://{mesh.envoy_address}", timeout=30, headers=auth(ALICE)) as http:

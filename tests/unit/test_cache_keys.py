@@ -125,6 +125,14 @@ def test_every_field_of_the_request_is_in_the_key_or_listed_as_not() -> None:
         assert exact_key(req, "t") != exact_key(base(), "t"), f"{field.name} is not in the cache key"
 
 
+def test_an_answers_thinking_in_the_history_is_in_the_key() -> None:
+    def chat(reasoning: str) -> pb.GenerateRequest:
+        return pb.GenerateRequest(messages=[pb.ChatMessage(role="assistant", content="4", reasoning=reasoning),
+                                            pb.ChatMessage(role="user", content="why?")], temperature=0)
+    assert exact_key(chat("two and two"), "t") != exact_key(chat(""), "t")
+    assert b"reasoning" not in canonical(chat(""), "t")  # a turn without thinking keeps its key
+
+
 def test_tool_turns_are_in_the_key() -> None:
     plain = pb.GenerateRequest(messages=[pb.ChatMessage(role="tool", content="42")], temperature=0)
     answering = pb.GenerateRequest(messages=[pb.ChatMessage(role="tool", content="42", tool_call_id="c1")],

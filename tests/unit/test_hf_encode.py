@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from services.prompts import hf_encode, hf_prompt_ids
+from services.gen import meshserve_pb2 as pb
+from services.prompts import chat_turns, hf_encode, hf_prompt_ids
 
 TEXTS = [
     "The quick brown fox",
@@ -47,6 +48,17 @@ def test_a_truncation_left_on_the_backend_does_not_cut_the_prompt(tiny_model: Pa
     text = TEXTS[4]
     ids = hf_encode(fresh, text)
     assert len(ids) > 8 and ids == AutoTokenizer.from_pretrained(tiny_model).encode(text)
+
+
+def test_an_answers_thinking_in_the_history_reaches_a_template_that_shows_it(tokenizer: Any) -> None:
+    """An assistant turn's reasoning goes to the template as vLLM gives it (``reasoning_content``
+    too, the name templates such as Qwen3's read)."""
+    showing = copy.deepcopy(tokenizer)
+    showing.chat_template = ("{% for m in messages %}{% if m.reasoning_content %}<think>{{ m.reasoning_content }}"
+                             "</think>{% endif %}{{ m.content }}</s>{% endfor %}")
+    turns = chat_turns([pb.ChatMessage(role="user", content="2+2?"),
+                        pb.ChatMessage(role="assistant", content="4", reasoning="two and two")])
+    assert showing.decode(hf_prompt_ids(showing, "", turns)) == "2+2?</s><think>two and two</think>4</s>"
 
 
 def test_template_kwargs_reach_the_chat_template(tokenizer: Any) -> None:

@@ -208,6 +208,12 @@ def test_an_openai_answer_put_back_in_the_history_is_taken() -> None:
         {"role": "assistant", "content": "b", "refusal": None, "annotations": [{"type": "url_citation"}]},
     ]))
     assert [m.content for m in req.messages] == ["a", "I can't help with that.", "No. Sorry.", "b"]
+    thought = convert.chat_request(chat(messages=[
+        {"role": "user", "content": "a", "reasoning": "not a user's"},
+        {"role": "assistant", "content": "4", "reasoning": "2+2"},
+        {"role": "assistant", "content": "5", "reasoning_content": "2+3"},  # the older name, DeepSeek's
+    ]))
+    assert [m.reasoning for m in thought.messages] == ["", "2+2", "2+3"]  # an answer's thinking, back in the history
 
 
 @pytest.mark.parametrize("field", ["audio", "function_call"])
