@@ -5,6 +5,7 @@ structured output needs is worked out as vLLM's server works it out."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,23 @@ def test_include_reasoning_false_drops_the_thinking(tokenizer: Any) -> None:
     thinking, content, parsed = stream(tokenizer, ANSWER, include_reasoning=False)
     assert (thinking, content) == ("", "Four.")
     assert parsed.reasoning_ended is True  # vLLM: a structured output then constrains everything
+
+
+def test_tool_calls_are_found_in_what_follows_the_thinking(tokenizer: Any) -> None:
+    """With a tool-call parser too (pythonic), as vllm serve runs both: the thinking first, then the
+    calls in the answer; a call-shaped text inside the thinking is thinking."""
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+    request = Request(request_id="r", messages=[{"role": "user", "content": "order 12?"}], tools=tools,
+                      parse_tool_calls=True)
+    parsed = ParsedStream(reasoning_parsers("qwen3", "pythonic", tokenizer)[True], tokenizer, request, [5, 6, 7])
+    ids = tokenizer.encode("maybe [lookup(order=1)]? no</think>[lookup(order=12)]", add_special_tokens=False)
+    thinking, content, calls = "", "", []
+    for i, token_id in enumerate(ids):
+        reasoning, piece, found = parsed.feed(tokenizer.decode([token_id]), [token_id], finished=i == len(ids) - 1)
+        thinking, content, calls = thinking + reasoning, content + piece, [*calls, *found]
+    assert thinking == "maybe [lookup(order=1)]? no" and content == ""
+    assert parsed.called and {c.name for c in calls} == {"lookup"}
+    assert json.loads("".join(c.arguments for c in calls)) == {"order": 12}
 
 
 def test_a_parser_the_tokenizer_cannot_serve_or_vllm_does_not_have_is_refused(tokenizer: Any) -> None:
