@@ -195,10 +195,19 @@ def chat_request(req: pb.ChatCompletionRequest) -> pb.GenerateRequest:
         out.user = req.prompt_cache_key
     if req.HasField("include_reasoning"):
         out.include_reasoning = req.include_reasoning
+    _generation_prompt(req, out)
     _template_kwargs(req, out)
     _tools(req, out)
     _check_openai_only(req)
     return out
+
+
+def _generation_prompt(req: pb.ChatCompletionRequest | pb.TokenizeRequest, out: pb.GenerateRequest) -> None:
+    """vLLM's add_generation_prompt and continue_final_message, as the worker's template call takes
+    them (checked with the rest of the request: services.validation)."""
+    if req.HasField("add_generation_prompt"):
+        out.add_generation_prompt = req.add_generation_prompt
+    out.continue_final_message = req.continue_final_message
 
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")  # vLLM's
@@ -263,9 +272,12 @@ def tokenize_request(req: pb.TokenizeRequest) -> pb.GenerateRequest:
         if not req.prompt:
             raise InvalidRequest("'prompt' is empty: give a prompt or chat 'messages'", param="prompt")
         return pb.GenerateRequest(prompt=req.prompt, model=req.model)
-    as_chat = pb.ChatCompletionRequest(model=req.model, messages=req.messages, tools=req.tools)
+    as_chat = pb.ChatCompletionRequest(model=req.model, messages=req.messages, tools=req.tools,
+                                       continue_final_message=req.continue_final_message)
     if req.HasField("chat_template_kwargs"):
         as_chat.chat_template_kwargs.CopyFrom(req.chat_template_kwargs)
+    if req.HasField("add_generation_prompt"):
+        as_chat.add_generation_prompt = req.add_generation_prompt
     if req.tools:
         as_chat.tool_choice.string_value = NONE  # the tools as the template shows them; no call forced
     out = chat_request(as_chat)

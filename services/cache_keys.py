@@ -167,6 +167,10 @@ def canonical(req: pb.GenerateRequest, tenant: str) -> bytes:
         fields["chat_template_kwargs"] = req.chat_template_kwargs  # as sent (the OpenAI edge sorts its keys)
     if req.HasField("include_reasoning") and not req.include_reasoning:  # likewise; unset means true
         fields["include_reasoning"] = False
+    if not validation.add_generation_prompt(req):  # likewise: both change the prompt's end
+        fields["add_generation_prompt"] = False
+    if req.continue_final_message:
+        fields["continue_final_message"] = True
     return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 

@@ -15,7 +15,7 @@ import json
 import re
 import zlib
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 # -- the simulator's stand-in tokenizer and chat template ----------------------------------------
 
@@ -50,17 +50,27 @@ def sim_tokenize(text: str) -> list[int]:
     return list(map(_SIM_IDS.__getitem__, _PIECE.findall(text)))
 
 
+class TemplateCall(NamedTuple):
+    """How a chat's template is called (vLLM's request fields): the assistant's turn opened, or
+    the final message left open for the model to continue (not both)."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
+
 def sim_render(prompt: str, messages: Sequence[Mapping[str, str]] | None,
-               template_kwargs: Mapping[str, Any] | None = None) -> str:
+               template_kwargs: Mapping[str, Any] | None = None, call: TemplateCall = TemplateCall()) -> str:
     """The prompt text; chat turns get a simple stand-in for a chat template, which writes the
     template's variables (``template_kwargs``) after the turns, as a real template may write a
-    thinking switch: they change the prompt."""
+    thinking switch: they change the prompt. Continuing the final message leaves it open."""
     if not messages:
         return prompt
     turns = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages)
+    if call.continue_final_message:
+        return turns[:-1]  # the final message's text, not closed
     if template_kwargs:
         turns += "".join(f"<|{k}={json.dumps(v, sort_keys=True)}|>\n" for k, v in sorted(template_kwargs.items()))
-    return turns + "<|assistant|>\n"
+    return turns + "<|assistant|>\n" if call.add_generation_prompt else turns
 
 
 # -- Hugging Face tokenizers (the vLLM engine's) --------------------------------------------------
@@ -68,22 +78,23 @@ def sim_render(prompt: str, messages: Sequence[Mapping[str, str]] | None,
 
 def hf_prompt_ids(tokenizer: Any, prompt: str, messages: Sequence[Mapping[str, Any]] | None,
                   tools: list[dict[str, Any]] | None = None,
-                  template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
+                  template_kwargs: Mapping[str, Any] | None = None, call: TemplateCall = TemplateCall()) -> list[int]:
     """The prompt token ids vLLM gets from the worker: chat messages (and ``tools``, for
     templates that render them, and ``template_kwargs``, more variables for the template)
     through the model's chat template (generation prompt added), a plain prompt with the
     tokenizer's special tokens."""
-    text, add_special_tokens = hf_render(tokenizer, prompt, messages, tools, template_kwargs)
+    text, add_special_tokens = hf_render(tokenizer, prompt, messages, tools, template_kwargs, call)
     return hf_encode(tokenizer, text, add_special_tokens)
 
 
 def hf_render(tokenizer: Any, prompt: str, messages: Sequence[Mapping[str, Any]] | None,
               tools: list[dict[str, Any]] | None = None,
-              template_kwargs: Mapping[str, Any] | None = None) -> tuple[str, bool]:
+              template_kwargs: Mapping[str, Any] | None = None, call: TemplateCall = TemplateCall()) -> tuple[str, bool]:
     """The text vLLM's tokenizer gets for a prompt, and whether special tokens are added to it: a
     chat through the template (which writes its own), a plain prompt as it is (with them)."""
     if messages:
-        return tokenizer.apply_chat_template(list(messages), tools=tools, add_generation_prompt=True,
+        return tokenizer.apply_chat_template(list(messages), tools=tools, add_generation_prompt=call.add_generation_prompt,
+                                             continue_final_message=call.continue_final_message,
                                              tokenize=False, **(template_kwargs or {})), False
     return prompt, True
 

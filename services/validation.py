@@ -97,6 +97,7 @@ def validate(req: pb.GenerateRequest, max_model_len: int | None = None) -> None:
                              f"under max_tokens ({max_tokens(req)})", param="continue_token_ids")
     _validate_sampling(req)
     template_kwargs(req)
+    _check_generation_prompt(req)
     if req.parse_tool_calls and not (req.tools and req.messages):
         raise InvalidRequest("'parse_tool_calls' needs chat 'messages' and the 'tools' the model may call", param="parse_tool_calls")
     if req.cache and req.cache not in CACHE_MODES:
@@ -175,6 +176,28 @@ def check_schema(schema: object, field: str) -> None:
         raise InvalidRequest(f"'{field}' is not a valid JSON schema (at {where}): {e.message}", param=field) from None
 
 
+def _check_generation_prompt(req: pb.GenerateRequest) -> None:
+    """vLLM's add_generation_prompt / continue_final_message: for a chat, not both, and a final
+    message with something to continue."""
+    if not (req.HasField("add_generation_prompt") or req.continue_final_message):
+        return
+    name = "continue_final_message" if req.continue_final_message else "add_generation_prompt"
+    if not req.messages:
+        raise InvalidRequest(f"'{name}' needs chat 'messages' (a plain prompt has no template)", param=name)
+    if req.continue_final_message and add_generation_prompt(req):
+        raise InvalidRequest("'continue_final_message' and 'add_generation_prompt' cannot both be true (as vLLM): "
+                             "set 'add_generation_prompt' to false to continue the final message",
+                             param="continue_final_message")
+    if req.continue_final_message and not req.messages[-1].content:
+        raise InvalidRequest("'continue_final_message' needs a final message with text to continue",
+                             param="continue_final_message")
+
+
+def add_generation_prompt(req: pb.GenerateRequest) -> bool:
+    """Whether a chat's template opens the assistant's turn (vLLM's default: true)."""
+    return req.add_generation_prompt if req.HasField("add_generation_prompt") else True
+
+
 def template_kwargs(req: pb.GenerateRequest) -> dict[str, object] | None:
     """The request's chat_template_kwargs (None when it has none), checked: a JSON object, for
     chat messages, not naming the template call's own arguments."""
@@ -192,7 +215,8 @@ def template_kwargs(req: pb.GenerateRequest) -> dict[str, object] | None:
                              param="chat_template_kwargs")
     if own := sorted(TEMPLATE_OWN & kwargs.keys()):
         raise InvalidRequest(f"'chat_template_kwargs' may not set {', '.join(map(repr, own))}: the worker's call "
-                             "of the chat template sets it", param="chat_template_kwargs")
+                             "of the chat template sets it ('add_generation_prompt' and 'continue_final_message' "
+                             "are request fields of their own)", param="chat_template_kwargs")
     return kwargs
 
 

@@ -173,6 +173,8 @@ def to_engine_request(req: pb.GenerateRequest, min_stream_interval: int = 1) -> 
         tools=json.loads(req.tools) if req.tools else None,
         chat_template_kwargs=validation.template_kwargs(req),
         include_reasoning=req.include_reasoning if req.HasField("include_reasoning") else True,
+        add_generation_prompt=validation.add_generation_prompt(req),
+        continue_final_message=req.continue_final_message,
         parse_tool_calls=req.parse_tool_calls,
     )
 

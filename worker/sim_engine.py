@@ -64,7 +64,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from services.config import WorkerConfig
-from services.prompts import ROOT_HASH, SIM_TOKENIZER, block_hash, sim_render, sim_token_id, sim_tokenize
+from services.prompts import ROOT_HASH, SIM_TOKENIZER, TemplateCall, block_hash, sim_render, sim_token_id, sim_tokenize
 from services.validation import InvalidRequest
 from worker.engine import (
     Delta,
@@ -108,7 +108,8 @@ def _uniform_logprob(at: int, num_top: int) -> TokenLogprob:
 
 
 def render_prompt(request: Request) -> str:
-    return sim_render(request.prompt or "", request.messages, request.chat_template_kwargs)
+    return sim_render(request.prompt or "", request.messages, request.chat_template_kwargs,
+                      TemplateCall(request.add_generation_prompt, request.continue_final_message))
 
 
 class BlockPool:

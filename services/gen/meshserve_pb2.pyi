@@ -33,7 +33,7 @@ class ToolCall(_message.Message):
     def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., arguments: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "messages", "max_tokens", "temperature", "top_p", "seed", "stop", "ignore_eos", "request_id", "skip_cache", "model", "stream_interval", "user", "cache", "continue_token_ids", "presence_penalty", "frequency_penalty", "repetition_penalty", "top_k", "min_p", "min_tokens", "stop_token_ids", "logit_bias", "include_stop_str_in_output", "skip_special_tokens", "logprobs", "structured_outputs", "tools", "parse_tool_calls", "chat_template_kwargs", "include_reasoning")
+    __slots__ = ("prompt", "messages", "max_tokens", "temperature", "top_p", "seed", "stop", "ignore_eos", "request_id", "skip_cache", "model", "stream_interval", "user", "cache", "continue_token_ids", "presence_penalty", "frequency_penalty", "repetition_penalty", "top_k", "min_p", "min_tokens", "stop_token_ids", "logit_bias", "include_stop_str_in_output", "skip_special_tokens", "logprobs", "structured_outputs", "tools", "parse_tool_calls", "chat_template_kwargs", "include_reasoning", "add_generation_prompt", "continue_final_message")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +72,8 @@ class GenerateRequest(_message.Message):
     PARSE_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     CHAT_TEMPLATE_KWARGS_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_REASONING_FIELD_NUMBER: _ClassVar[int]
+    ADD_GENERATION_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    CONTINUE_FINAL_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     max_tokens: int
@@ -103,7 +105,9 @@ class GenerateRequest(_message.Message):
     parse_tool_calls: bool
     chat_template_kwargs: str
     include_reasoning: bool
-    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., ignore_eos: _Optional[bool] = ..., request_id: _Optional[str] = ..., skip_cache: _Optional[bool] = ..., model: _Optional[str] = ..., stream_interval: _Optional[int] = ..., user: _Optional[str] = ..., cache: _Optional[str] = ..., continue_token_ids: _Optional[_Iterable[int]] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., include_stop_str_in_output: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ..., logprobs: _Optional[int] = ..., structured_outputs: _Optional[_Union[StructuredOutputs, _Mapping]] = ..., tools: _Optional[str] = ..., parse_tool_calls: _Optional[bool] = ..., chat_template_kwargs: _Optional[str] = ..., include_reasoning: _Optional[bool] = ...) -> None: ...
+    add_generation_prompt: bool
+    continue_final_message: bool
+    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., ignore_eos: _Optional[bool] = ..., request_id: _Optional[str] = ..., skip_cache: _Optional[bool] = ..., model: _Optional[str] = ..., stream_interval: _Optional[int] = ..., user: _Optional[str] = ..., cache: _Optional[str] = ..., continue_token_ids: _Optional[_Iterable[int]] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., include_stop_str_in_output: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ..., logprobs: _Optional[int] = ..., structured_outputs: _Optional[_Union[StructuredOutputs, _Mapping]] = ..., tools: _Optional[str] = ..., parse_tool_calls: _Optional[bool] = ..., chat_template_kwargs: _Optional[str] = ..., include_reasoning: _Optional[bool] = ..., add_generation_prompt: _Optional[bool] = ..., continue_final_message: _Optional[bool] = ...) -> None: ...
 
 class StructuredOutputs(_message.Message):
     __slots__ = ("json", "json_object", "regex", "choice", "grammar")
@@ -302,7 +306,7 @@ class FunctionDefinition(_message.Message):
     def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., parameters: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., strict: _Optional[bool] = ...) -> None: ...
 
 class ChatCompletionRequest(_message.Message):
-    __slots__ = ("model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "n", "user", "presence_penalty", "frequency_penalty", "logprobs", "ignore_eos", "skip_cache", "stream_interval", "cache", "top_logprobs", "repetition_penalty", "top_k", "min_p", "min_tokens", "stop_token_ids", "logit_bias", "include_stop_str_in_output", "skip_special_tokens", "response_format", "structured_outputs", "tools", "tool_choice", "parallel_tool_calls", "store", "metadata", "service_tier", "safety_identifier", "verbosity", "modalities", "prompt_cache_key", "chat_template_kwargs", "reasoning_effort", "include_reasoning")
+    __slots__ = ("model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "n", "user", "presence_penalty", "frequency_penalty", "logprobs", "ignore_eos", "skip_cache", "stream_interval", "cache", "top_logprobs", "repetition_penalty", "top_k", "min_p", "min_tokens", "stop_token_ids", "logit_bias", "include_stop_str_in_output", "skip_special_tokens", "response_format", "structured_outputs", "tools", "tool_choice", "parallel_tool_calls", "store", "metadata", "service_tier", "safety_identifier", "verbosity", "modalities", "prompt_cache_key", "chat_template_kwargs", "reasoning_effort", "include_reasoning", "add_generation_prompt", "continue_final_message")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -360,6 +364,8 @@ class ChatCompletionRequest(_message.Message):
     CHAT_TEMPLATE_KWARGS_FIELD_NUMBER: _ClassVar[int]
     REASONING_EFFORT_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_REASONING_FIELD_NUMBER: _ClassVar[int]
+    ADD_GENERATION_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    CONTINUE_FINAL_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     model: str
     messages: _containers.RepeatedCompositeFieldContainer[ChatCompletionRequestMessage]
     max_tokens: int
@@ -403,7 +409,9 @@ class ChatCompletionRequest(_message.Message):
     chat_template_kwargs: _struct_pb2.Struct
     reasoning_effort: str
     include_reasoning: bool
-    def __init__(self, model: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatCompletionRequestMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., max_completion_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., stream: _Optional[bool] = ..., stream_options: _Optional[_Union[StreamOptions, _Mapping]] = ..., n: _Optional[int] = ..., user: _Optional[str] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logprobs: _Optional[bool] = ..., ignore_eos: _Optional[bool] = ..., skip_cache: _Optional[bool] = ..., stream_interval: _Optional[int] = ..., cache: _Optional[str] = ..., top_logprobs: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., include_stop_str_in_output: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ..., response_format: _Optional[_Union[ResponseFormat, _Mapping]] = ..., structured_outputs: _Optional[_Union[StructuredOutputsRequest, _Mapping]] = ..., tools: _Optional[_Iterable[_Union[ChatCompletionTool, _Mapping]]] = ..., tool_choice: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., store: _Optional[bool] = ..., metadata: _Optional[_Mapping[str, str]] = ..., service_tier: _Optional[str] = ..., safety_identifier: _Optional[str] = ..., verbosity: _Optional[str] = ..., modalities: _Optional[_Iterable[str]] = ..., prompt_cache_key: _Optional[str] = ..., chat_template_kwargs: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., reasoning_effort: _Optional[str] = ..., include_reasoning: _Optional[bool] = ...) -> None: ...
+    add_generation_prompt: bool
+    continue_final_message: bool
+    def __init__(self, model: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatCompletionRequestMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., max_completion_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., stream: _Optional[bool] = ..., stream_options: _Optional[_Union[StreamOptions, _Mapping]] = ..., n: _Optional[int] = ..., user: _Optional[str] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logprobs: _Optional[bool] = ..., ignore_eos: _Optional[bool] = ..., skip_cache: _Optional[bool] = ..., stream_interval: _Optional[int] = ..., cache: _Optional[str] = ..., top_logprobs: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., include_stop_str_in_output: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ..., response_format: _Optional[_Union[ResponseFormat, _Mapping]] = ..., structured_outputs: _Optional[_Union[StructuredOutputsRequest, _Mapping]] = ..., tools: _Optional[_Iterable[_Union[ChatCompletionTool, _Mapping]]] = ..., tool_choice: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ..., store: _Optional[bool] = ..., metadata: _Optional[_Mapping[str, str]] = ..., service_tier: _Optional[str] = ..., safety_identifier: _Optional[str] = ..., verbosity: _Optional[str] = ..., modalities: _Optional[_Iterable[str]] = ..., prompt_cache_key: _Optional[str] = ..., chat_template_kwargs: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., reasoning_effort: _Optional[str] = ..., include_reasoning: _Optional[bool] = ..., add_generation_prompt: _Optional[bool] = ..., continue_final_message: _Optional[bool] = ...) -> None: ...
 
 class CompletionRequest(_message.Message):
     __slots__ = ("model", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "n", "user", "presence_penalty", "frequency_penalty", "logprobs", "echo", "best_of", "ignore_eos", "skip_cache", "stream_interval", "cache", "repetition_penalty", "top_k", "min_p", "min_tokens", "stop_token_ids", "logit_bias", "include_stop_str_in_output", "skip_special_tokens", "response_format", "structured_outputs")
@@ -817,18 +825,22 @@ class ModelList(_message.Message):
     def __init__(self, object: _Optional[str] = ..., data: _Optional[_Iterable[_Union[Model, _Mapping]]] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
-    __slots__ = ("model", "prompt", "messages", "tools", "chat_template_kwargs")
+    __slots__ = ("model", "prompt", "messages", "tools", "chat_template_kwargs", "add_generation_prompt", "continue_final_message")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     TOOLS_FIELD_NUMBER: _ClassVar[int]
     CHAT_TEMPLATE_KWARGS_FIELD_NUMBER: _ClassVar[int]
+    ADD_GENERATION_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    CONTINUE_FINAL_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     model: str
     prompt: str
     messages: _containers.RepeatedCompositeFieldContainer[ChatCompletionRequestMessage]
     tools: _containers.RepeatedCompositeFieldContainer[ChatCompletionTool]
     chat_template_kwargs: _struct_pb2.Struct
-    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatCompletionRequestMessage, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[ChatCompletionTool, _Mapping]]] = ..., chat_template_kwargs: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    add_generation_prompt: bool
+    continue_final_message: bool
+    def __init__(self, model: _Optional[str] = ..., prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatCompletionRequestMessage, _Mapping]]] = ..., tools: _Optional[_Iterable[_Union[ChatCompletionTool, _Mapping]]] = ..., chat_template_kwargs: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., add_generation_prompt: _Optional[bool] = ..., continue_final_message: _Optional[bool] = ...) -> None: ...
 
 class TokenizeResponse(_message.Message):
     __slots__ = ("count", "max_model_len", "tokens")

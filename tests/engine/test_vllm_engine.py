@@ -140,6 +140,19 @@ async def test_a_reasoning_parser_takes_the_thinking_out_of_vllms_output(engine:
     assert all(d.reasoning == "" for d in prompt)  # a plain prompt is not a chat: not parsed, as vLLM's completions
 
 
+async def test_an_answer_begun_for_the_model_is_what_vllm_continues(engine: VllmEngine, hf: tuple[Any, Any]) -> None:
+    """continue_final_message (prefill): vLLM computes the prompt with the final message left open,
+    as transformers renders it, and generates what follows it."""
+    begun = [{"role": "user", "content": "What is two plus two?"}, {"role": "assistant", "content": "The answer is"}]
+    deltas = await collect(engine, greedy("prefill", messages=begun, max_tokens=8, add_generation_prompt=False,
+                                          continue_final_message=True))
+    text = hf[1].apply_chat_template(begun, add_generation_prompt=False, continue_final_message=True, tokenize=False)
+    assert text.endswith("The answer is")
+    prompt_ids = hf[1].encode(text, add_special_tokens=False)
+    assert deltas[-1].prompt_tokens == len(prompt_ids)
+    assert [t for d in deltas for t in d.token_ids] == hf_greedy(hf, prompt_ids, 8)
+
+
 async def test_stop_strings_and_seeded_sampling(engine: VllmEngine) -> None:
     sampled = [await collect(engine, Request(request_id=f"seeded-{i}", prompt="Hello", max_tokens=16,
                                              temperature=1.0, seed=7, ignore_eos=True)) for i in range(2)]

@@ -266,6 +266,24 @@ async def test_an_openai_answer_put_back_in_the_history_is_taken(mesh: Mesh) -> 
     assert resp.usage.prompt_tokens == counted.json()["count"] > without.json()["count"]  # the refusal is in the prompt
 
 
+async def test_an_answer_begun_for_the_model_is_continued(mesh: Mesh) -> None:
+    """vLLM's prefill: continue_final_message with add_generation_prompt false leaves the final
+    message open (the sim's template: one turn opening fewer than a chat), /tokenize counts the
+    same, and the two set together are refused as vLLM refuses them."""
+    oa = client(mesh)
+    begun = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "The answer is"}]
+    prefill = {"continue_final_message": True, "add_generation_prompt": False}
+    resp = await oa.chat.completions.create(model=MODEL, messages=begun, max_tokens=2, extra_body=prefill)
+    opened = await oa.chat.completions.create(model=MODEL, messages=begun, max_tokens=2)
+    async with httpx.AsyncClient(base_url=f"http://{mesh.envoy_address}", timeout=30, headers=auth(ALICE)) as http:
+        counted = await http.post("/tokenize", json={"messages": begun, **prefill})
+    assert resp.usage.prompt_tokens == counted.json()["count"] < opened.usage.prompt_tokens
+    with pytest.raises(openai.BadRequestError) as both:
+        await oa.chat.completions.create(model=MODEL, messages=begun, max_tokens=2,
+                                         extra_body={"continue_final_message": True})
+    assert both.value.body["param"] == "continue_final_message" and "cannot both be true" in both.value.message
+
+
 # -- status codes at the edge ------------------------------------------------------------------
 
 

@@ -125,6 +125,16 @@ def test_every_field_of_the_request_is_in_the_key_or_listed_as_not() -> None:
         assert exact_key(req, "t") != exact_key(base(), "t"), f"{field.name} is not in the cache key"
 
 
+def test_how_the_template_ends_a_chat_is_in_the_key() -> None:
+    turns = [pb.ChatMessage(role="user", content="2+2?"), pb.ChatMessage(role="assistant", content="It is")]
+    opened = pb.GenerateRequest(messages=turns, temperature=0)
+    said = pb.GenerateRequest(messages=turns, temperature=0, add_generation_prompt=True)
+    closed = pb.GenerateRequest(messages=turns, temperature=0, add_generation_prompt=False)
+    continued = pb.GenerateRequest(messages=turns, temperature=0, add_generation_prompt=False, continue_final_message=True)
+    assert exact_key(opened, "t") == exact_key(said, "t")  # the default spelled out
+    assert len({exact_key(r, "t") for r in (opened, closed, continued)}) == 3
+
+
 def test_an_answers_thinking_in_the_history_is_in_the_key() -> None:
     def chat(reasoning: str) -> pb.GenerateRequest:
         return pb.GenerateRequest(messages=[pb.ChatMessage(role="assistant", content="4", reasoning=reasoning),

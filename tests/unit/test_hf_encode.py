@@ -10,7 +10,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from services.gen import meshserve_pb2 as pb
-from services.prompts import chat_turns, hf_encode, hf_prompt_ids
+from services.prompts import TemplateCall, chat_turns, hf_encode, hf_prompt_ids
 
 TEXTS = [
     "The quick brown fox",
@@ -59,6 +59,16 @@ def test_an_answers_thinking_in_the_history_reaches_a_template_that_shows_it(tok
     turns = chat_turns([pb.ChatMessage(role="user", content="2+2?"),
                         pb.ChatMessage(role="assistant", content="4", reasoning="two and two")])
     assert showing.decode(hf_prompt_ids(showing, "", turns)) == "2+2?</s><think>two and two</think>4</s>"
+
+
+def test_the_final_message_left_open_or_no_turn_opened(tokenizer: Any) -> None:
+    """vLLM's continue_final_message (the model continues an answer begun for it) and
+    add_generation_prompt false, through the model's template as transformers renders them."""
+    begun = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "The answer is"}]
+    continued = tokenizer.decode(hf_prompt_ids(tokenizer, "", begun, call=TemplateCall(False, True)))
+    assert continued.endswith("<|assistant|>\nThe answer is")
+    closed = tokenizer.decode(hf_prompt_ids(tokenizer, "", begun[:1], call=TemplateCall(add_generation_prompt=False)))
+    assert closed.endswith("2+2?</s>\n") and "<|assistant|>" not in closed
 
 
 def test_template_kwargs_reach_the_chat_template(tokenizer: Any) -> None:

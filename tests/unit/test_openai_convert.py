@@ -9,6 +9,7 @@ import pytest
 from google.protobuf import json_format
 
 from gateway import openai_convert as convert
+from services import validation
 from services.gen import meshserve_pb2 as pb
 from services.validation import InvalidRequest
 
@@ -222,6 +223,24 @@ def test_an_assistant_turn_with_audio_or_a_function_call_is_refused(field: str) 
         convert.chat_request(chat(messages=[{"role": "user", "content": "a"},
                                             {"role": "assistant", "content": "b", field: {"id": "x"}}]))
     assert err.value.param == f"messages[1].{field}"
+
+
+def test_an_answer_begun_for_the_model_is_continued_as_vllm_continues_it() -> None:
+    """vLLM's add_generation_prompt / continue_final_message (prefill): carried, and checked as vLLM
+    checks them."""
+    begun = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "The answer is"}]
+    req = convert.chat_request(chat(messages=begun, continue_final_message=True, add_generation_prompt=False))
+    assert req.continue_final_message and req.HasField("add_generation_prompt") and not req.add_generation_prompt
+    validation.validate(req)
+    plain = convert.chat_request(chat())
+    assert not plain.HasField("add_generation_prompt") and not plain.continue_final_message
+    for bad in (pb.GenerateRequest(messages=req.messages, continue_final_message=True),  # the opening too: vLLM refuses
+                pb.GenerateRequest(messages=[pb.ChatMessage(role="assistant", content="")], continue_final_message=True,
+                                   add_generation_prompt=False),
+                pb.GenerateRequest(prompt="x", continue_final_message=True, add_generation_prompt=False)):
+        with pytest.raises(InvalidRequest) as err:
+            validation.validate(bad)
+        assert err.value.param == "continue_final_message"
 
 
 def test_completion_request() -> None:
