@@ -58,8 +58,11 @@ class TemplateCall(NamedTuple):
     continue_final_message: bool = False
 
 
+OPEN_TURN = TemplateCall()  # a chat completion's: the assistant's turn opened for the model
+
+
 def sim_render(prompt: str, messages: Sequence[Mapping[str, str]] | None,
-               template_kwargs: Mapping[str, Any] | None = None, call: TemplateCall = TemplateCall()) -> str:
+               template_kwargs: Mapping[str, Any] | None = None, call: TemplateCall = OPEN_TURN) -> str:
     """The prompt text; chat turns get a simple stand-in for a chat template, which writes the
     template's variables (``template_kwargs``) after the turns, as a real template may write a
     thinking switch: they change the prompt. Continuing the final message leaves it open."""
@@ -78,7 +81,7 @@ def sim_render(prompt: str, messages: Sequence[Mapping[str, str]] | None,
 
 def hf_prompt_ids(tokenizer: Any, prompt: str, messages: Sequence[Mapping[str, Any]] | None,
                   tools: list[dict[str, Any]] | None = None,
-                  template_kwargs: Mapping[str, Any] | None = None, call: TemplateCall = TemplateCall()) -> list[int]:
+                  template_kwargs: Mapping[str, Any] | None = None, call: TemplateCall = OPEN_TURN) -> list[int]:
     """The prompt token ids vLLM gets from the worker: chat messages (and ``tools``, for
     templates that render them, and ``template_kwargs``, more variables for the template)
     through the model's chat template (generation prompt added), a plain prompt with the
@@ -89,7 +92,7 @@ def hf_prompt_ids(tokenizer: Any, prompt: str, messages: Sequence[Mapping[str, A
 
 def hf_render(tokenizer: Any, prompt: str, messages: Sequence[Mapping[str, Any]] | None,
               tools: list[dict[str, Any]] | None = None,
-              template_kwargs: Mapping[str, Any] | None = None, call: TemplateCall = TemplateCall()) -> tuple[str, bool]:
+              template_kwargs: Mapping[str, Any] | None = None, call: TemplateCall = OPEN_TURN) -> tuple[str, bool]:
     """The text vLLM's tokenizer gets for a prompt, and whether special tokens are added to it: a
     chat through the template (which writes its own), a plain prompt as it is (with them)."""
     if messages:

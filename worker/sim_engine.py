@@ -64,7 +64,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from services.config import WorkerConfig
-from services.prompts import ROOT_HASH, SIM_TOKENIZER, TemplateCall, block_hash, sim_render, sim_token_id, sim_tokenize
+from services.prompts import (
+    ROOT_HASH,
+    SIM_TOKENIZER,
+    TemplateCall,
+    block_hash,
+    sim_render,
+    sim_token_id,
+    sim_tokenize,
+)
 from services.validation import InvalidRequest
 from worker.engine import (
     Delta,
