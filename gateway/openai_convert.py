@@ -225,9 +225,8 @@ def _template_kwargs(req: pb.ChatCompletionRequest | pb.TokenizeRequest, out: pb
                                  param="reasoning_effort")
         kwargs["reasoning_effort"] = effort
         kwargs.setdefault("enable_thinking", effort != "none")
-    if kwargs:
+    if kwargs:  # checked with the rest of the request (services.validation.check_template)
         out.chat_template_kwargs = json.dumps(kwargs, sort_keys=True, ensure_ascii=False)
-        validation.template_kwargs(out)
 
 
 SERVICE_TIERS = ("auto", "default", "flex", "scale", "priority")

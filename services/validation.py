@@ -96,8 +96,7 @@ def validate(req: pb.GenerateRequest, max_model_len: int | None = None) -> None:
         raise InvalidRequest(f"'continue_token_ids' has {len(req.continue_token_ids)} tokens: no room left "
                              f"under max_tokens ({max_tokens(req)})", param="continue_token_ids")
     _validate_sampling(req)
-    template_kwargs(req)
-    _check_generation_prompt(req)
+    check_template(req)
     if req.parse_tool_calls and not (req.tools and req.messages):
         raise InvalidRequest("'parse_tool_calls' needs chat 'messages' and the 'tools' the model may call", param="parse_tool_calls")
     if req.cache and req.cache not in CACHE_MODES:
@@ -176,9 +175,11 @@ def check_schema(schema: object, field: str) -> None:
         raise InvalidRequest(f"'{field}' is not a valid JSON schema (at {where}): {e.message}", param=field) from None
 
 
-def _check_generation_prompt(req: pb.GenerateRequest) -> None:
-    """vLLM's add_generation_prompt / continue_final_message: for a chat, not both, and a final
-    message with something to continue."""
+def check_template(req: pb.GenerateRequest) -> None:
+    """How a chat's template is to be called: its variables (``template_kwargs``), and vLLM's
+    add_generation_prompt / continue_final_message: for a chat, not both, and a final message
+    with something to continue."""
+    template_kwargs(req)
     if not (req.HasField("add_generation_prompt") or req.continue_final_message):
         return
     name = "continue_final_message" if req.continue_final_message else "add_generation_prompt"

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from services.prompts import OPEN_TURN, TemplateCall
 from services.validation import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_REPETITION_PENALTY,
@@ -53,8 +54,7 @@ class Request:
     tools: list[dict[str, Any]] | None = None       # OpenAI's tools, for the chat template
     chat_template_kwargs: dict[str, Any] | None = None  # more variables for the chat template (vLLM's)
     include_reasoning: bool = True                  # False: a reasoning parser's thinking is dropped
-    add_generation_prompt: bool = True              # the template opens the assistant's turn
-    continue_final_message: bool = False            # or leaves the final message open (prefill)
+    template_call: TemplateCall = OPEN_TURN         # the assistant's turn opened, or the final message left open
     parse_tool_calls: bool = False                  # tool_choice "auto": find the calls in the output
 
     def non_default(self, *names: str) -> list[str]:

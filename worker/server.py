@@ -23,7 +23,7 @@ from services import validation
 from services.config import WorkerConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.prompts import chat_turns
+from services.prompts import TemplateCall, chat_turns
 from worker.engine import Chunker, Delta, Engine, Request
 from worker.kv_events import KvBatch, KvCacheView, KvWatcher
 from worker.session import Session
@@ -51,10 +51,10 @@ def make_engine(cfg: WorkerConfig) -> Engine:
         module, _, cls = ENGINES[cfg.engine].partition(":")
     except KeyError:
         raise ValueError(f"unknown engine {cfg.engine!r}; choose one of {sorted(ENGINES)}") from None
-    if cfg.tool_call_parser and cfg.engine != "vllm":
-        raise ValueError(f"--tool-call-parser is vLLM's: the {cfg.engine!r} engine has no tool parsers")
-    if cfg.reasoning_parser and cfg.engine != "vllm":
-        raise ValueError(f"--reasoning-parser is vLLM's: the {cfg.engine!r} engine has no reasoning parsers")
+    for flag, kind, name in (("--tool-call-parser", "tool", cfg.tool_call_parser),
+                             ("--reasoning-parser", "reasoning", cfg.reasoning_parser)):
+        if name and cfg.engine != "vllm":
+            raise ValueError(f"{flag} is vLLM's: the {cfg.engine!r} engine has no {kind} parsers")
     return getattr(importlib.import_module(module), cls)(cfg)
 
 
@@ -173,8 +173,7 @@ def to_engine_request(req: pb.GenerateRequest, min_stream_interval: int = 1) -> 
         tools=json.loads(req.tools) if req.tools else None,
         chat_template_kwargs=validation.template_kwargs(req),
         include_reasoning=req.include_reasoning if req.HasField("include_reasoning") else True,
-        add_generation_prompt=validation.add_generation_prompt(req),
-        continue_final_message=req.continue_final_message,
+        template_call=TemplateCall(validation.add_generation_prompt(req), req.continue_final_message),
         parse_tool_calls=req.parse_tool_calls,
     )
 
@@ -338,7 +337,9 @@ class WorkerServicer(pb_grpc.WorkerServicer):
 
     def _to_pb(self, request_id: str, delta: Delta) -> pb.GenerateResponse:
         chunk = pb.GenerateResponse(request_id=request_id, text=delta.text, token_ids=delta.token_ids,
-                                    worker=self.worker_id, reasoning=delta.reasoning)
+                                    worker=self.worker_id)
+        if delta.reasoning:  # a reasoning parser's: most chunks have none
+            chunk.reasoning = delta.reasoning
         for call in delta.tool_calls:
             chunk.tool_calls.add(index=call.index, id=call.id, name=call.name, arguments=call.arguments)
         for lp in delta.logprobs or ():
@@ -427,6 +428,7 @@ class WorkerServicer(pb_grpc.WorkerServicer):
         try:
             if not request.prompt and not request.messages:
                 raise validation.InvalidRequest("'prompt' is empty: give a prompt or chat 'messages'", param="prompt")
+            validation.check_template(request)  # what Generate's validation checks of the template's call
             tokens = await asyncio.to_thread(self.engine.tokenize, to_engine_request(request))
         except validation.InvalidRequest as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e), validation.param_metadata(e.param))

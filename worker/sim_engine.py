@@ -67,7 +67,6 @@ from services.config import WorkerConfig
 from services.prompts import (
     ROOT_HASH,
     SIM_TOKENIZER,
-    TemplateCall,
     block_hash,
     sim_render,
     sim_token_id,
@@ -116,8 +115,7 @@ def _uniform_logprob(at: int, num_top: int) -> TokenLogprob:
 
 
 def render_prompt(request: Request) -> str:
-    return sim_render(request.prompt or "", request.messages, request.chat_template_kwargs,
-                      TemplateCall(request.add_generation_prompt, request.continue_final_message))
+    return sim_render(request.prompt or "", request.messages, request.chat_template_kwargs, request.template_call)
 
 
 class BlockPool:

@@ -13,7 +13,7 @@ from typing import Any
 import psutil
 
 from services.config import DEFAULT_MODEL, WorkerConfig
-from services.prompts import TemplateCall, hf_prompt_ids
+from services.prompts import hf_prompt_ids
 from services.validation import InvalidRequest
 from worker.engine import (
     Delta,
@@ -47,7 +47,7 @@ def resolve_model(cfg: WorkerConfig) -> tuple[str, str]:
 def render_prompt(tokenizer: Any, request: Request) -> list[int]:
     """The request's prompt token ids; chat messages go through the model's chat template."""
     return hf_prompt_ids(tokenizer, request.prompt or "", request.messages, request.tools, request.chat_template_kwargs,
-                         TemplateCall(request.add_generation_prompt, request.continue_final_message))
+                         request.template_call)
 
 
 def decode(tokenizer: Any, token_ids: list[int]) -> str:

@@ -17,6 +17,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from services.config import WorkerConfig
+from services.prompts import TemplateCall
 from services.validation import InvalidRequest
 from worker.engine import Delta, Load, PromptTooLong, Request
 from worker.vllm_engine import VllmEngine
@@ -144,8 +145,9 @@ async def test_an_answer_begun_for_the_model_is_what_vllm_continues(engine: Vllm
     """continue_final_message (prefill): vLLM computes the prompt with the final message left open,
     as transformers renders it, and generates what follows it."""
     begun = [{"role": "user", "content": "What is two plus two?"}, {"role": "assistant", "content": "The answer is"}]
-    deltas = await collect(engine, greedy("prefill", messages=begun, max_tokens=8, add_generation_prompt=False,
-                                          continue_final_message=True))
+    deltas = await collect(engine, greedy("prefill", messages=begun, max_tokens=8,
+                                          template_call=TemplateCall(add_generation_prompt=False,
+                                                                     continue_final_message=True)))
     text = hf[1].apply_chat_template(begun, add_generation_prompt=False, continue_final_message=True, tokenize=False)
     assert text.endswith("The answer is")
     prompt_ids = hf[1].encode(text, add_special_tokens=False)

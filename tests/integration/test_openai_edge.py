@@ -278,6 +278,9 @@ async def test_an_answer_begun_for_the_model_is_continued(mesh: Mesh) -> None:
     async with httpx.AsyncClient(base_url=f"http://{mesh.envoy_address}", timeout=30, headers=auth(ALICE)) as http:
         counted = await http.post("/tokenize", json={"messages": begun, **prefill})
     assert resp.usage.prompt_tokens == counted.json()["count"] < opened.usage.prompt_tokens
+    async with httpx.AsyncClient(base_url=f"http://{mesh.envoy_address}", timeout=30, headers=auth(ALICE)) as http:
+        both_counted = await http.post("/tokenize", json={"messages": begun, "continue_final_message": True})
+    assert both_counted.status_code == 400 and both_counted.json()["error"]["param"] == "continue_final_message"
     with pytest.raises(openai.BadRequestError) as both:
         await oa.chat.completions.create(model=MODEL, messages=begun, max_tokens=2,
                                          extra_body={"continue_final_message": True})

@@ -193,8 +193,8 @@ def test_template_kwargs_and_reasoning_effort_go_to_the_template_as_vllm_gives_t
     ],
 )
 def test_template_kwargs_the_worker_cannot_honour_are_refused(body: dict, field: str) -> None:
-    with pytest.raises(InvalidRequest) as err:
-        convert.chat_request(chat(**body))
+    with pytest.raises(InvalidRequest) as err:  # converted, then validated as the gateway validates a request
+        validation.validate(convert.chat_request(chat(**body)))
     assert err.value.param == field and str(err.value).startswith(f"'{field}'")
 
 
