@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Reproduces the figures in docs/benchmarks.md ("300 concurrent users"): each scenario starts
 # its own mesh with `meshserve up`, runs `meshserve bench`, saves the JSON under $OUT and stops it.
-#   bench/baseline.sh [OUT_DIR]        (default bench/results/$(date +%F))
+#   bench/baseline.sh [OUT_DIR]        (default /tmp/meshserve-bench/baseline)
+source "$(dirname "$0")/usage.sh"  # -h, --help
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${1:-bench/results/$(date +%F)}
+OUT=${1:-/tmp/meshserve-bench/baseline}
 mkdir -p "$OUT"
 source bench/lib.sh
 

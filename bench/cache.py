@@ -1,11 +1,11 @@
-"""Response-cache benchmark (issue 10): coalescing, exact and semantic hits, Redis killed.
+"""Response-cache benchmark: coalescing, exact and semantic hits, Redis killed.
 
 Each run starts `meshserve up --engine sim --workers 4` on its own valkey-server (started here,
 so a scenario can kill it), runs `meshserve bench` through Envoy, reads the workers' own request
 counters, stops everything and writes one JSON per run plus summary.md.
 
-    .venv/bin/python bench/cache.py OUT_DIR [--rounds 1] [--scenarios burst,repeats,redis]
-        [--tree DIR]
+    .venv/bin/python bench/cache.py OUT_DIR [--rounds 1] [--scenarios burst,repeats,redis,hits]
+        [--variants LABEL,...] [--tree DIR]
 
 Scenarios (variants alternate round to round):
   burst    300 identical greedy requests at once (64 words -> 128 tokens): coalescing on (the
@@ -19,6 +19,11 @@ Scenarios (variants alternate round to round):
            DeepSeek-class decode pace), where this machine's CPU is not saturated by the relay.
   redis    the same workload at 100 concurrent with the cache on, and valkey-server killed (-9)
            once a third of the requests are done; against the cache off.
+  hits     a hit's own latency: on a fleet 4x slower (--sim-speed 0.25), one cached greedy
+           question asked 1,000 times in a row through Envoy (exact hits), then 2 x 150
+           paraphrases of a stored question never asked before, one at a time (semantic hits),
+           each timed to its first chunk: idle, and while 50 users generate with the cache off
+           (loaded, loaded-int8: the embedder's int8 network, loaded-traced: every request traced).
 
 --tree runs the mesh and the load generator from another source tree (a `git worktree` of the
 commit measured), so the working tree can change meanwhile.
@@ -27,6 +32,9 @@ commit measured), so the working tree can change meanwhile.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import functools
+import itertools
 import json
 import statistics
 import subprocess
@@ -34,6 +42,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +50,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench._mesh import CLI, meshserve_up, samples, summed, tree_env  # noqa: E402
+from services.gen import meshserve_pb2 as pb  # noqa: E402
+from services.gen import meshserve_pb2_grpc as pb_grpc  # noqa: E402
+from services.server import insecure_channel  # noqa: E402
 
 PORT, ADMIN_PORT, REDIS_PORT = 8390, 9991, 6399
 FLEET = ["--engine", "sim", "--workers", "4", "--no-tracing", "--port", str(PORT), "--admin-port", str(ADMIN_PORT),
@@ -81,7 +93,22 @@ SCENARIOS = {
         "cache-killed": ([], ["--cache", "semantic"]),
         "off": ([], ["--cache", "off"]),
     }, kill_redis_after=1 / 3),
+    # (up flags, ["--load"] when 50 users generate meanwhile, cache off: BACKGROUND)
+    "hits": Scenario("hits", {
+        "idle": (["--sim-speed", "0.25"], []),
+        "loaded": (["--sim-speed", "0.25"], ["--load"]),
+        "loaded-int8": (["--sim-speed", "0.25", "--embed-runtime", "onnx-int8"], ["--load"]),
+        "loaded-traced": (["--sim-speed", "0.25", "--tracing"], ["--load"]),
+    }),
 }
+# The hits scenario's background: 50 users generating, the cache off, until stopped.
+BACKGROUND = ["--dataset-name", "random", "--num-prompts", "1000000", "--max-concurrency", "50",
+              "--random-input-len", "64", "--random-output-len", "64", "--cache", "off", "--disable-tqdm"]
+PARAPHRASES = [p + c + s for p, c, s in itertools.product(
+    ["", "please ", "hey, ", "quick question: ", "could you tell me ", "tell me ", "so, ", "hi! "],
+    ["what is the capital city of {}?", "what's the capital city of {}?", "which city is the capital of {}?",
+     "what is the capital of the country {}?", "name the capital city of {}."],
+    ["", " thanks", " please", " thank you", " :)"])]
 BENCH = {
     "burst": ["--dataset-name", "random", "--random-distinct-prompts", "1", "--num-prompts", "300",
               "--max-concurrency", "300", "--random-input-len", "64", "--random-output-len", "128", "--allow-cache"],
@@ -89,6 +116,91 @@ BENCH = {
     "paced": [*REPEATS, "--max-concurrency", "50"],
     "redis": [*REPEATS, "--max-concurrency", "100"],
 }
+
+
+def quantiles(latencies: list[float]) -> dict[str, float]:
+    """p50 / p90 / p99 / max in milliseconds (NaN when there is none)."""
+    ms = sorted(x * 1000 for x in latencies) or [float("nan")]
+    return {f"p{int(q * 100)}": round(ms[min(len(ms) - 1, int(q * len(ms)))], 2) for q in (0.5, 0.9, 0.99)} | {
+        "max": round(ms[-1], 2)}
+
+
+async def first_chunk(stub: pb_grpc.InferenceStub, request: pb.GenerateRequest) -> tuple[float, str]:
+    """Seconds to the first chunk of ``request``, and how it was answered ("exact", "semantic", "")."""
+    started = time.perf_counter()
+    call = stub.Generate(request)
+    chunk = await call.read()
+    elapsed = time.perf_counter() - started
+    call.cancel()
+    return elapsed, chunk.cache_kind
+
+
+async def answered_by(stub: pb_grpc.InferenceStub, request: pb.GenerateRequest) -> str:
+    """Reads the whole answer to ``request`` (a flight stores only an answer read to its end):
+    how it was answered ("exact", "semantic", "" when generated)."""
+    return [chunk.cache_kind async for chunk in stub.Generate(request)][0]
+
+
+async def probe_hits(target: str, exact_n: int = 1000, semantic_rounds: int = 2, semantic_n: int = 150) -> dict:
+    """Exact hits: one question asked ``exact_n`` times after it is stored. Semantic hits: per round
+    a fresh question stored, then ``semantic_n`` of its paraphrases, each asked once (a paraphrase
+    answered once becomes an exact entry of its own)."""
+    async with insecure_channel(target) as channel:
+        stub = pb_grpc.InferenceStub(channel)
+
+        def ask(text: str, cache: str) -> pb.GenerateRequest:
+            return pb.GenerateRequest(prompt=text, max_tokens=16, temperature=0, cache=cache)
+
+        exact = ask(f"probe {uuid.uuid4().hex[:6]}: what is the capital of France?", "exact")
+        while await answered_by(stub, exact) != "exact":  # until its entry has landed
+            await asyncio.sleep(0.1)
+        exact_hits = [(await first_chunk(stub, exact))[0] for _ in range(exact_n)]
+        semantic: list[float] = []
+        answered: dict[str, int] = {}
+        for _ in range(semantic_rounds):
+            topic = f"Zorbania-{uuid.uuid4().hex[:6]}"
+            stored = ask(f"What is the capital city of {topic}?", "semantic")
+            while await answered_by(stub, stored) != "exact":  # stored; its embedding follows
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(1.0)  # indexed by meaning in every replica
+            for text in PARAPHRASES[1:semantic_n + 1]:
+                elapsed, kind = await first_chunk(stub, ask(text.format(topic), "semantic"))
+                answered[kind or "generated"] = answered.get(kind or "generated", 0) + 1
+                if kind == "semantic":
+                    semantic.append(elapsed)
+    return {"exact_ms": quantiles(exact_hits), "semantic_ms": quantiles(semantic), "semantic_answers": answered}
+
+
+def run_hits(out: Path, label: str, seed: int, tree: Path) -> dict:
+    """The hits scenario: ``probe_hits`` through Envoy, with 50 users generating meanwhile if the
+    variant says ``--load``."""
+    up_flags, load = SCENARIOS["hits"].variants[label]
+    run_dir = out / "runs" / f"hits-{label}-s{seed}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    logs = tempfile.mkdtemp(prefix=f"cache-hits-{label}-")
+    valkey = Valkey(logs)
+    valkey.start()
+    try:  # a later --tracing overrides FLEET's --no-tracing
+        with meshserve_up([*FLEET, *up_flags], logs, tree) as mesh:
+            background = None
+            if load:
+                background = subprocess.Popen([*CLI, "bench", "--target", f"127.0.0.1:{PORT}", *BACKGROUND,
+                                               "--seed", str(seed)], cwd=tree, env=tree_env(tree),
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                gateway = mesh.metrics("gateway")
+                while summed(gateway, "meshserve_gateway_requests_total{") < 100:  # the users are generating
+                    time.sleep(0.2)
+            try:
+                result = asyncio.run(probe_hits(f"127.0.0.1:{PORT}"))
+            finally:
+                if background is not None:
+                    background.terminate()
+                    background.wait(30)
+            result["variant"] = label
+            (run_dir / "probes.json").write_text(json.dumps(result, indent=2) + "\n")
+            return result
+    finally:
+        valkey.kill()
 
 
 def worker_requests(urls: list[str]) -> float:
@@ -191,6 +303,10 @@ def cache_counters(url: str) -> dict[str, float]:
 
 
 def headline(r: dict) -> str:
+    if "exact_ms" in r:
+        e, m = r["exact_ms"], r["semantic_ms"]
+        return (f"exact hits p50 {e['p50']} p99 {e['p99']} ms | semantic hits {r['semantic_answers'].get('semantic', 0)}"
+                f" p50 {m['p50']} p99 {m['p99']} ms | {r['semantic_answers']}")
     kinds = ", ".join(
         f"{k} {n} (TTFT p50 {r['ttft_ms_by_answer'][k]['median']:.1f} p99 {r['ttft_ms_by_answer'][k]['p99']:.1f})"
         for k, n in sorted(r["answers"].items())
@@ -215,13 +331,17 @@ def main() -> int:
             scenario = SCENARIOS[name]
             labels = [v for v in scenario.variants if not args.variants or v in args.variants.split(",")]
             for label in labels[r % len(labels):] + labels[: r % len(labels)]:
-                result = run_one(args.out, scenario, label, 1000 * r + 7, tree)
+                run = run_hits if name == "hits" else functools.partial(run_one, scenario=scenario)
+                result = run(args.out, label=label, seed=1000 * r + 7, tree=tree)
                 rows.setdefault((name, label), []).append(result)
                 print(f"round {r + 1} {name:<8} {label:<12} {headline(result)}", flush=True)
     with open(args.out / "summary.md", "w") as f:
         f.write("| scenario | variant | runs | ok / failed | engine requests | output tok/s | TTFT p50 / p99 ms |"
                 " answers (TTFT p50 / p99 ms) | lookups given up on the budget |\n|---|---|---|---|---|---|---|---|---|\n")
         for (name, label), results in rows.items():
+            if name == "hits":
+                continue
+
             def med(key: str) -> float:
                 return statistics.median(x[key] for x in results)
 
@@ -235,6 +355,18 @@ def main() -> int:
             f.write(f"| {name} | {label} | {len(results)} | {med('completed'):.0f} / {med('failed'):.0f} | "
                     f"{med('engine_requests'):.0f} | {med('output_throughput'):.0f} | "
                     f"{med('median_ttft_ms'):.1f} / {med('p99_ttft_ms'):.1f} | {kinds} | {slow:.0f} |\n")
+        hits = [(label, results) for (name, label), results in rows.items() if name == "hits"]
+        if hits:
+            f.write("\n| hits variant | runs | exact hit p50 / p90 / p99 ms | semantic hits | semantic hit p50 / p90 / p99 ms |"
+                    "\n|---|---|---|---|---|\n")
+            for label, results in hits:
+                def med(key: str, q: str) -> float:
+                    return statistics.median(x[key][q] for x in results)
+
+                n = statistics.median(x["semantic_answers"].get("semantic", 0) for x in results)
+                f.write(f"| {label} | {len(results)} | {med('exact_ms', 'p50')} / {med('exact_ms', 'p90')} / "
+                        f"{med('exact_ms', 'p99')} | {n:.0f} of 300 | {med('semantic_ms', 'p50')} / "
+                        f"{med('semantic_ms', 'p90')} / {med('semantic_ms', 'p99')} |\n")
     print((args.out / "summary.md").read_text())
     return 0
 

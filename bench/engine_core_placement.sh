@@ -4,11 +4,12 @@
 # CPUs (`--engine-core-cpus shared`, the default on <= 4 CPUs) and where vLLM puts it (`vllm`),
 # alternated ROUNDS times (each run its own mesh), then the longest stall of one 1,900-token
 # stream under each placement.
-#   bench/engine_core_placement.sh [OUT_DIR]     (default bench/results/$(date +%F)-engine-core)
+#   bench/engine_core_placement.sh [OUT_DIR]     (default /tmp/meshserve-bench/engine_core_placement)
 #   env: ROUNDS (3)
+source "$(dirname "$0")/usage.sh"  # -h, --help
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${1:-bench/results/$(date +%F)-engine-core}
+OUT=${1:-/tmp/meshserve-bench/engine_core_placement}
 mkdir -p "$OUT"
 source bench/lib.sh
 

@@ -3,11 +3,12 @@
 # of bench/baseline.sh on the vLLM tiny model with the engine processes at normal priority and
 # at low priority (`--engine-priority low`, the default on <= 4 CPUs), alternated ROUNDS times,
 # each run its own mesh (the slow mode this fixes is decided early in a mesh's life).
-#   bench/engine_priority.sh [OUT_DIR]     (default bench/results/$(date +%F)-engine-priority)
+#   bench/engine_priority.sh [OUT_DIR]     (default /tmp/meshserve-bench/engine_priority)
 #   env: ROUNDS (4)
+source "$(dirname "$0")/usage.sh"  # -h, --help
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${1:-bench/results/$(date +%F)-engine-priority}
+OUT=${1:-/tmp/meshserve-bench/engine_priority}
 mkdir -p "$OUT"
 source bench/lib.sh
 

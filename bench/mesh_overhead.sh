@@ -4,9 +4,10 @@
 # its own prompts (a different --seed) so no run inherits another's prefix-cache hits.
 #   bench/mesh_overhead.sh [OUT_DIR]
 #   env: BENCH_ARGS  extra `meshserve bench` flags for every run, e.g. "--stream-interval 8"
+source "$(dirname "$0")/usage.sh"  # -h, --help
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${1:-bench/results/$(date +%F)}
+OUT=${1:-/tmp/meshserve-bench/mesh_overhead}
 mkdir -p "$OUT"
 source bench/lib.sh
 up overhead --engine sim --workers 1

@@ -4,11 +4,12 @@
 # concurrent users ("unloaded": everything admitted), then by 10x as many users with the same
 # requests, then by arrivals at 10x the unloaded request rate. Saves the JSONs under $OUT, then
 # prints each overload's p99 TTFT ratio to the unloaded one and its p99 refusal latency.
-#   bench/overload.sh [OUT_DIR]        (default bench/results/$(date +%F)-overload)
+#   bench/overload.sh [OUT_DIR]        (default /tmp/meshserve-bench/overload)
 #   env: CAPACITY (16), WORKERS (4), PROMPTS_1X (900), PROMPTS_10X_USERS (3000), PROMPTS_10X (20000)
+source "$(dirname "$0")/usage.sh"  # -h, --help
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${1:-bench/results/$(date +%F)-overload}
+OUT=${1:-/tmp/meshserve-bench/overload}
 C=${CAPACITY:-16}
 WORKERS=${WORKERS:-4}
 mkdir -p "$OUT"

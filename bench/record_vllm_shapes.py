@@ -7,6 +7,7 @@ meshserve's answers with. Run again after a vLLM upgrade:
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import json
 import sys
@@ -26,6 +27,7 @@ TOOL_FLAGS = ["--tool-call-parser", "hermes", "--enable-auto-tool-choice"]
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     ensure_vllm_cli()
     peer.ENGINE_FLAGS = [*peer.ENGINE_FLAGS, *TOOL_FLAGS]
     with tempfile.TemporaryDirectory() as logs:

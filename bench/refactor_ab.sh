@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# A refactor must not change behaviour (issue 13): the 300-user sim run of docs/benchmarks.md
+# A refactor must not change behaviour: the 300-user sim run of docs/benchmarks.md
 # (4 sim workers through Envoy, 1200 requests, one seed) on the code of another source tree
 # ("before", e.g. a worktree of an older commit) and on this one ("after"), alternated.
 #   bench/refactor_ab.sh OUT_DIR BEFORE_TREE [ROUNDS]
+source "$(dirname "$0")/usage.sh"  # -h, --help
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=$1; BEFORE=$(realpath "$2"); ROUNDS=${3:-2}; ROOT=$PWD

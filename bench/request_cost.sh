@@ -8,6 +8,7 @@
 #   SPY=gateway bench/request_cost.sh ...    also records a py-spy profile of that service (raw)
 #   ENGINE=vllm bench/request_cost.sh ...    on the real vLLM engine (the model's own tokenizer)
 # Needs wrk (Debian's package) and, for SPY, py-spy on PATH.
+source "$(dirname "$0")/usage.sh"  # -h, --help
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 TREE=${TREE:-$HERE}

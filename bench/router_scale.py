@@ -2,8 +2,8 @@
 and KV events to it, and gateways' worth of Picks streams asking it as fast as it answers.
 
     .venv/bin/python bench/router_scale.py [--workers 256] [--seconds 10] [--streams 8]
-        [--depth 16] [--batches | --rate PICKS_PER_S] [--prompt-words 256] [--routing kv-aware] [--router-cpu 0]
-        [--report-interval-s 0.1] [--router-tree DIR] [--out FILE]
+        [--depth 16] [--batches | --rate PICKS_PER_S | --in-process] [--prompt-words 256]
+        [--routing kv-aware] [--router-cpu 0] [--report-interval-s 0.1] [--router-tree DIR] [--out FILE]
 
 The simulated workers (this process, on the other CPUs) implement the real Worker service's
 Info / WatchLoad / WatchKvEvents: a load report every ``--report-interval-s`` (100 ms), each
@@ -13,6 +13,11 @@ so the router's index churns as a busy fleet's does. Each Picks stream keeps ``-
 outstanding (the gateway's stream carries many requests at once), or, with ``--rate``, is sent
 the picks due at that rate whatever is outstanding (open loop: the latency of a rate); prompts are prefix_repetition prompts (16 prefixes). Prints
 picks/s and the pick latency seen by the caller (p50/p99), plus the router's own CPU seconds.
+
+``--in-process`` measures the pick alone: the router's policy, prefix view and KV index in this
+process, no gRPC, over ``--workers`` workers that each hold four prefixes' blocks and whose load
+reports keep changing (one in seven of them every 50 picks), one pick at a time for ``--seconds``.
+It is the ceiling the router service's picks/s approaches on the same core.
 """
 
 from __future__ import annotations
@@ -37,6 +42,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from commands.bench import prefix_repetition_requests  # noqa: E402
+from router.policies import PickContext, build_policy  # noqa: E402
+from router.server import Router  # noqa: E402
+from router.state import WorkerLoad, WorkerTable  # noqa: E402
 from services.gen import meshserve_pb2 as pb  # noqa: E402
 from services.gen import meshserve_pb2_grpc as pb_grpc  # noqa: E402
 from services.prompts import block_hashes, sim_tokenize  # noqa: E402
@@ -100,6 +108,45 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _random_load(rng: random.Random, sequence: int) -> WorkerLoad:
+    return WorkerLoad(num_running=rng.randint(0, 64), num_waiting=rng.randint(0, 4), max_num_seqs=256,
+                      sequence=sequence, requests_received=sequence)
+
+
+async def pick_alone(args: argparse.Namespace, prompts: list[str], prefix_blocks: list[list[int]]) -> dict:
+    """The pick in this process: ``Router.pick`` over a table of ``args.workers`` workers."""
+    addresses = [f"10.0.{i // 256}.{i % 256}:50061" for i in range(args.workers)]
+    table = WorkerTable(addresses)
+    router = Router(table, build_policy(args.routing, 2.0), 2.0, random.Random(1))
+    await router.prefix.configure("sim", BLOCK)
+    for i, address in enumerate(addresses):
+        rng = random.Random(i)
+        table.on_connected(address, f"sim-{i}")
+        table.on_report(address, _random_load(rng, 1))
+        router.kv.stored(address, {h for chain in rng.sample(prefix_blocks, 4) for h in chain})
+    latencies: list[float] = []
+    started = time.perf_counter()
+    while time.perf_counter() - started < args.seconds:
+        n = len(latencies)
+        t0 = time.perf_counter()
+        router.pick(PickContext(request_id=str(n), prompt=prompts[n % len(prompts)]))
+        latencies.append(time.perf_counter() - t0)
+        if n % 50 == 49:  # reports keep arriving: picks settle, loads change
+            for i in range(0, args.workers, 7):
+                table.on_report(addresses[(i + n) % args.workers], _random_load(random.Random(n + i), n + 2))
+    elapsed = time.perf_counter() - started
+    lat = np.array(latencies) * 1000
+    return {"workers": args.workers, "routing": args.routing, "rpc": "none (in process)",
+            "prompt_words": args.prompt_words, "picks": len(latencies), "picks_per_s": len(latencies) / elapsed,
+            "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99))}
+
+
+def report(figures: dict, out: Path | None) -> None:
+    print(json.dumps(figures, indent=1))
+    if out:
+        out.write_text(json.dumps(figures, indent=1) + "\n")
+
+
 async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", type=int, default=256)
@@ -113,6 +160,8 @@ async def main() -> int:
                         help="offer this many picks a second in all, open loop (over PickBatches: each stream sends "
                              "the picks due every millisecond as one batch), and time each from when it was due; "
                              "0: closed loop, --depth outstanding per stream")
+    parser.add_argument("--in-process", action="store_true",
+                        help="the pick alone, in this process: no router service, no gRPC (see above)")
     parser.add_argument("--prompt-words", type=int, default=256, help="words per prompt (prefix 3/4, suffix 1/4)")
     parser.add_argument("--routing", default="kv-aware")
     parser.add_argument("--router-cpu", type=int, default=0, help="the one CPU the router may use")
@@ -127,6 +176,9 @@ async def main() -> int:
     prompts = [r.prompt for r in prefix_repetition_requests(
         2000, 16, args.prompt_words * 3 // 4, args.prompt_words // 4, 1, rng)]
     prefix_blocks = [block_hashes(sim_tokenize(p), BLOCK) for p in prompts[:64]]
+    if args.in_process:
+        report(await pick_alone(args, prompts, prefix_blocks), args.out)
+        return 0
 
     others = sorted(os.sched_getaffinity(0) - {args.router_cpu}) or [args.router_cpu]
     os.sched_setaffinity(0, others)  # the fleet and the callers stay off the router's CPU
@@ -268,9 +320,7 @@ async def main() -> int:
             "report_interval_s": args.report_interval_s, "fleet_messages_per_s": fleet_messages / elapsed,
             "router_tree": str(args.router_tree),
         }
-        print(json.dumps(figures, indent=1))
-        if args.out:
-            args.out.write_text(json.dumps(figures, indent=1) + "\n")
+        report(figures, args.out)
         await channel.close()
     finally:
         router.terminate()

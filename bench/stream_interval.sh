@@ -4,11 +4,12 @@
 # after the first (`meshserve bench --stream-interval 8`), alternated ROUNDS times in one mesh:
 # first a sim worker (the mesh's own cost), then the vLLM tiny model. Every run has its own
 # prompts (--seed): a run on the previous run's prompts would hit the prefix cache.
-#   bench/stream_interval.sh [OUT_DIR]     (default bench/results/$(date +%F)-stream-interval)
+#   bench/stream_interval.sh [OUT_DIR]     (default /tmp/meshserve-bench/stream_interval)
 #   env: ROUNDS (3)
+source "$(dirname "$0")/usage.sh"  # -h, --help
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${1:-bench/results/$(date +%F)-stream-interval}
+OUT=${1:-/tmp/meshserve-bench/stream_interval}
 mkdir -p "$OUT"
 source bench/lib.sh
 

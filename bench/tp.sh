@@ -2,11 +2,12 @@
 # Tensor parallelism through the mesh on this CPU machine: the 300-user workload on one vLLM
 # worker with --tensor-parallel-size 1 and 2 (the tiny model, eager), a fresh mesh per run,
 # alternated ROUNDS times, each run with its own prompts (--seed).
-#   bench/tp.sh [OUT_DIR]     (default bench/results/$(date +%F)-tp)
+#   bench/tp.sh [OUT_DIR]     (default /tmp/meshserve-bench/tp)
 #   env: ROUNDS (2)
+source "$(dirname "$0")/usage.sh"  # -h, --help
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${1:-bench/results/$(date +%F)-tp}
+OUT=${1:-/tmp/meshserve-bench/tp}
 mkdir -p "$OUT"
 source bench/lib.sh
 

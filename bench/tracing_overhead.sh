@@ -4,9 +4,10 @@
 # its own mesh). Prints, per round, the on/off ratios of output throughput and of the mesh's CPU
 # seconds per request (steadier on a shared machine), then their medians.
 #   RATIO=0.1 ROUNDS=3 bench/tracing_overhead.sh [OUT_DIR]    (RATIO: sampling ratio, default 1.0)
+source "$(dirname "$0")/usage.sh"  # -h, --help
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${1:-bench/results/$(date +%F)}
+OUT=${1:-/tmp/meshserve-bench/tracing_overhead}
 RATIO=${RATIO:-1.0}
 ROUNDS=${ROUNDS:-3}
 mkdir -p "$OUT"

@@ -2,7 +2,7 @@
 embedding model and the guards, as the cache service runs them.
 
 ``semantic_pairs.jsonl`` is the set the guards were developed on; ``semantic_pairs_holdout.jsonl``
-was written apart from them (its first measurement is in docs/benchmarks.md). Bounds (issue 10):
+was written apart from them (its first measurement is in docs/benchmarks.md). Bounds:
 at most 0.5% of near misses may match, at least 50% of paraphrases must.
 """
 
