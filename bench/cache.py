@@ -336,8 +336,9 @@ def main() -> int:
                 rows.setdefault((name, label), []).append(result)
                 print(f"round {r + 1} {name:<8} {label:<12} {headline(result)}", flush=True)
     with open(args.out / "summary.md", "w") as f:
-        f.write("| scenario | variant | runs | ok / failed | engine requests | output tok/s | TTFT p50 / p99 ms |"
-                " answers (TTFT p50 / p99 ms) | lookups given up on the budget |\n|---|---|---|---|---|---|---|---|---|\n")
+        if any(name != "hits" for name, _ in rows):
+            f.write("| scenario | variant | runs | ok / failed | engine requests | output tok/s | TTFT p50 / p99 ms |"
+                    " answers (TTFT p50 / p99 ms) | lookups given up on the budget |\n|---|---|---|---|---|---|---|---|---|\n")
         for (name, label), results in rows.items():
             if name == "hits":
                 continue
