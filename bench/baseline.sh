@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces the figures in docs/benchmarks.md ("300 concurrent users"): each scenario starts
+# Reproduces the figures in docs/benchmarks.md ("300 concurrent users: before and after"): each scenario starts
 # its own mesh with `meshserve up`, runs `meshserve bench`, saves the JSON under $OUT and stops it.
 #   bench/baseline.sh [OUT_DIR]        (default /tmp/meshserve-bench/baseline)
 source "$(dirname "$0")/usage.sh"  # -h, --help

