@@ -5,7 +5,7 @@ gateway -> Envoy); each step waits until the process reports ready (gRPC health 
 Envoy /ready) before the next. Stopping goes in reverse, SIGTERM first so every service drains,
 then SIGKILL for whatever outlived its grace period. Tests use ``Mesh`` the same way. With
 ``MeshSpec.supervise`` (``meshserve up``), a process that exits is started again the same way
-(commands/supervisor.py).
+(commands/supervisor.py; ``Mesh`` is the ``Supervised`` it watches).
 """
 
 from __future__ import annotations
@@ -190,7 +190,7 @@ class Mesh:
         self.spec = spec
         self.procs: list[Proc] = []                  # in start order; a restarted process takes its old place
         self.launches: dict[str, Launch] = {}        # by process name
-        self.supervisor: Supervisor | None = None
+        self.supervisor: Supervisor[Proc] | None = None
         self._lock = threading.Lock()                # procs, and whether the mesh is stopping
         self._stopping = False
         self._up = False                             # start() has finished

@@ -1,8 +1,8 @@
 """Keeps the processes of ``meshserve up`` running: one that exits is restarted with backoff,
 and one that keeps crashing is left down, while the rest of the mesh serves on.
 
-``Restarts`` is the policy (pure, on an injected clock); ``Supervisor`` watches a ``Mesh`` and
-acts on it from threads of its own.
+``Restarts`` is the policy (pure, on an injected clock); ``Supervisor`` watches a ``Supervised``
+group of processes (the launcher's ``Mesh``) and acts on it from threads of its own.
 """
 
 from __future__ import annotations
@@ -10,15 +10,14 @@ from __future__ import annotations
 import enum
 import logging
 import signal
+import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from commands.launcher import Mesh, Proc
+from pathlib import Path
+from typing import Generic, Protocol, TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -87,17 +86,59 @@ class State(enum.Enum):
     DOWN = "down"               # given up on (a crash loop)
 
 
-class Supervisor:
-    """Watches the processes of a started ``Mesh`` and restarts one that exits.
+class Process(Protocol):
+    """One supervised process: its name, its ``Popen`` and the log it writes."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def popen(self) -> subprocess.Popen[bytes]: ...
+
+    @property
+    def log_path(self) -> Path: ...
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The last ``lines`` lines this process wrote."""
+        ...
+
+
+P = TypeVar("P", bound=Process)
+
+
+class Supervised(Protocol[P]):
+    """What the supervisor supervises: processes it may kill, start again and wait for."""
+
+    @property
+    def procs(self) -> Sequence[P]:
+        """The processes now running or given up on; a restarted one replaces its old entry."""
+        ...
+
+    def kill(self, proc: P) -> None:
+        """Kills ``proc`` and every process it left behind."""
+        ...
+
+    def restart(self, name: str) -> P | None:
+        """Starts process ``name`` again as it was first started; None once stopping."""
+        ...
+
+    def wait_ready(self, proc: P) -> None:
+        """Blocks until ``proc`` is ready; raises if it exits first or time runs out."""
+        ...
+
+
+class Supervisor(Generic[P]):
+    """Watches the processes of a started ``Mesh`` (``Supervised``) and restarts one that exits.
 
     One thread polls every process; each restart (its backoff, then the new process's readiness
     probe, which for vLLM takes tens of seconds) runs on a thread of its own, so a slow start
     never delays noticing another exit. A restarted process that exits before it is ready is
-    one more exit for the policy. ``Mesh.stop()`` calls ``stop()`` first (no restart begins
-    after it), kills every process, then ``join()``s the restarts, which end with their process.
+    one more exit for the policy. Its owner (the launcher's ``Mesh.stop()``) calls ``stop()``
+    first (no restart begins after it), kills every process, then ``join()``s the restarts,
+    which end with their process.
     """
 
-    def __init__(self, mesh: Mesh, policy: RestartPolicy, poll_interval_s: float = 0.1) -> None:
+    def __init__(self, mesh: Supervised[P], policy: RestartPolicy, poll_interval_s: float = 0.1) -> None:
         self._mesh = mesh
         self._restarts = Restarts(policy)
         self._poll_interval_s = poll_interval_s
@@ -143,7 +184,7 @@ class Supervisor:
                 except Exception:  # keep watching the others
                     log.exception("supervising %s failed", proc.name)
 
-    def _exited(self, proc: Proc) -> None:
+    def _exited(self, proc: P) -> None:
         self._mesh.kill(proc)  # what it left behind (vLLM's engine processes) goes with it
         why = f"{proc.name} (pid {proc.popen.pid}) {describe_exit(proc.popen.returncode)}"
         with self._lock:
