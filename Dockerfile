@@ -25,6 +25,7 @@ COPY cache_service cache_service
 COPY worker worker
 COPY trace_service trace_service
 COPY commands commands
+COPY loadgen loadgen
 COPY deploy deploy
 RUN if [ "$ENGINE" = cpu ]; then extra="--extra-index-url $TORCH_INDEX"; fi \
     && pip install $extra ".[$ENGINE]" \

@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO))
 from _mesh import CLI, by_name, meshserve_up, tree_env  # noqa: E402
 
-from commands.bench import save_result  # noqa: E402
+from loadgen.results import save_result  # noqa: E402
 
 PORT = 8080
 # fault -> (the signal, the process of the mesh that gets it)

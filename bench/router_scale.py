@@ -41,7 +41,7 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from commands.bench import prefix_repetition_requests  # noqa: E402
+from loadgen.workloads import prefix_repetition_requests  # noqa: E402
 from router.policies import PickContext, build_policy  # noqa: E402
 from router.server import Router  # noqa: E402
 from router.state import WorkerLoad, WorkerTable  # noqa: E402

@@ -58,7 +58,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench._mesh import CLI, by_name, meshserve_up, samples, tree_env  # noqa: E402
-from commands.bench import TIMINGS, save_result  # noqa: E402
+from loadgen.results import TIMINGS, save_result  # noqa: E402
 from services.config import ROUTING_POLICIES  # noqa: E402
 
 PORT, ADMIN_PORT = 8380, 9981

@@ -1,4 +1,5 @@
-"""``meshserve bench``: an async gRPC load generator in the manner of ``vllm bench serve``.
+"""``meshserve bench``: the command line of the load generator (loadgen), in the manner of
+``vllm bench serve``.
 
 It streams random prompts to the mesh's public ``Inference/Generate`` (through Envoy or the
 gateway) or to one worker's ``Worker/Generate``, measures TTFT, TPOT, ITL and end-to-end latency
@@ -9,581 +10,43 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import hashlib
-import json
 import logging
 import math
 import random
-import re
 import sys
-import time
 import uuid
-from collections import Counter
-from collections.abc import AsyncIterable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from datetime import datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-import grpc
-import numpy as np
-
+from loadgen.plot import plot_runs
+from loadgen.results import METRIC_HEADERS, format_summary, save_result, summarize
+from loadgen.runner import (
+    STREAMS_PER_CHANNEL,
+    OpenStream,
+    OpenTurn,
+    connect,
+    open_channels,
+    run_conversations,
+    run_requests,
+)
+from loadgen.workloads import (
+    DEFAULT_PAIRS,
+    BenchRequest,
+    Conversation,
+    arrival_offsets,
+    multi_turn_conversations,
+    prefix_repetition_requests,
+    random_requests,
+    repeats_requests,
+)
 from services import config
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.server import CHANNEL_OPTIONS
 
 log = logging.getLogger(__name__)
-
-# Many HTTP/2 servers and proxies allow about this many concurrent streams per connection (100 is
-# the RFC's recommended minimum), so the bench opens one connection per this many streams.
-STREAMS_PER_CHANNEL = 100
-
-METRIC_HEADERS = {
-    "ttft": "Time to First Token",
-    "tpot": "Time per Output Token (excl. 1st token)",
-    "itl": "Inter-token Latency",
-    "e2el": "End-to-end Latency",
-}
-
-# Random prompts are words drawn from this list. Each word (after a space) is one token for the
-# project's tiny model and for common BPE tokenizers, so N words make about N prompt tokens.
-VOCABULARY = (
-    "the and to is in of on it be that at light no two model with every you ten was cat one worker "
-    "cache capital from text again slow same back batch can let for four new nine token its stream "
-    "words rain client answer blocks train there are add after away old out other by but pass plus "
-    "night red today eight once seven prompt now rock time sixteen leaves keeper wind blue small "
-    "which language lamp lived before upon tell talk take their said sail sun sat sent set west went "
-    "when will well waves walk whether or over open if cold came like luck length far fix five may "
-    "man mark much put next never read too town into go gold goes eat even each ones twenty twice "
-    "twelve stays store story word world begin river runs range sea see second seventy yellow clear "
-    "clouds climbed lights not noon high hold hard hundred front does dark rose roof soon sixty "
-    "least value village key this against winter black letter forty message green"
-).split()
-
-GENERATED = "generated"  # an answer generated for the request itself (no cache_kind)
-
-# How a refused user waits before its next request (replaced in tests).
-backoff = asyncio.sleep
-
-# Opens one Generate stream (the call starts when this is called).
-OpenStream = Callable[[], AsyncIterable[pb.GenerateResponse]]
-
-
-@dataclass
-class BenchRequest:
-    """One prompt of the benchmark and the length it asks for."""
-
-    prompt: str
-    prompt_len: int  # approximate: the number of words
-    output_len: int
-
-
-@dataclass
-class RequestResult:
-    """What one request measured; times are seconds from ``time.perf_counter``."""
-
-    success: bool = False
-    prompt_len: int = 0  # prompt tokens from the final usage, else the approximate length asked
-    output_tokens: int = 0
-    ttft: float = 0.0
-    latency: float = 0.0  # send to the end of the stream, or to the error of a failed request
-    itl: list[float] = field(default_factory=list)
-    start_time: float = 0.0
-    error_code: str = ""  # gRPC status code name, e.g. "UNAVAILABLE"
-    error: str = ""
-    retry_after: float = 0.0  # seconds, from a refusal's 'retry-after' metadata
-    answer: str = GENERATED  # how it was answered: GENERATED, or the chunks' cache_kind
-    digest: str = ""  # of the answer's token ids: equal answers, equal digests (runs compared)
-    splice_gaps: list[float] = field(default_factory=list)  # a migrated stream: its pause at each splice
-
-
-# ---------------------------------------------------------------------------------------------
-# Workload: prompts and arrival times
-# ---------------------------------------------------------------------------------------------
-
-
-def sample_lengths(mean: int, range_ratio: float, n: int, rng: random.Random) -> list[int]:
-    """Lengths uniform in [mean * (1 - ratio), mean * (1 + ratio)], like vLLM's random dataset."""
-    low = max(1, math.floor(mean * (1 - range_ratio)))
-    high = max(low, math.ceil(mean * (1 + range_ratio)))
-    return [rng.randint(low, high) for _ in range(n)]
-
-
-def random_requests(
-    n: int,
-    input_len: int,
-    output_len: int,
-    range_ratio: float,
-    rng: random.Random,
-    prefix_len: int = 0,
-    distinct: int = 0,
-) -> list[BenchRequest]:
-    """``n`` prompts of random words, sharing ``prefix_len`` leading words; with ``distinct``,
-    only that many different requests, repeated in turn (a burst of identical requests)."""
-    prefix = rng.choices(VOCABULARY, k=prefix_len)
-    count = min(n, distinct) if distinct > 0 else n
-    input_lens = sample_lengths(input_len, range_ratio, count, rng)
-    output_lens = sample_lengths(output_len, range_ratio, count, rng)
-    requests = []
-    for in_len, out_len in zip(input_lens, output_lens):
-        words = prefix + rng.choices(VOCABULARY, k=in_len)
-        requests.append(BenchRequest(" ".join(words), len(words), out_len))
-    return [requests[i % count] for i in range(n)]
-
-
-def prefix_repetition_requests(
-    n: int, num_prefixes: int, prefix_len: int, suffix_len: int, output_len: int, rng: random.Random,
-    hot_share: float = 0.0,
-) -> list[BenchRequest]:
-    """vLLM's ``prefix_repetition`` dataset: ``num_prefixes`` random prefixes of ``prefix_len``
-    words, each request one of them (in equal shares) plus its own ``suffix_len`` random words,
-    in random order. Routing decides whether a prefix is computed once per engine or per request.
-    With ``hot_share``, that fraction of the requests share the first prefix (a hot system
-    prompt) and the rest spread over the others."""
-    prefixes = [rng.choices(VOCABULARY, k=prefix_len) for _ in range(num_prefixes)]
-    num_hot = round(n * hot_share)
-    others = list(range(1, num_prefixes)) if num_hot and num_prefixes > 1 else list(range(num_prefixes))
-    requests = []
-    for i in range(n):
-        which = 0 if i < num_hot else others[(i - num_hot) % len(others)]
-        words = prefixes[which] + rng.choices(VOCABULARY, k=suffix_len)
-        requests.append(BenchRequest(" ".join(words), len(words), output_len))
-    rng.shuffle(requests)
-    return requests
-
-
-# Paraphrase pairs of the repeats dataset: the held-out set of the semantic cache's tests.
-DEFAULT_PAIRS = Path(__file__).resolve().parent.parent / "tests" / "data" / "semantic_pairs_holdout.jsonl"
-
-
-def repeats_requests(
-    n: int, share: float, paraphrase_share: float, pairs_file: Path, output_len: int, rng: random.Random,
-) -> list[BenchRequest]:
-    """Questions people ask, about ``share`` of them again: of those, ``paraphrase_share`` in
-    other words (the paraphrase of a labelled pair), the rest word for word. A repeat comes after
-    the question it repeats. Questions are the pairs' first prompts, then numbered variants
-    ("Question 7: ...") when ``n`` needs more distinct ones."""
-    pairs = [json.loads(line) for line in pairs_file.read_text().splitlines() if line.strip()]
-    paraphrases = {p["a"]: p["b"] for p in pairs if p["label"] == "paraphrase"}
-    questions = list(dict.fromkeys(p["a"] for p in pairs))
-    rng.shuffle(questions)
-    num_repeats = round(n * share)
-    num_paraphrased = min(round(num_repeats * paraphrase_share), len(paraphrases))
-    firsts = [q for q in questions if q in paraphrases][:num_paraphrased]
-    others = [q for q in questions if q not in firsts]
-    i = 0
-    while len(firsts) < n - num_repeats:
-        firsts.append(others[i % len(others)] if i < len(others) else f"Question {i}: {others[i % len(others)]}")
-        i += 1
-    prompts = list(firsts)
-    rng.shuffle(prompts)
-    order = {q: k for k, q in enumerate(prompts)}
-    later: list[tuple[int, str]] = []
-    for k in range(num_repeats):
-        if k < num_paraphrased:
-            source = firsts[k]
-            text = paraphrases[source]
-        else:
-            source = rng.choice(firsts)
-            text = source
-        later.append((order[source], text))
-    # Each repeat lands at a random place after its source.
-    out = list(prompts)
-    for position, text in sorted(later, reverse=True):
-        out.insert(rng.randint(position + 1, len(out)), text)
-    return [BenchRequest(q, len(q.split()), output_len) for q in out[:n]]
-
-
-def workload(args: argparse.Namespace, n: int) -> list[BenchRequest]:
-    """The ``n`` requests of ``--dataset-name``, fixed by ``--seed``."""
-    rng = random.Random(args.seed)
-    if args.dataset_name == "repeats":
-        return repeats_requests(n, args.repeats_share, args.repeats_paraphrase_share, args.repeats_pairs,
-                                args.random_output_len, rng)
-    if args.dataset_name == "prefix_repetition":
-        return prefix_repetition_requests(
-            n, args.prefix_repetition_num_prefixes, args.prefix_repetition_prefix_len,
-            args.prefix_repetition_suffix_len, args.prefix_repetition_output_len, rng,
-            args.prefix_repetition_hot_share,
-        )
-    return random_requests(n, args.random_input_len, args.random_output_len, args.random_range_ratio,
-                           rng, args.random_prefix_len, args.random_distinct_prompts)
-
-
-@dataclass
-class Conversation:
-    """One user of the multi_turn dataset: a system prompt and the questions of its turns."""
-
-    system: str
-    questions: list[str]
-    output_len: int
-
-
-def multi_turn_conversations(
-    num_users: int, num_turns: int, system_len: int, question_len: int, output_len: int, rng: random.Random,
-    history_len: int = 0,
-) -> list[Conversation]:
-    """Users sharing one system prompt of ``system_len`` words, each with ``num_turns`` questions
-    of ``question_len`` random words (production-stack's multi-round QA, closed loop). With
-    ``history_len``, each user's first question opens with that many words of its own (the
-    document or the earlier chat it brings: production-stack's user history prompt), which every
-    later turn repeats."""
-    system = " ".join(rng.choices(VOCABULARY, k=system_len))
-
-    def questions() -> list[str]:
-        asked = [" ".join(rng.choices(VOCABULARY, k=question_len)) for _ in range(num_turns)]
-        if history_len:
-            asked[0] = " ".join(rng.choices(VOCABULARY, k=history_len)) + "\n\n" + asked[0]
-        return asked
-
-    return [Conversation(system, questions(), output_len) for _ in range(num_users)]
-
-
-# Opens one turn of a conversation: (the chat so far, request id, max_tokens) -> its stream.
-OpenTurn = Callable[[list[pb.ChatMessage], str, int], OpenStream]
-
-
-async def run_conversations(
-    conversations: Sequence[Conversation], open_turn: OpenTurn, think_time: float = 0.0,
-    on_done: Callable[[], None] = lambda: None, id_prefix: str = "chat", ramp_up: float = 0.0,
-) -> tuple[list[RequestResult], float]:
-    """Every user a closed loop: a turn sends the whole conversation so far (system prompt,
-    earlier questions and the answers the mesh gave) plus the next question, after the previous
-    answer arrived and ``think_time`` seconds. The users start at once, or one after another
-    evenly over ``ramp_up`` seconds (as users join a service; turns of equal length started
-    together stay in lockstep, every turn a burst). Results in (user, turn) order."""
-
-    async def user(u: int, conv: Conversation) -> list[RequestResult]:
-        if ramp_up and u:
-            await backoff(u * ramp_up / len(conversations))  # this user joins
-        history = [pb.ChatMessage(role="system", content=conv.system)]
-        words = len(conv.system.split())
-        results = []
-        for t, question in enumerate(conv.questions):
-            history.append(pb.ChatMessage(role="user", content=question))
-            words += len(question.split())
-            answer: list[str] = []
-            results.append(await measure(open_turn(list(history), f"{id_prefix}-u{u}-t{t}", conv.output_len),
-                                         words, answer))
-            on_done()
-            history.append(pb.ChatMessage(role="assistant", content="".join(answer)))
-            words += conv.output_len
-            if think_time and t + 1 < len(conv.questions):
-                await backoff(think_time)  # the user reads and types
-        return results
-
-    start = time.perf_counter()
-    per_user = await asyncio.gather(*(user(u, c) for u, c in enumerate(conversations)))
-    return [r for rs in per_user for r in rs], time.perf_counter() - start
-
-
-def arrival_offsets(n: int, request_rate: float, rng: random.Random, burstiness: float = 1.0) -> list[float]:
-    """Send times (seconds from the start) of ``n`` requests arriving at ``request_rate`` per second.
-
-    Gaps follow a gamma distribution with shape ``burstiness`` and mean ``1 / request_rate``, as in
-    vLLM: burstiness 1 is a Poisson process, lower is burstier, higher is more regular. An infinite
-    rate sends everything at once.
-    """
-    if math.isinf(request_rate):
-        return [0.0] * n
-    theta = 1.0 / (request_rate * burstiness)
-    offsets, t = [], 0.0
-    for _ in range(n):
-        offsets.append(t)
-        t += rng.gammavariate(burstiness, theta)
-    return offsets
-
-
-# ---------------------------------------------------------------------------------------------
-# Measuring one request
-# ---------------------------------------------------------------------------------------------
-
-
-async def measure(open_stream: OpenStream, prompt_len: int, text: list[str] | None = None) -> RequestResult:
-    """Streams one request and times it; only timestamps and counts are taken per chunk (and the
-    text pieces, into ``text``, when given: a conversation sends the answer back)."""
-    result = RequestResult(prompt_len=prompt_len)
-    usage: pb.Usage | None = None
-    token_ids = 0
-    answer = hashlib.blake2b(digest_size=8)
-    worker = ""
-    start = last = last_chunk = time.perf_counter()
-    result.start_time = start
-    try:
-        async for chunk in open_stream():
-            now = time.perf_counter()
-            if chunk.worker != worker:  # the gateway moved the stream to another worker
-                if worker and chunk.worker:
-                    result.splice_gaps.append(now - last_chunk)
-                worker = chunk.worker
-            last_chunk = now
-            answer.update(np.asarray(chunk.token_ids, dtype=np.int32).tobytes())
-            if chunk.text:
-                if text is not None:
-                    text.append(chunk.text)
-                if result.ttft == 0.0:
-                    result.ttft = now - start
-                else:
-                    result.itl.append(now - last)
-                last = now
-            token_ids += len(chunk.token_ids)
-            if chunk.cache_kind:
-                result.answer = chunk.cache_kind
-            if chunk.HasField("usage"):
-                usage = chunk.usage
-        result.latency = time.perf_counter() - start
-    except grpc.aio.AioRpcError as e:
-        result.latency = time.perf_counter() - start
-        result.error_code, result.error = e.code().name, e.details() or ""
-        result.retry_after = _retry_after(e)
-        return result
-    except Exception as e:  # a client-side failure still counts as a failed request
-        result.latency = time.perf_counter() - start
-        result.error_code, result.error = type(e).__name__, str(e)
-        return result
-    if usage is not None and usage.prompt_tokens:
-        result.prompt_len = usage.prompt_tokens
-    result.output_tokens = token_ids
-    if usage is not None and usage.completion_tokens:
-        result.output_tokens = usage.completion_tokens
-    result.digest = answer.hexdigest()
-    result.success = True
-    return result
-
-
-def _retry_after(error: grpc.aio.AioRpcError) -> float:
-    for key, value in error.trailing_metadata() or ():
-        if key == "retry-after":
-            with contextlib.suppress(ValueError):
-                return max(0.0, float(value))
-    return 0.0
-
-
-# ---------------------------------------------------------------------------------------------
-# Summarising
-# ---------------------------------------------------------------------------------------------
-
-
-def _pkey(p: float) -> str:
-    return str(int(p)) if int(p) == p else str(p)
-
-
-def summarize(
-    results: Sequence[RequestResult],
-    duration: float,
-    percentile_metrics: Sequence[str] = ("ttft", "tpot", "itl", "e2el"),
-    percentiles: Sequence[float] = (99.0,),
-) -> dict[str, Any]:
-    """The benchmark's result under vLLM's key names (``completed``, ``mean_ttft_ms``, ...).
-
-    TPOT of a request is ``(e2e - ttft) / (output_tokens - 1)``; requests with one output token
-    have none. Failed requests count in ``failed`` and ``errors`` (by gRPC status code), and their
-    time from send to the error in ``*_error_ms`` (all of them) and ``error_ms_by_code``; they are
-    in no other metric.
-    """
-    ok = [r for r in results if r.success]
-    failed = [r for r in results if not r.success]
-    output_lens = [r.output_tokens if r.success else 0 for r in results]
-    total_input = sum(r.prompt_len for r in ok)
-    total_output = sum(output_lens)
-    samples: dict[str, list[float]] = {
-        "ttft": [r.ttft for r in ok],
-        "tpot": [(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1],
-        "itl": [gap for r in ok for gap in r.itl],
-        "e2el": [r.latency for r in ok],
-    }
-    result: dict[str, Any] = {
-        "duration": duration,
-        "completed": len(ok),
-        "failed": len(results) - len(ok),
-        "total_input_tokens": total_input,
-        "total_output_tokens": total_output,
-        "request_throughput": len(ok) / duration if duration > 0 else 0.0,
-        "output_throughput": total_output / duration if duration > 0 else 0.0,
-        "total_token_throughput": (total_input + total_output) / duration if duration > 0 else 0.0,
-        "max_output_tokens_per_s": _peak_chunks_per_second(ok),
-        "max_concurrent_requests": _peak_concurrency(ok),
-    }
-    for name in percentile_metrics:
-        result |= _stats_ms(samples[name], percentiles, f"_{name}_ms")
-    # Failed requests: how fast they failed (a refusal under overload should take milliseconds).
-    result |= _stats_ms([r.latency for r in failed], percentiles, "_error_ms")
-    # How the successful requests were answered, and the TTFT of each kind (a cache hit or a
-    # coalesced request against one generated for itself).
-    result["answers"] = dict(Counter(r.answer for r in ok))
-    result["ttft_ms_by_answer"] = {
-        kind: _stats_ms([r.ttft for r in ok if r.answer == kind], percentiles) for kind in sorted(result["answers"])
-    }
-    # Streams the gateway moved to another worker mid-stream, and the pause each splice cost.
-    result["migrated"] = sum(1 for r in ok if r.splice_gaps)
-    result |= _stats_ms([g for r in ok for g in r.splice_gaps], percentiles, "_splice_gap_ms")
-    result["errors"] = dict(Counter(r.error_code for r in failed))
-    result["error_ms_by_code"] = {
-        code: _stats_ms([r.latency for r in failed if r.error_code == code], percentiles)
-        for code in sorted(result["errors"])
-    }
-    result["error_samples"] = {r.error_code: r.error for r in reversed(failed)}
-    result["input_lens"] = [r.prompt_len for r in results]
-    result["output_lens"] = output_lens
-    result["ttfts"] = [r.ttft for r in results]
-    result["itls"] = [r.itl for r in results]
-    result["answer_digests"] = [r.digest for r in results]  # "" for a failed request
-    result["splices"] = [len(r.splice_gaps) for r in results]  # times each stream moved to another worker
-    result[TIMINGS] = _timings(results)
-    return result
-
-
-# What --save-detailed adds to the saved result: one entry per request (MBs for a large run).
-TIMINGS = "timings"  # the compact per-request timings `meshserve plot` reads; --plot alone keeps them
-PER_REQUEST_FIELDS = ("input_lens", "output_lens", "ttfts", "itls", "answer_digests", "splices", TIMINGS)
-
-# An ITL CDF needs no more points than this (a plot is ~500 pixels wide), where a long run has
-# hundreds of thousands of gaps: the saved ones are this many evenly spaced order statistics.
-MAX_SAVED_ITLS = 2_000
-
-
-def _ms(seconds: Any) -> list[float]:
-    """Milliseconds rounded to 0.1 ms: about 5 characters each in the saved JSON."""
-    return np.round(np.asarray(seconds, dtype=float) * 1000, 1).tolist()
-
-
-def _timings(results: Sequence[RequestResult]) -> dict[str, Any]:
-    """Each request's send time (from the first send), TTFT, latency, output tokens and success as
-    parallel lists, and the successful requests' inter-token gaps, sorted and thinned to at most
-    ``MAX_SAVED_ITLS`` (``itl_count`` says how many there were): enough to plot a run again."""
-    origin = min((r.start_time for r in results), default=0.0)
-    gaps = np.sort([gap for r in results if r.success for gap in r.itl])
-    count = len(gaps)
-    if count > MAX_SAVED_ITLS:
-        gaps = gaps[np.linspace(0, count - 1, MAX_SAVED_ITLS).round().astype(int)]
-    return {
-        "start_ms": _ms([r.start_time - origin for r in results]),
-        "ttft_ms": _ms([r.ttft for r in results]),
-        "latency_ms": _ms([r.latency for r in results]),
-        "output_tokens": [r.output_tokens if r.success else 0 for r in results],
-        "success": [r.success for r in results],
-        "itl_ms": _ms(gaps),
-        "itl_count": count,
-    }
-
-
-# A list of numbers or booleans as json.dumps(indent=2) writes it: one item per line.
-_SCALAR_LIST = re.compile(r"\[\n\s+([^\[\]{}\"]*?)\n\s*\]")
-
-
-def save_result(result: dict[str, Any], path: Path, detailed: bool = False, timings: bool = False) -> None:
-    """Writes the result as indented JSON: the summary, and all ``PER_REQUEST_FIELDS`` when
-    ``detailed`` (as vllm bench serve: only when asked) or just the compact ``timings``. Lists of
-    numbers go on one line each: timings are thousands of numbers, and results get committed."""
-    kept = set(PER_REQUEST_FIELDS) if detailed else {TIMINGS} if timings else set()
-    saved = {k: v for k, v in result.items() if k not in PER_REQUEST_FIELDS or k in kept}
-    text = _SCALAR_LIST.sub(lambda m: "[" + " ".join(m.group(1).split()) + "]", json.dumps(saved, indent=2))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text + "\n")
-
-
-def _stats_ms(seconds: Sequence[float], percentiles: Sequence[float], suffix: str = "") -> dict[str, float]:
-    """Mean, median, std and ``p<N>`` of ``seconds`` in ms, keyed ``<stat><suffix>``; zeros if empty."""
-    values = np.asarray(seconds or [0.0]) * 1000
-    stats = {
-        f"mean{suffix}": float(np.mean(values)),
-        f"median{suffix}": float(np.median(values)),
-        f"std{suffix}": float(np.std(values)),
-    }
-    for p in percentiles:
-        stats[f"p{_pkey(p)}{suffix}"] = float(np.percentile(values, p))
-    return stats
-
-
-def _peak_chunks_per_second(ok: Sequence[RequestResult]) -> float:
-    """Most streamed text chunks in any one wall-clock second (vLLM's peak output throughput)."""
-    if not ok:
-        return 0.0
-    origin = min(r.start_time for r in ok)
-    buckets: Counter[int] = Counter()
-    for r in ok:
-        t = r.start_time + r.ttft
-        buckets[int(t - origin)] += 1
-        for gap in r.itl:
-            t += gap
-            buckets[int(t - origin)] += 1
-    return float(max(buckets.values()))
-
-
-def _peak_concurrency(ok: Sequence[RequestResult]) -> int:
-    events = sorted([(r.start_time, 1) for r in ok] + [(r.start_time + r.latency, -1) for r in ok])
-    peak = current = 0
-    for _, step in events:
-        current += step
-        peak = max(peak, current)
-    return peak
-
-
-def format_summary(
-    result: dict[str, Any], percentile_metrics: Sequence[str], percentiles: Sequence[float]
-) -> str:
-    """vLLM's summary table."""
-    lines = ["{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="=")]
-
-    def row(label: str, value: Any, fmt: str = "{:<10}") -> None:
-        lines.append("{:<40} ".format(label) + fmt.format(value))
-
-    row("Successful requests:", result["completed"])
-    row("Failed requests:", result["failed"])
-    if result.get("max_concurrency") is not None:
-        row("Maximum request concurrency:", result["max_concurrency"])
-    if result.get("request_rate") is not None:
-        row("Request rate configured (RPS):", result["request_rate"], "{:<10.2f}")
-    row("Benchmark duration (s):", result["duration"], "{:<10.2f}")
-    row("Total input tokens:", result["total_input_tokens"])
-    row("Total generated tokens:", result["total_output_tokens"])
-    row("Request throughput (req/s):", result["request_throughput"], "{:<10.2f}")
-    row("Output token throughput (tok/s):", result["output_throughput"], "{:<10.2f}")
-    row("Peak output token throughput (tok/s):", result["max_output_tokens_per_s"], "{:<10.2f}")
-    row("Peak concurrent requests:", result["max_concurrent_requests"], "{:<10.2f}")
-    row("Total Token throughput (tok/s):", result["total_token_throughput"], "{:<10.2f}")
-    for name in percentile_metrics:
-        lines.append("{s:{c}^{n}}".format(s=METRIC_HEADERS[name], n=50, c="-"))
-        short = name.upper()
-        row(f"Mean {short} (ms):", result[f"mean_{name}_ms"], "{:<10.2f}")
-        row(f"Median {short} (ms):", result[f"median_{name}_ms"], "{:<10.2f}")
-        for p in percentiles:
-            row(f"P{_pkey(p)} {short} (ms):", result[f"p{_pkey(p)}_{name}_ms"], "{:<10.2f}")
-    if set(result.get("answers", {})) - {GENERATED}:
-        lines.append("{s:{c}^{n}}".format(s="Answered by (TTFT ms)", n=50, c="-"))
-        for kind, count in sorted(result["answers"].items()):
-            ttft = result["ttft_ms_by_answer"][kind]
-            tails = ", ".join(f"p{_pkey(p)} {ttft[f'p{_pkey(p)}']:.2f}" for p in percentiles)
-            row(f"{kind}:", f"{count} (median {ttft['median']:.2f}, {tails})", "{}")
-    if result.get("migrated"):
-        lines.append("{s:{c}^{n}}".format(s="Migrated mid-stream", n=50, c="-"))
-        row("Streams moved to another worker:", result["migrated"])
-        row("Median pause at the splice (ms):", result["median_splice_gap_ms"], "{:<10.2f}")
-        for p in percentiles:
-            row(f"P{_pkey(p)} pause at the splice (ms):", result[f"p{_pkey(p)}_splice_gap_ms"], "{:<10.2f}")
-    if result["errors"]:
-        lines.append("{s:{c}^{n}}".format(s="Time to Error (failed requests)", n=50, c="-"))
-        row("Mean time to error (ms):", result["mean_error_ms"], "{:<10.2f}")
-        row("Median time to error (ms):", result["median_error_ms"], "{:<10.2f}")
-        for p in percentiles:
-            row(f"P{_pkey(p)} time to error (ms):", result[f"p{_pkey(p)}_error_ms"], "{:<10.2f}")
-        lines.append("{s:{c}^{n}}".format(s="Failures by status code", n=50, c="-"))
-        for code, count in sorted(result["errors"].items()):
-            by_code = result["error_ms_by_code"][code]
-            tails = ", ".join(f"p{_pkey(p)} {by_code[f'p{_pkey(p)}']:.2f}" for p in percentiles)
-            row(f"{code}:", f"{count} (time to error ms: median {by_code['median']:.2f}, {tails})", "{}")
-            lines.append(f"  e.g. {result['error_samples'][code][:200]}")
-    lines.append("=" * 50)
-    return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------------------------
-# Running
-# ---------------------------------------------------------------------------------------------
-
 
 _positive_int = config.at_least(int, 1)
 _non_negative_float = config.at_least(float, 0.0)
@@ -732,6 +195,22 @@ def _check_args(args: argparse.Namespace) -> tuple[list[str], list[float], dict[
     return metrics, percentiles, _parse_metadata(args.metadata)
 
 
+def workload(args: argparse.Namespace, n: int) -> list[BenchRequest]:
+    """The ``n`` requests of ``--dataset-name``, fixed by ``--seed``."""
+    rng = random.Random(args.seed)
+    if args.dataset_name == "repeats":
+        return repeats_requests(n, args.repeats_share, args.repeats_paraphrase_share, args.repeats_pairs,
+                                args.random_output_len, rng)
+    if args.dataset_name == "prefix_repetition":
+        return prefix_repetition_requests(
+            n, args.prefix_repetition_num_prefixes, args.prefix_repetition_prefix_len,
+            args.prefix_repetition_suffix_len, args.prefix_repetition_output_len, rng,
+            args.prefix_repetition_hot_share,
+        )
+    return random_requests(n, args.random_input_len, args.random_output_len, args.random_range_ratio,
+                           rng, args.random_prefix_len, args.random_distinct_prompts)
+
+
 def _to_proto(req: BenchRequest, request_id: str, args: argparse.Namespace) -> pb.GenerateRequest:
     msg = pb.GenerateRequest(
         prompt=req.prompt,
@@ -764,50 +243,6 @@ def turn_opener(stubs: Sequence[Any], args: argparse.Namespace) -> OpenTurn:
         return partial(stubs[turns % len(stubs)].Generate, msg, timeout=args.timeout)
 
     return open_turn
-
-
-async def _run_all(
-    streams: Sequence[tuple[OpenStream, int]],
-    offsets: Sequence[float],
-    max_concurrency: int | None,
-    on_done: Callable[[], None] = lambda: None,
-    honor_retry_after: bool = False,
-) -> tuple[list[RequestResult], float]:
-    """Opens each (stream, prompt length) at its offset, at most ``max_concurrency`` at once.
-    With ``honor_retry_after``, a refused request's user waits the refusal's retry-after before
-    it sends its next request, as the OpenAI SDK and well-behaved clients do.
-
-    Returns the results in request order and the duration from the first send to the last end.
-    """
-    semaphore = asyncio.Semaphore(max_concurrency or len(streams) or 1)
-
-    async def one(open_stream: OpenStream, prompt_len: int) -> RequestResult:
-        async with semaphore:
-            result = await measure(open_stream, prompt_len)
-            on_done()
-            if honor_retry_after and result.retry_after:
-                await backoff(result.retry_after)  # the user backs off, holding its place
-        return result
-
-    start = time.perf_counter()
-    tasks: list[asyncio.Task[RequestResult]] = []
-    for (open_stream, prompt_len), offset in zip(streams, offsets):
-        delay = start + offset - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one(open_stream, prompt_len)))
-    results = await asyncio.gather(*tasks)
-    return list(results), time.perf_counter() - start
-
-
-async def _connect(channel: grpc.aio.Channel) -> None:
-    """Waits until the channel is connected; a refused connection fails at once, not at the timeout."""
-    state = channel.get_state(try_to_connect=True)
-    while state != grpc.ChannelConnectivity.READY:
-        if state == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
-            raise ConnectionError(f"connection failed ({state.name})")
-        await channel.wait_for_state_change(state)
-        state = channel.get_state(try_to_connect=True)
 
 
 def _result_path(args: argparse.Namespace, date: str) -> Path:
@@ -878,18 +313,16 @@ async def run(args: argparse.Namespace) -> int:
     offsets = arrival_offsets(len(requests), args.request_rate, arrivals_rng, args.burstiness)
     run_id = uuid.uuid4().hex[:8]
 
-    # 2. Channels: separate connections (a local subchannel pool each; channels with equal
-    #    arguments otherwise share one), so no HTTP/2 connection carries more streams than a
+    # 2. Channels: separate connections, so no HTTP/2 connection carries more streams than a
     #    proxy allows on one.
     concurrency = len(conversations) or args.max_concurrency or args.num_prompts
     num_channels = args.num_channels or max(1, math.ceil(concurrency / STREAMS_PER_CHANNEL))
-    options = [*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
-    channels = [grpc.aio.insecure_channel(args.target, options=options) for _ in range(num_channels)]
+    channels = open_channels(args.target, num_channels)
     stub_cls = pb_grpc.InferenceStub if args.service == "inference" else pb_grpc.WorkerStub
     stubs = [stub_cls(ch) for ch in channels]
 
     def streams(requests: Sequence[BenchRequest], id_prefix: str) -> list[tuple[OpenStream, int]]:
-        out = []
+        out: list[tuple[OpenStream, int]] = []
         for i, r in enumerate(requests):
             msg, stub = _to_proto(r, f"{id_prefix}-{i}", args), stubs[i % num_channels]
             out.append((partial(stub.Generate, msg, timeout=args.timeout), r.prompt_len))
@@ -897,8 +330,8 @@ async def run(args: argparse.Namespace) -> int:
 
     try:
         try:
-            connect = asyncio.gather(*(_connect(ch) for ch in channels))
-            await asyncio.wait_for(connect, timeout=min(args.timeout, 10))
+            connected = asyncio.gather(*(connect(ch) for ch in channels))
+            await asyncio.wait_for(connected, timeout=min(args.timeout, 10))
         except (TimeoutError, ConnectionError):
             print(f"error: cannot connect to {args.target}", file=sys.stderr)
             return 1
@@ -906,7 +339,7 @@ async def run(args: argparse.Namespace) -> int:
         # 3. Warm-up, untimed.
         if warmups:
             print(f"Warming up with {len(warmups)} requests...", file=sys.stderr)
-            warm, _ = await _run_all(
+            warm, _ = await run_requests(
                 streams(warmups, f"bench-{run_id}-warmup"), [0.0] * len(warmups), args.max_concurrency
             )
             failed = [r for r in warm if not r.success]
@@ -928,7 +361,7 @@ async def run(args: argparse.Namespace) -> int:
                     lambda: pbar.update(1), f"bench-{run_id}", args.multi_turn_ramp_up,
                 )
             else:
-                results, duration = await _run_all(
+                results, duration = await run_requests(
                     streams(requests, f"bench-{run_id}"), offsets, args.max_concurrency, lambda: pbar.update(1),
                     args.honor_retry_after,
                 )
@@ -952,8 +385,6 @@ async def run(args: argparse.Namespace) -> int:
         save_result(result, path, detailed=args.save_detailed, timings=args.plot is not None)
         print(f"Result saved to {path}", file=sys.stderr)
     if args.plot:
-        from commands import plot  # imports matplotlib: only when asked
-
-        plot.plot_runs([(args.label or args.plot.stem, result)], args.plot)
+        plot_runs([(args.label or args.plot.stem, result)], args.plot)
         print(f"Plot saved to {args.plot}", file=sys.stderr)
     return 0 if result["completed"] else 1

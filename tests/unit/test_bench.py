@@ -1,4 +1,5 @@
-"""``meshserve bench``: the pure summary and arrival maths, then the whole command against a fake worker."""
+"""The load generator (loadgen): the pure summary and arrival maths, then the whole ``meshserve bench``
+command against a fake worker."""
 
 from __future__ import annotations
 
@@ -16,7 +17,16 @@ import grpc
 import pytest
 
 from commands import bench
-from commands.bench import RequestResult, arrival_offsets, measure, random_requests, summarize
+from loadgen import runner
+from loadgen.results import PER_REQUEST_FIELDS, RequestResult, format_summary, summarize
+from loadgen.runner import measure
+from loadgen.workloads import (
+    DEFAULT_PAIRS,
+    arrival_offsets,
+    prefix_repetition_requests,
+    random_requests,
+    repeats_requests,
+)
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 
@@ -120,7 +130,7 @@ class FakeClock:
 
 async def test_measure_times_a_failure_from_send_to_error(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = FakeClock()
-    monkeypatch.setattr(bench.time, "perf_counter", clock)
+    monkeypatch.setattr(runner.time, "perf_counter", clock)
 
     async def refused() -> AsyncIterator[pb.GenerateResponse]:
         clock.now += 0.004
@@ -146,7 +156,7 @@ async def test_measure_times_a_failure_from_send_to_error(monkeypatch: pytest.Mo
 
 async def test_measure_digests_the_answer_and_times_the_pause_at_each_splice(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = FakeClock()
-    monkeypatch.setattr(bench.time, "perf_counter", clock)
+    monkeypatch.setattr(runner.time, "perf_counter", clock)
 
     def stream(*chunks: tuple[float, list[int], str]):  # noqa: ANN202 - (seconds before, token ids, worker)
         async def open_stream() -> AsyncIterator[pb.GenerateResponse]:
@@ -176,9 +186,9 @@ async def test_a_refused_user_waits_the_retry_after_only_when_asked(
     async def backoff(seconds: float) -> None:
         events.append(f"sleep {seconds}")
 
-    monkeypatch.setattr(bench, "backoff", backoff)
+    monkeypatch.setattr(runner, "backoff", backoff)
 
-    def stream(i: int) -> bench.OpenStream:
+    def stream(i: int) -> runner.OpenStream:
         async def refused() -> AsyncIterator[pb.GenerateResponse]:
             events.append(f"send {i}")
             raise grpc.aio.AioRpcError(
@@ -189,7 +199,7 @@ async def test_a_refused_user_waits_the_retry_after_only_when_asked(
         return refused
 
     # One user (concurrency 1), two requests sent at once: the second waits for the first's slot.
-    results, _ = await bench._run_all([(stream(0), 1), (stream(1), 1)], [0.0, 0.0], 1,
+    results, _ = await runner.run_requests([(stream(0), 1), (stream(1), 1)], [0.0, 0.0], 1,
                                       honor_retry_after=honor)
     assert [r.retry_after for r in results] == [2.0, 2.0]
     if honor:
@@ -217,7 +227,7 @@ def test_summarize_of_only_failures_has_zero_metrics_and_all_keys() -> None:
 
 def test_format_summary_has_vllm_lines() -> None:
     results = [ok(0.1, 1.1, 11, itl=[0.1] * 10), failure("UNAVAILABLE", 0.0125)]
-    text = bench.format_summary(summarize(results, 2.0), ("ttft", "tpot", "itl", "e2el"), (99,))
+    text = format_summary(summarize(results, 2.0), ("ttft", "tpot", "itl", "e2el"), (99,))
     lines = [
         "============ Serving Benchmark Result ============", "Successful requests:",
         "Benchmark duration (s):", "Total input tokens:", "Total generated tokens:",
@@ -229,7 +239,7 @@ def test_format_summary_has_vllm_lines() -> None:
         assert line in text
     assert "P99 time to error (ms):                  12.50" in text
     assert "(time to error ms: median 12.50, p99 12.50)" in text
-    without_failures = bench.format_summary(summarize(results[:1], 2.0), ("ttft",), (99,))
+    without_failures = format_summary(summarize(results[:1], 2.0), ("ttft",), (99,))
     assert "time to error" not in without_failures
 
 
@@ -270,9 +280,9 @@ def test_random_requests_lengths_and_shared_prefix() -> None:
 
 
 def test_repeats_asks_a_share_again_after_the_first_time_some_in_other_words() -> None:
-    reqs = bench.repeats_requests(200, 0.2, 0.5, bench.DEFAULT_PAIRS, 16, random.Random(0))
+    reqs = repeats_requests(200, 0.2, 0.5, DEFAULT_PAIRS, 16, random.Random(0))
     prompts = [r.prompt for r in reqs]
-    pairs = [json.loads(line) for line in bench.DEFAULT_PAIRS.read_text().splitlines()]
+    pairs = [json.loads(line) for line in DEFAULT_PAIRS.read_text().splitlines()]
     paraphrase_of = {p["b"]: p["a"] for p in pairs if p["label"] == "paraphrase"}
     exact_repeats = len(prompts) - len(set(prompts))
     paraphrased = [i for i, q in enumerate(prompts) if q in paraphrase_of]
@@ -280,7 +290,7 @@ def test_repeats_asks_a_share_again_after_the_first_time_some_in_other_words() -
     for i in paraphrased:  # the question comes first, its paraphrase later
         assert paraphrase_of[prompts[i]] in prompts[:i]
     assert {r.output_len for r in reqs} == {16}
-    assert prompts == [r.prompt for r in bench.repeats_requests(200, 0.2, 0.5, bench.DEFAULT_PAIRS, 16,
+    assert prompts == [r.prompt for r in repeats_requests(200, 0.2, 0.5, DEFAULT_PAIRS, 16,
                                                                 random.Random(0))]
 
 
@@ -291,9 +301,9 @@ def test_summarize_reports_how_requests_were_answered_and_their_ttft() -> None:
     assert result["answers"] == {"generated": 1, "coalesced": 1, "exact": 1}
     assert result["ttft_ms_by_answer"]["exact"]["median"] == pytest.approx(2.0)
     assert result["ttft_ms_by_answer"]["coalesced"]["p50"] == pytest.approx(300.0)
-    text = bench.format_summary(result, ("ttft",), (50,))
+    text = format_summary(result, ("ttft",), (50,))
     assert "Answered by (TTFT ms)" in text and "coalesced:" in text and "exact:" in text
-    assert "Answered by" not in bench.format_summary(summarize(results[:1], 1.0), ("ttft",), (99,))
+    assert "Answered by" not in format_summary(summarize(results[:1], 1.0), ("ttft",), (99,))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -450,7 +460,7 @@ async def test_bench_with_every_request_failing_exits_1(serve_fake, tmp_path: Pa
     result = json.loads(out.read_text())
     assert result["failed"] == 20
     # Without --save-detailed the file holds the summary only, as vllm bench serve's does.
-    assert not set(bench.PER_REQUEST_FIELDS) & set(result) and "p99_error_ms" in result
+    assert not set(PER_REQUEST_FIELDS) & set(result) and "p99_error_ms" in result
 
 
 def test_bench_unreachable_target_exits_1(capsys: pytest.CaptureFixture) -> None:
@@ -488,11 +498,11 @@ def test_save_result_forms(tmp_path: Path) -> None:
 
 
 def test_prefix_repetition_shares_prefixes_in_equal_or_hot_shares() -> None:
-    reqs = bench.prefix_repetition_requests(40, 4, 50, 10, 8, random.Random(0))
+    reqs = prefix_repetition_requests(40, 4, 50, 10, 8, random.Random(0))
     assert sorted(Counter(" ".join(r.prompt.split()[:50]) for r in reqs).values()) == [10, 10, 10, 10]
     assert all(len(r.prompt.split()) == r.prompt_len == 60 and r.output_len == 8 for r in reqs)
     assert len({r.prompt for r in reqs}) == 40  # each request its own suffix
-    hot = bench.prefix_repetition_requests(40, 4, 50, 10, 8, random.Random(0), hot_share=0.5)
+    hot = prefix_repetition_requests(40, 4, 50, 10, 8, random.Random(0), hot_share=0.5)
     counts = sorted(Counter(" ".join(r.prompt.split()[:50]) for r in hot).values())
     assert counts[-1] == 20 and sum(counts) == 40 and len(counts) == 4
 
@@ -521,7 +531,7 @@ async def test_multi_turn_users_join_one_after_another_over_the_ramp_up(
     async def wait(seconds: float) -> None:  # the users' waits, recorded instead of slept
         waits.append(seconds)
 
-    monkeypatch.setattr(bench, "backoff", wait)
+    monkeypatch.setattr(runner, "backoff", wait)
     target = await serve_fake(ChatFake())
     argv = ["--target", target, "--service", "worker", "--dataset-name", "multi_turn", "--multi-turn-num-users", "4",
             "--multi-turn-num-turns", "2", "--multi-turn-ramp-up", "2", "--disable-tqdm",

@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from commands import bench, cli, plot
-from commands.bench import RequestResult, save_result, summarize
+from commands import bench, cli
+from loadgen import plot
+from loadgen.compare import load_runs
+from loadgen.results import MAX_SAVED_ITLS, PER_REQUEST_FIELDS, RequestResult, save_result, summarize
 
 # The bench's own fake worker and its fixture (used by name: pytest finds it in this module).
 from tests.unit.test_bench import FakeWorker, bench_argv, parse, serve_fake  # noqa: F401
@@ -50,9 +52,9 @@ def test_timings_are_compact_per_request_lists_in_ms() -> None:
 def test_many_gaps_are_thinned_to_evenly_spaced_order_statistics() -> None:
     gaps = [i / 1000 for i in range(10_001)]  # 0 .. 10 s in 1 ms steps
     t = summarize([RequestResult(True, 8, 10_002, 0.1, 10.1, gaps[::-1])], 11.0)["timings"]
-    assert len(t["itl_ms"]) == bench.MAX_SAVED_ITLS and t["itl_count"] == 10_001
+    assert len(t["itl_ms"]) == MAX_SAVED_ITLS and t["itl_count"] == 10_001
     assert t["itl_ms"][0] == 0.0 and t["itl_ms"][-1] == 10_000.0
-    assert t["itl_ms"][bench.MAX_SAVED_ITLS // 2] == pytest.approx(5_000, abs=5)  # the median stays
+    assert t["itl_ms"][MAX_SAVED_ITLS // 2] == pytest.approx(5_000, abs=5)  # the median stays
 
 
 def test_saved_result_keeps_the_timings_only_when_asked_on_one_line_each(tmp_path: Path) -> None:
@@ -62,9 +64,9 @@ def test_saved_result_keeps_the_timings_only_when_asked_on_one_line_each(tmp_pat
     save_result(result, tmp_path / "detailed.json", detailed=True)
     summary, timed, detailed = (json.loads((tmp_path / f"{n}.json").read_text())
                                 for n in ("summary", "timings", "detailed"))
-    assert not set(bench.PER_REQUEST_FIELDS) & set(summary)
-    assert set(bench.PER_REQUEST_FIELDS) & set(timed) == {"timings"}
-    assert set(bench.PER_REQUEST_FIELDS) <= set(detailed)
+    assert not set(PER_REQUEST_FIELDS) & set(summary)
+    assert set(PER_REQUEST_FIELDS) & set(timed) == {"timings"}
+    assert set(PER_REQUEST_FIELDS) <= set(detailed)
     assert timed["timings"] == detailed["timings"] == json.loads(json.dumps(result["timings"]))
     assert detailed["itls"] == json.loads(json.dumps(result["itls"]))  # the full lists, unchanged
     # Each list of numbers on one line, the rest indented as before.
@@ -108,7 +110,7 @@ def test_plot_draws_two_saved_runs_side_by_side(tmp_path: Path, capsys: pytest.C
 
     assert "Plot saved to" in capsys.readouterr().err
     assert_a_plot_of_runs(png, [BLUE, ORANGE])
-    assert [label for label, _ in plot.load_runs([fast, slow])] == ["direct", "slow"]  # --label, else stem
+    assert [label for label, _ in load_runs([fast, slow])] == ["direct", "slow"]  # --label, else stem
 
 
 def test_plot_refuses_a_result_without_timings(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -130,7 +132,7 @@ async def test_bench_plot_draws_the_run_and_saves_its_timings(
 
     assert_a_plot_of_runs(png, [BLUE])
     result = json.loads(out.read_text())
-    assert set(bench.PER_REQUEST_FIELDS) & set(result) == {"timings"}  # not the full lists
+    assert set(PER_REQUEST_FIELDS) & set(result) == {"timings"}  # not the full lists
     t = result["timings"]
     assert len(t["start_ms"]) == 20 and all(t["success"]) and t["output_tokens"] == [8] * 20
     assert t["itl_count"] == 20 * 7 and min(t["start_ms"]) == 0.0

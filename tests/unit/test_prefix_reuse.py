@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from commands.bench import prefix_repetition_requests
+from loadgen.workloads import prefix_repetition_requests
 from router.prefix import TOKENIZED, PromptBlocks, TokenReuse
 from services.prompts import Encoder, HfEncoder, SimEncoder, block_hashes
 
