@@ -46,13 +46,12 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from loadgen.mesh import CLI, meshserve_up, samples, summed, tree_env
+from services.gen import meshserve_pb2 as pb
+from services.gen import meshserve_pb2_grpc as pb_grpc
+from services.server import insecure_channel
 
-from bench._mesh import CLI, meshserve_up, samples, summed, tree_env  # noqa: E402
-from services.gen import meshserve_pb2 as pb  # noqa: E402
-from services.gen import meshserve_pb2_grpc as pb_grpc  # noqa: E402
-from services.server import insecure_channel  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 PORT, ADMIN_PORT, REDIS_PORT = 8390, 9991, 6399
 FLEET = ["--engine", "sim", "--workers", "4", "--no-tracing", "--port", str(PORT), "--admin-port", str(ADMIN_PORT),

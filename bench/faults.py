@@ -32,12 +32,10 @@ from pathlib import Path
 
 import psutil
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "bench"))
-sys.path.insert(0, str(REPO))
-from _mesh import CLI, by_name, meshserve_up, tree_env  # noqa: E402
+from loadgen.mesh import CLI, by_name, meshserve_up, tree_env
+from loadgen.results import save_result
 
-from loadgen.results import save_result  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 PORT = 8080
 # fault -> (the signal, the process of the mesh that gets it)

@@ -1,4 +1,4 @@
-"""Records the response shapes of `vllm serve` (tests/integration/api_shapes.REQUESTS) on the
+"""Records the response shapes of `vllm serve` (loadgen/shapes.py's REQUESTS) on the
 project's tiny model into tests/data/vllm_serve_shapes.json, which the suite compares
 meshserve's answers with. Run again after a vLLM upgrade:
 
@@ -10,16 +10,12 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
-import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-from bench import peer  # noqa: E402
-from bench.peer import VLLM_PORT, Stack, ensure_vllm_cli, tiny_model  # noqa: E402
-from services.config import DEFAULT_MODEL  # noqa: E402
-from tests.integration.api_shapes import RECORDED, answer_shapes  # noqa: E402
+from loadgen.shapes import RECORDED, answer_shapes
+from loadgen.stacks import VLLM_PORT, Stack, ensure_vllm_cli, tiny_model
+from services.config import DEFAULT_MODEL
 
 # vLLM 0.32 answers a named tool_choice only with a tool-call parser set (meshserve needs none:
 # the forced call is its constrained output); hermes is the common one.
@@ -29,9 +25,8 @@ TOOL_FLAGS = ["--tool-call-parser", "hermes", "--enable-auto-tool-choice"]
 def main() -> None:
     argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     ensure_vllm_cli()
-    peer.ENGINE_FLAGS = [*peer.ENGINE_FLAGS, *TOOL_FLAGS]
     with tempfile.TemporaryDirectory() as logs:
-        stack = Stack("vllm", tiny_model(), Path(logs))
+        stack = Stack("vllm", tiny_model(), Path(logs), vllm_args=TOOL_FLAGS)
         try:
             port = stack.start()
             assert port == VLLM_PORT

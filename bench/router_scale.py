@@ -38,16 +38,15 @@ import grpc
 import numpy as np
 import psutil
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from loadgen.workloads import prefix_repetition_requests
+from router.policies import PickContext, build_policy
+from router.server import Router
+from router.state import WorkerLoad, WorkerTable
+from services.gen import meshserve_pb2 as pb
+from services.gen import meshserve_pb2_grpc as pb_grpc
+from services.prompts import block_hashes, sim_tokenize
 
-from loadgen.workloads import prefix_repetition_requests  # noqa: E402
-from router.policies import PickContext, build_policy  # noqa: E402
-from router.server import Router  # noqa: E402
-from router.state import WorkerLoad, WorkerTable  # noqa: E402
-from services.gen import meshserve_pb2 as pb  # noqa: E402
-from services.gen import meshserve_pb2_grpc as pb_grpc  # noqa: E402
-from services.prompts import block_hashes, sim_tokenize  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 BLOCK = 16
 

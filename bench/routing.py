@@ -54,12 +54,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from loadgen.mesh import CLI, by_name, meshserve_up, samples, tree_env
+from loadgen.results import TIMINGS, save_result
+from services.config import ROUTING_POLICIES
 
-from bench._mesh import CLI, by_name, meshserve_up, samples, tree_env  # noqa: E402
-from loadgen.results import TIMINGS, save_result  # noqa: E402
-from services.config import ROUTING_POLICIES  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 PORT, ADMIN_PORT = 8380, 9981
 # The services' ports lie below Linux's ephemeral range (32768-60999): a run's many short

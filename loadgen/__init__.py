@@ -1,3 +1,3 @@
-"""The load generator as a library: workloads, the runner, results in vLLM's keys, their plots
-and comparisons. It imports only the shared runtime (services/); `meshserve bench`, `plot` and
-`compare` and the benchmark scripts use it."""
+"""The load generator and what measures a serving stack around it: workloads, the runner,
+results in vLLM's keys, their plots and comparisons, the stacks benchmarks start and the OpenAI
+answer shapes held to vLLM's. It imports only the shared runtime (services/)."""

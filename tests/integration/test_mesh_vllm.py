@@ -30,6 +30,7 @@ import psutil
 import pytest
 import redis
 
+from loadgen import shapes
 from router.server import start_router
 from services.cache_keys import exact_key
 from services.config import DEFAULT_MODEL, CacheConfig, RouterConfig
@@ -37,7 +38,6 @@ from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.server import insecure_channel
 from tests.conftest import free_port
-from tests.integration import api_shapes
 from tests.integration.helpers import (
     exact_entries,
     generate,
@@ -555,11 +555,11 @@ SHAPE_EXTRAS = frozenset({
 async def test_response_shapes_match_vllm_serve(mesh: UpMesh) -> None:
     """The same requests as bench/record_vllm_shapes.py sent to `vllm serve` on the same model:
     every key vLLM answers with a value is in ours with the same JSON type."""
-    recorded = json.loads(api_shapes.RECORDED.read_text())["shapes"]
-    ours = await asyncio.to_thread(api_shapes.answer_shapes, f"http://{mesh.envoy}", DEFAULT_MODEL)
+    recorded = json.loads(shapes.RECORDED.read_text())["shapes"]
+    ours = await asyncio.to_thread(shapes.answer_shapes, f"http://{mesh.envoy}", DEFAULT_MODEL)
     assert set(ours) == set(recorded)
     diffs = {name: d for name in recorded
-             if (d := api_shapes.differences(recorded[name], ours[name], extra_ok=SHAPE_EXTRAS))}
+             if (d := shapes.differences(recorded[name], ours[name], extra_ok=SHAPE_EXTRAS))}
     assert not diffs, json.dumps(diffs, indent=1)
 
 

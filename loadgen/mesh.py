@@ -1,5 +1,5 @@
-"""What the benchmark scripts share: `meshserve up` from a source tree, ready, and the
-addresses it printed."""
+"""A mesh for benchmark scripts: `meshserve up` from a source tree, ready, the addresses it
+printed, and its services' Prometheus samples."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Response shapes (keys and JSON types, not values) of OpenAI API answers, to compare meshserve
 with `vllm serve` on the same requests. bench/record_vllm_shapes.py records vLLM's into
-tests/data/vllm_serve_shapes.json; test_mesh_vllm compares meshserve's with them."""
+tests/data/vllm_serve_shapes.json; tests/integration/test_mesh_vllm.py compares meshserve's with
+them (httpx, the client, comes with the test extra)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 import httpx
 
-RECORDED = Path(__file__).resolve().parent.parent / "data" / "vllm_serve_shapes.json"
+RECORDED = Path(__file__).resolve().parent.parent / "tests" / "data" / "vllm_serve_shapes.json"
 
 _CHAT = {"messages": [{"role": "user", "content": "Name a colour"}], "max_tokens": 5, "temperature": 0.5}
 _TEXT = {"prompt": "Once upon a time", "max_tokens": 5, "temperature": 0.5}
