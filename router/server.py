@@ -18,11 +18,12 @@ from lightkube import KubeConfig
 from opentelemetry import trace
 
 from router.discovery import EndpointSliceDiscovery, api_client, own_namespace
+from router.fleet_feed import FleetFeed, worker_state
 from router.kv_index import HeldBlocks, KvIndex
 from router.policies import Choice, NoWorker, PickContext, Policy, build_policy
 from router.prefix import PromptBlocks
 from router.state import Fleet, WorkerTable, WorkerView
-from router.watcher import Watcher, load_to_pb
+from router.watcher import Watcher
 from services import server as bootstrap
 from services import telemetry
 from services.config import RouterConfig, RoutingConfig
@@ -202,8 +203,9 @@ PICKS_SPAN_ATTRIBUTES = {"rpc.system": "grpc", "rpc.method": "/meshserve.v1.Rout
 class RouterServicer(pb_grpc.RouterServicer):
     """Converts protobuf to and from the Router's plain types."""
 
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: Router, feed: FleetFeed) -> None:
         self._router = router
+        self._feed = feed
 
     async def Pick(self, request: pb.PickRequest, context: grpc.aio.ServicerContext) -> pb.PickResponse:
         try:
@@ -297,20 +299,17 @@ class RouterServicer(pb_grpc.RouterServicer):
         return self.listing()
 
     def listing(self) -> pb.ListWorkersResponse:
-        return pb.ListWorkersResponse(workers=[_worker_state(w, healthy) for w, healthy in self._router.workers()])
+        return pb.ListWorkersResponse(workers=[worker_state(w, healthy) for w, healthy in self._router.workers()])
 
+    async def WatchFleet(self, request: pb.WatchFleetRequest, context: grpc.aio.ServicerContext
+                         ) -> AsyncIterator[pb.FleetUpdate]:
+        async for update in self.fleet_updates():
+            yield update
 
-def _worker_state(view: WorkerView, healthy: bool) -> pb.WorkerState:
-    state = pb.WorkerState(
-        worker_id=view.worker_id,
-        address=view.address,
-        healthy=healthy,
-        assigned_unreported=view.assigned_unreported,
-        weights_id=view.weights_id,
-    )
-    if view.load is not None:
-        state.load.CopyFrom(load_to_pb(view.worker_id, view.load))
-    return state
+    def fleet_updates(self) -> AsyncIterator[pb.FleetUpdate]:
+        """The fleet's views, pushed (WatchFleet's; a gateway with the router embedded reads them
+        in its own process)."""
+        return self._feed.updates()
 
 
 class RouterCore:
@@ -330,7 +329,7 @@ class RouterCore:
         table = WorkerTable(list(dict.fromkeys(cfg.workers)), clock=clock, pick_ttl_s=cfg.stale_after_s)
         self.router = Router(table, policy, cfg.stale_after_s, rng, cfg.approx_blocks_per_worker,
                              cfg.kv_pending_s, clock)
-        self.servicer = RouterServicer(self.router)
+        self.servicer = RouterServicer(self.router, FleetFeed(table, self.router.workers, clock=clock))
         self.watcher = Watcher(table, cfg.stale_after_s, max(cfg.lost_after_s, cfg.stale_after_s),
                                kv=self.router.kv if policy.prefix_view == "kv" else None, prefix=self.router.prefix,
                                fleet_reports_per_s=cfg.fleet_reports_per_s)

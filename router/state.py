@@ -45,13 +45,15 @@ class WorkerView(NamedTuple):
     # streams it accepted if more (its engine has not queued them yet), plus the unreported picks.
     outstanding: int = 0
     weights_id: str = ""                 # WorkerInfo.weights_id, from its connection
+    max_model_len: int = 0               # WorkerInfo.max_model_len, from its connection
 
     @classmethod
     def of(cls, worker_id: str, address: str, connected: bool = False, load: WorkerLoad | None = None,
-           reported_at: float | None = None, assigned_unreported: int = 0, weights_id: str = "") -> WorkerView:
+           reported_at: float | None = None, assigned_unreported: int = 0, weights_id: str = "",
+           max_model_len: int = 0) -> WorkerView:
         engine = 0 if load is None else max(load.num_running + load.num_waiting, load.num_in_flight)
         return cls(worker_id, address, connected, load, reported_at, assigned_unreported,
-                   engine + assigned_unreported, weights_id)
+                   engine + assigned_unreported, weights_id, max_model_len)
 
     def is_healthy(self, stale_after_s: float, now: float) -> bool:
         """Connected, and its last report is fresh at clock time ``now``."""
@@ -148,7 +150,10 @@ class WorkerTable:
     (its caller gave up first) stops counting after ``pick_ttl_s``.
 
     Each worker's view is remade when the worker changes (a report, a pick, its stream), so a
-    snapshot is a copy of a list, not a view made per worker per pick."""
+    snapshot is a copy of a list, not a view made per worker per pick.
+
+    ``listen(callback)``: called when a worker joins or leaves, connects or disconnects, or starts
+    or stops draining (what the fleet's watchers are told at once; load alone is not)."""
 
     def __init__(
         self, addresses: list[str], clock: Callable[[], float] = time.monotonic, pick_ttl_s: float = 2.0
@@ -161,11 +166,19 @@ class WorkerTable:
         # Every pick in the order made, with its worker's entry: expiring looks at the oldest
         # ones only. A pick already settled by a report is skipped when its turn comes.
         self._picks: deque[tuple[float, _Entry]] = deque()
+        self._listeners: list[Callable[[], None]] = []
         for a in addresses:
             self.add(a)
 
     def addresses(self) -> list[str]:
         return list(self._workers)
+
+    def listen(self, callback: Callable[[], None]) -> None:
+        self._listeners.append(callback)
+
+    def _changed(self) -> None:
+        for callback in self._listeners:
+            callback()
 
     def now(self) -> float:
         """The table's clock: the time its views' ``reported_at`` are on."""
@@ -178,6 +191,7 @@ class WorkerTable:
             self._workers[address] = entry
             self._views.append(entry.view)
             self._columns.append(entry.view)
+            self._changed()
 
     def remove(self, address: str) -> None:
         """Forgets the worker: its view and its unsettled picks."""
@@ -186,6 +200,7 @@ class WorkerTable:
                 entry.index = i
             self._views = [e.view for e in self._workers.values()]
             self._columns.rebuild(self._views)
+            self._changed()
 
     def snapshot(self) -> list[WorkerView]:
         self._expire(self._clock())
@@ -209,10 +224,12 @@ class WorkerTable:
         for e in changed:
             self._refresh(e)
 
-    def on_connected(self, address: str, worker_id: str, weights_id: str = "") -> None:
+    def on_connected(self, address: str, worker_id: str, weights_id: str = "", max_model_len: int = 0) -> None:
         entry = self._workers[address]
         entry.received = None  # the next report starts the count on this stream
-        self._refresh(entry, worker_id=worker_id or address, connected=True, weights_id=weights_id)
+        self._refresh(entry, worker_id=worker_id or address, connected=True, weights_id=weights_id,
+                      max_model_len=max_model_len)
+        self._changed()
 
     def on_report(self, address: str, load: WorkerLoad) -> None:
         entry = self._workers[address]
@@ -223,10 +240,14 @@ class WorkerTable:
             for _ in range(min(load.requests_received - entry.received, len(entry.picks))):
                 entry.picks.popleft()
         entry.received = load.requests_received
+        draining_changed = entry.view.load is None or entry.view.load.draining != load.draining
         self._refresh(entry, load=load, reported_at=self._clock())
+        if draining_changed:
+            self._changed()
 
     def on_disconnected(self, address: str) -> None:
         self._refresh(self._workers[address], connected=False)
+        self._changed()
 
     def on_assigned(self, address: str) -> None:
         entry = self._workers[address]
@@ -239,7 +260,7 @@ class WorkerTable:
         """Remakes the worker's view with ``changed`` fields and its current unsettled picks."""
         v = entry.view._replace(**changed)
         entry.view = WorkerView.of(v.worker_id, v.address, v.connected, v.load, v.reported_at, len(entry.picks),
-                                   v.weights_id)
+                                   v.weights_id, v.max_model_len)
         self._views[entry.index] = entry.view
         self._columns.set(entry.index, entry.view)
 

@@ -198,7 +198,8 @@ class Watcher:
                 return
             if first:
                 first = False
-                self._table.on_connected(address, info.worker_id or report.worker_id, info.weights_id)
+                self._table.on_connected(address, info.worker_id or report.worker_id, info.weights_id,
+                                         info.max_model_len)
                 log.info("worker %s (%s) connected: %s engine", info.worker_id, address, info.engine)
             self._table.on_report(address, load_from_pb(report))
             yield report

@@ -1049,22 +1049,34 @@ class ListWorkersRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerState(_message.Message):
-    __slots__ = ("worker_id", "address", "healthy", "load", "assigned_unreported", "weights_id")
+    __slots__ = ("worker_id", "address", "healthy", "load", "assigned_unreported", "weights_id", "max_model_len")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     HEALTHY_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
     ASSIGNED_UNREPORTED_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     healthy: bool
     load: LoadReport
     assigned_unreported: int
     weights_id: str
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., healthy: _Optional[bool] = ..., load: _Optional[_Union[LoadReport, _Mapping]] = ..., assigned_unreported: _Optional[int] = ..., weights_id: _Optional[str] = ...) -> None: ...
+    max_model_len: int
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., healthy: _Optional[bool] = ..., load: _Optional[_Union[LoadReport, _Mapping]] = ..., assigned_unreported: _Optional[int] = ..., weights_id: _Optional[str] = ..., max_model_len: _Optional[int] = ...) -> None: ...
 
 class ListWorkersResponse(_message.Message):
+    __slots__ = ("workers",)
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerState]
+    def __init__(self, workers: _Optional[_Iterable[_Union[WorkerState, _Mapping]]] = ...) -> None: ...
+
+class WatchFleetRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class FleetUpdate(_message.Message):
     __slots__ = ("workers",)
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     workers: _containers.RepeatedCompositeFieldContainer[WorkerState]

@@ -935,6 +935,11 @@ class RouterStub:
                 request_serializer=meshserve__pb2.ListWorkersRequest.SerializeToString,
                 response_deserializer=meshserve__pb2.ListWorkersResponse.FromString,
                 _registered_method=True)
+        self.WatchFleet = channel.unary_stream(
+                '/meshserve.v1.Router/WatchFleet',
+                request_serializer=meshserve__pb2.WatchFleetRequest.SerializeToString,
+                response_deserializer=meshserve__pb2.FleetUpdate.FromString,
+                _registered_method=True)
 
 
 class RouterServicer:
@@ -968,6 +973,13 @@ class RouterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchFleet(self, request, context):
+        """The fleet as the router sees it, pushed: what a gateway knows of the workers (no polling).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RouterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -990,6 +1002,11 @@ def add_RouterServicer_to_server(servicer, server):
                     servicer.ListWorkers,
                     request_deserializer=meshserve__pb2.ListWorkersRequest.FromString,
                     response_serializer=meshserve__pb2.ListWorkersResponse.SerializeToString,
+            ),
+            'WatchFleet': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchFleet,
+                    request_deserializer=meshserve__pb2.WatchFleetRequest.FromString,
+                    response_serializer=meshserve__pb2.FleetUpdate.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1100,6 +1117,33 @@ class Router:
             '/meshserve.v1.Router/ListWorkers',
             meshserve__pb2.ListWorkersRequest.SerializeToString,
             meshserve__pb2.ListWorkersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchFleet(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/meshserve.v1.Router/WatchFleet',
+            meshserve__pb2.WatchFleetRequest.SerializeToString,
+            meshserve__pb2.FleetUpdate.FromString,
             options,
             channel_credentials,
             insecure,
