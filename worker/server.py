@@ -9,13 +9,11 @@ import importlib
 import itertools
 import json
 import logging
-import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
-from opentelemetry import trace
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
 from services import server as bootstrap
@@ -24,6 +22,7 @@ from services.config import WorkerConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
 from services.prompts import TemplateCall, chat_turns
+from services.request_record import RequestRecord, Timings
 from worker.engine import Chunker, Delta, Engine, Request
 from worker.kv_events import KvBatch, KvCacheView, KvWatcher
 from worker.session import Session
@@ -85,12 +84,9 @@ class WorkerMetrics:
                                 ["worker", "finish_reason"]).labels
         self.worker_id = worker_id
         self._engine = engine
+        self.timings = Timings()  # the vllm:* latency histograms, when this worker exports them
         self.preemptions: Any = None
         self._preemptions_seen = 0
-        self.ttft: Any = None
-        self.itl: Any = None
-        self.e2e: Any = None
-        self.tpot: Any = None
         self.prefix_queries: Any = None
         self.prefix_hits: Any = None
         self.generation_tokens: Any = None
@@ -115,15 +111,15 @@ class WorkerMetrics:
             self.preemptions = _metric(Counter, "vllm:num_preemptions",
                                        "Requests preempted because the KV cache was full (recomputed later)",
                                        ["worker"]).labels(worker_id)
-        self.ttft = _metric(Histogram, "vllm:time_to_first_token_seconds", "Time to first token",
-                            ["worker"], buckets=TTFT_BUCKETS).labels(worker_id)
-        self.itl = _metric(Histogram, "vllm:inter_token_latency_seconds", "Inter-token latency",
-                           ["worker"], buckets=ITL_BUCKETS).labels(worker_id)
-        self.e2e = _metric(Histogram, "vllm:e2e_request_latency_seconds", "End-to-end request latency",
-                           ["worker"], buckets=E2E_BUCKETS).labels(worker_id)
-        self.tpot = _metric(Histogram, "vllm:request_time_per_output_token_seconds",
-                            "Per request: decode time / (output tokens - 1)", ["worker"],
-                            buckets=ITL_BUCKETS).labels(worker_id)
+        ttft = _metric(Histogram, "vllm:time_to_first_token_seconds", "Time to first token", ["worker"],
+                       buckets=TTFT_BUCKETS).labels(worker_id)
+        itl = _metric(Histogram, "vllm:inter_token_latency_seconds", "Inter-token latency", ["worker"],
+                      buckets=ITL_BUCKETS).labels(worker_id)
+        e2e = _metric(Histogram, "vllm:e2e_request_latency_seconds", "End-to-end request latency", ["worker"],
+                      buckets=E2E_BUCKETS).labels(worker_id)
+        tpot = _metric(Histogram, "vllm:request_time_per_output_token_seconds",
+                       "Per request: decode time / (output tokens - 1)", ["worker"], buckets=ITL_BUCKETS).labels(worker_id)
+        self.timings = Timings(ttft, itl, e2e, tpot)
 
     def finished(self, reason: str, last: Delta | None = None) -> None:
         self.requests(self.worker_id, reason).inc()
@@ -138,10 +134,6 @@ class WorkerMetrics:
     def generated(self, tokens: int) -> None:
         if self.generation_tokens is not None:
             self.generation_tokens.inc(tokens)
-
-    def observe(self, histogram: Any, value: float) -> None:
-        if histogram is not None:
-            histogram.observe(value)
 
 
 def to_engine_request(req: pb.GenerateRequest, min_stream_interval: int = 1) -> Request:
@@ -278,26 +270,17 @@ class WorkerServicer(pb_grpc.WorkerServicer):
     async def _stream(self, req: Request) -> AsyncIterator[pb.GenerateResponse]:
         metrics = self.metrics
         assert metrics is not None, "bind() not called"
-        span = trace.get_current_span()  # this call's span (tracing interceptor in services.server)
-        span.set_attributes({"meshserve.request_id": req.request_id, "meshserve.worker": self.worker_id})
-        start = last = time.monotonic()
-        ttft = 0.0
+        record = RequestRecord(req.request_id, metrics.timings)  # on this call's span (services.server)
+        record.worker = self.worker_id
         last_delta: Delta | None = None
         chunks = Chunker(req.stream_interval)
+        status, level = "OK", logging.INFO
         try:
             async with contextlib.aclosing(self.engine.generate(req)) as stream:
                 async for delta in stream:
-                    now = time.monotonic()
                     if delta.token_ids:
                         metrics.generated(len(delta.token_ids))
-                        if not ttft:
-                            ttft = now - start
-                            metrics.observe(metrics.ttft, ttft)
-                            span.add_event("first_token")
-                            span.set_attribute("meshserve.ttft_s", ttft)
-                        else:
-                            metrics.observe(metrics.itl, (now - last) / len(delta.token_ids))
-                        last = now
+                        record.output(len(delta.token_ids))
                     if (chunk := chunks.add(delta)) is not None:
                         yield self._to_pb(req.request_id, chunk)
                     last_delta = delta
@@ -305,35 +288,26 @@ class WorkerServicer(pb_grpc.WorkerServicer):
                 yield self._to_pb(req.request_id, chunk)
         except validation.InvalidRequest as e:
             metrics.finished("rejected")
-            log.info("request %s rejected: %s", req.request_id, e)
+            status, detail = "INVALID_ARGUMENT", str(e)
             raise
         except (asyncio.CancelledError, GeneratorExit):
             metrics.finished("abort")
-            log.info("request %s aborted by the client after %d tokens (%.3fs)", req.request_id,
-                     last_delta.completion_tokens if last_delta else 0, time.monotonic() - start)
+            status, detail = "CANCELLED", "aborted by the client"
             raise
-        except Exception:
+        except Exception as e:
             metrics.finished("error")
             log.exception("request %s failed", req.request_id)
+            status, detail, level = "INTERNAL", f"{type(e).__name__}: {e}", logging.ERROR
             raise
-        e2e = time.monotonic() - start
-        reason = (last_delta.finish_reason if last_delta else None) or "abort"
-        metrics.observe(metrics.e2e, e2e)
-        metrics.finished(reason, last_delta)
-        completion_tokens = last_delta.completion_tokens if last_delta else 0
-        if completion_tokens > 1:
-            metrics.observe(metrics.tpot, (e2e - ttft) / (completion_tokens - 1))
-        if span.is_recording():
-            span.set_attributes({
-                "meshserve.finish_reason": reason,
-                "meshserve.prompt_tokens": last_delta.prompt_tokens if last_delta else 0,
-                "meshserve.cached_prompt_tokens": last_delta.cached_prompt_tokens if last_delta else 0,
-                "meshserve.tokens": completion_tokens,
-                "meshserve.e2e_s": e2e,
-            })
-        log.info("request %s finished (%s): %d prompt + %d completion tokens, ttft %.3fs, total %.3fs",
-                 req.request_id, reason, last_delta.prompt_tokens if last_delta else 0,
-                 last_delta.completion_tokens if last_delta else 0, ttft, e2e)
+        else:
+            detail = (last_delta.finish_reason if last_delta else None) or "abort"
+            metrics.finished(detail, last_delta)
+        finally:
+            if last_delta is not None:
+                record.prompt_tokens = last_delta.prompt_tokens
+            record.finish(log, status, detail, level, finish_reason=detail if status == "OK" else "",
+                          prompt_tokens=record.prompt_tokens,
+                          cached_prompt_tokens=last_delta.cached_prompt_tokens if last_delta else 0)
 
     def _to_pb(self, request_id: str, delta: Delta) -> pb.GenerateResponse:
         chunk = pb.GenerateResponse(request_id=request_id, text=delta.text, token_ids=delta.token_ids,
