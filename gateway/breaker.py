@@ -19,8 +19,8 @@ class Breaker:
     def __init__(self, failures: int, open_s: float, clock: Callable[[], float],
                  open_gauge: prometheus_client.Gauge = metrics.CACHE_BREAKER_OPEN) -> None:
         self._gauge = open_gauge
-        self._threshold = max(1, failures)
-        self._open_s = open_s
+        self.threshold = max(1, failures)  # failed calls in a row that open it
+        self.open_s = open_s
         self._clock = clock
         self._failures = 0
         self._open_until: float | None = None  # None: closed; else when the next probe may go
@@ -36,7 +36,7 @@ class Breaker:
             return True
         now = self._clock()
         if now >= self._open_until:
-            self._open_until = now + self._open_s
+            self._open_until = now + self.open_s
             return True
         metrics.CACHE_SKIPPED.inc()
         return False
@@ -45,8 +45,8 @@ class Breaker:
         """Records a failed call; True when this one opened the breaker."""
         self._failures += 1
         was_open = self._open_until is not None
-        if was_open or self._failures >= self._threshold:
-            self._open_until = self._clock() + self._open_s
+        if was_open or self._failures >= self.threshold:
+            self._open_until = self._clock() + self.open_s
             self._gauge.set(1)
             return not was_open
         return False

@@ -1,16 +1,17 @@
-"""The gateway's channels: one to the router (with one Picks stream on it for every pick), one to
-the cache (and a Redis client for its exact entries), one per worker address (with one Session stream on it that all requests to that
-worker share)."""
+"""The gateway's channels: one to the router (with one PickBatches stream on it for every pick,
+and the fleet view's WatchFleet stream), one to the cache (and a Redis client for its exact
+entries), one per worker address (with one Session stream on it that all requests to that worker
+share). With ``--router embedded`` the router's picks and fleet view are in this process."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
 from gateway.entries import ExactEntries
-from gateway.picks import LocalPicks, LocalRouterStub, PickStream, RouterInProcess
+from gateway.picks import LocalPicks, Picks, PickStream, RouterInProcess
 from gateway.relay import WorkerSession
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
@@ -24,7 +25,6 @@ class Clients:
     and holds none of this gateway's requests loses its channel when a new session opens, so
     the pool follows the fleet instead of growing with every address the router ever named.
 
-    While the router is unreachable, ``fallback`` picks from the workers it named before.
     ``router`` is the router service's address, or the router itself when the gateway picks in
     its own process (``--router embedded``).
     """
@@ -34,22 +34,22 @@ class Clients:
         entries: ExactEntries | None = None,
     ) -> None:
         self._router_channel: grpc.aio.Channel | None = None
-        self.router: pb_grpc.RouterStub | LocalRouterStub
-        self.picks: PickStream | LocalPicks
+        self.picks: Picks
+        self.watch_fleet: Callable[[], AsyncIterator[pb.FleetUpdate]]
         if isinstance(router, str):
             self._router_channel = insecure_channel(router)
-            self.router = pb_grpc.RouterStub(self._router_channel)
-            self.picks = PickStream(self.router)
+            stub = pb_grpc.RouterStub(self._router_channel)
+            self.picks = PickStream(stub)
+            self.watch_fleet = lambda: aiter(stub.WatchFleet(pb.WatchFleetRequest()))
         else:
-            self.router = LocalRouterStub(router)
             self.picks = LocalPicks(router)
+            self.watch_fleet = router.fleet_updates
         self._cache_channel: grpc.aio.Channel | None = insecure_channel(cache) if cache else None
         self.cache = pb_grpc.CacheStub(self._cache_channel) if self._cache_channel else None
         self.entries = entries  # exact entries read from the cache's Redis, when the gateway has its URL
         self._workers: dict[str, tuple[grpc.aio.Channel, pb_grpc.WorkerStub]] = {}
         self._sessions: dict[str, WorkerSession] = {}
         self._worker_options = stall_options(stall_timeout_s) if stall_timeout_s > 0 else []
-        self._named: dict[str, str] = {}  # worker id -> address, of every worker the router picked
         self._closing: set[asyncio.Task[None]] = set()  # channels of gone workers, closing
 
     def worker(self, address: str) -> pb_grpc.WorkerStub:
@@ -57,33 +57,6 @@ class Clients:
             channel = insecure_channel(address, self._worker_options)
             self._workers[address] = (channel, pb_grpc.WorkerStub(channel))
         return self._workers[address][1]
-
-    def picked(self, pick: pb.PickResponse) -> None:
-        """The router named this worker: a candidate for ``fallback`` picks."""
-        self._named[pick.worker_id] = pick.address
-
-    def fallback(self, exclude: Sequence[str]) -> pb.PickResponse | None:
-        """A pick without the router: of the workers it named, those this gateway's session to
-        is open (a dead or frozen worker's session is closed), the one running the fewest of this
-        gateway's requests. None when there is none."""
-        candidates = self._reachable(exclude)
-        if not candidates:
-            return None
-        _, worker_id, address = min(candidates)
-        return pb.PickResponse(worker_id=worker_id, address=address, reason="fallback")
-
-    def reachable(self) -> int:
-        """How many workers ``fallback`` picks from now."""
-        return len(self._reachable(()))
-
-    def _reachable(self, exclude: Sequence[str]) -> list[tuple[int, str, str]]:
-        """(this gateway's requests on it, id, address) of each worker the router named, not
-        excluded, whose session from this gateway is open."""
-        return [
-            (session.in_flight, worker_id, address)
-            for worker_id, address in self._named.items()
-            if worker_id not in exclude and (session := self._sessions.get(address)) is not None and not session.closed
-        ]
 
     def session(self, address: str) -> WorkerSession:
         """The open Session stream to the worker at ``address`` (a new one if it has none)."""
@@ -99,13 +72,18 @@ class Clients:
         session = self._sessions.get(address)
         return session is not None and session.closed
 
+    def in_flight(self, address: str) -> int:
+        """This gateway's requests on the worker at ``address`` now."""
+        session = self._sessions.get(address)
+        return 0 if session is None else session.in_flight
+
     def addresses(self) -> list[str]:
         """The workers this gateway holds a channel to."""
         return list(self._workers)
 
     def _sweep(self, keep: str) -> None:
         """Closes the channels of workers whose session is closed and idle (none of this
-        gateway's requests is on it), and forgets them as fallback candidates."""
+        gateway's requests is on it)."""
         gone = [a for a, s in self._sessions.items() if a != keep and s.closed and not s.in_flight]
         for address in gone:
             del self._sessions[address]
@@ -114,8 +92,6 @@ class Clients:
                 task = asyncio.get_running_loop().create_task(channel.close())
                 self._closing.add(task)
                 task.add_done_callback(self._closing.discard)
-        if gone:
-            self._named = {w: a for w, a in self._named.items() if a not in gone}
 
     async def close(self) -> None:
         await self.picks.close()

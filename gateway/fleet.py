@@ -1,20 +1,22 @@
-"""The gateway's view of the fleet, as the router lists its workers (at most a second old):
+"""The gateway's one view of the fleet, pushed by the router (Router/WatchFleet; in process when
+the router is embedded): every worker, whether it is healthy and draining, the weights it serves
+and its context length. What the gateway asks of the fleet is answered from it:
 
-- the weights the fleet serves (``WorkerState.weights_id``): the response cache keys answers by
-  them beyond the model's name, so after new weights are rolled out under the same name no
-  request is answered with the old weights' completions;
-- whether the fleet is one worker: then a request has nowhere else to go, and the gateway sends
-  it there without waiting for the router's pick (``Orchestrator._pick``)."""
+- the weights the fleet serves: the response cache keys answers by them beyond the model's name,
+  so after new weights are rolled out under the same name no request gets the old ones' answers;
+- whether the fleet is one worker: a request then has nowhere else to go and is sent there
+  without waiting for a pick;
+- the workers a request may go to while the router is away, and a worker for tokenizing.
+
+While the router's stream is down the last view stays; it is reopened with capped backoff."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import math
-import time
 from collections import Counter
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import grpc
 
@@ -22,81 +24,110 @@ from services.gen import meshserve_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-REFRESH_S = 1.0       # how old the list may get before a request asks for a new one (off its path)
-LIST_TIMEOUT_S = 0.5  # the router's answer; the first cacheable request of a gateway waits for it
-
-
-class _Lister(Protocol):
-    async def ListWorkers(self, request: pb.ListWorkersRequest, *, timeout: float | None = None
-                          ) -> pb.ListWorkersResponse: ...
+FIRST_VIEW_S = 0.5  # how long the first cacheable request waits for the router's first view
+NEWER_VIEW_S = 0.5  # how long a lookup of a worker the view does not hold yet waits for the next
 
 
 class FleetView:
-    """The weights id most healthy workers serve, each worker's, and the fleet's only worker when
-    it has one; listed again once the list is ``refresh_s`` old, by a task of its own: only a
-    gateway's first cacheable request waits for a list."""
+    """Reads the views ``watch()`` yields (a Router/WatchFleet stream, or the embedded router's);
+    ``start`` in the event loop, ``close`` to stop."""
 
-    def __init__(self, router: _Lister, refresh_s: float = REFRESH_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self._router = router
-        self._refresh_s = refresh_s
-        self._clock = clock
-        self._serving: str | None = None  # None: no healthy worker listed yet
-        self._by_worker: dict[str, str] = {}
-        self._sole: tuple[str, str] | None = None  # (id, address) of a fleet of one, healthy and undrained
-        self._listed_at = -math.inf
-        self._listing: asyncio.Task[None] | None = None
+    def __init__(self, watch: Callable[[], AsyncIterator[pb.FleetUpdate]], backoff_s: tuple[float, float] = (0.1, 1.0)
+                 ) -> None:
+        self._watch = watch
+        self._backoff_s = backoff_s
+        self.workers: tuple[pb.WorkerState, ...] = ()
+        self.live = False  # the stream is open and has sent a view
+        self._viewed = False  # a view has come, ever
+        self._serving: str | None = None
+        self._by_id: dict[str, pb.WorkerState] = {}
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._follow(), name="fleet view")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    # -- what the gateway asks ----------------------------------------------------------------
+
+    async def first_view(self) -> None:
+        """Waits for the router's first view, up to FIRST_VIEW_S (a gateway's first requests)."""
+        if not self._viewed:
+            await self._next_view(FIRST_VIEW_S)
 
     async def serving(self) -> str | None:
-        """The weights id the fleet serves ('' when its workers give none); None while the router
-        has listed no healthy worker to this gateway (its requests are then not cached)."""
-        self._refresh_if_old()
-        if self._serving is None:
-            await self.listed()
+        """The weights id most healthy workers serve ('' when they give none); None while no view
+        has had a healthy worker (requests are then not cached)."""
+        await self.first_view()
         return self._serving
 
-    def sole(self) -> tuple[str, str] | None:
-        """(id, address) of the fleet's only worker when the router's last list has one worker,
-        healthy and not draining: a pick has nothing to choose. None otherwise, or before a list."""
-        self._refresh_if_old()
-        return self._sole
+    async def weights_of(self, worker_id: str) -> str | None:
+        """The weights id of worker ``worker_id``; None when the view does not hold it (after
+        waiting up to NEWER_VIEW_S for a view that does: a worker newer than the last one)."""
+        await self.first_view()
+        if worker_id not in self._by_id and self.live:
+            await self._next_view(NEWER_VIEW_S)
+        state = self._by_id.get(worker_id)
+        return None if state is None else state.weights_id
 
-    async def of_worker(self, worker_id: str) -> str | None:
-        """The weights id of the worker ``worker_id`` (None: not in the router's list)."""
-        if worker_id not in self._by_worker:
-            self._listed_at = -math.inf  # a worker newer than the list
-            self._refresh_if_old()
-            await self.listed()
-        return self._by_worker.get(worker_id)
+    def sole(self) -> pb.WorkerState | None:
+        """The fleet's only worker when the view has one, healthy and not draining (a pick has
+        nothing to choose); None otherwise, or before the first view."""
+        if len(self.workers) == 1 and _serves(self.workers[0]):
+            return self.workers[0]
+        return None
 
-    async def listed(self) -> None:
-        """Waits for the list being asked for, if any (not cancelling it when cancelled)."""
-        if self._listing is not None:
-            await asyncio.shield(self._listing)
+    def serving_workers(self, exclude: Sequence[str] = ()) -> list[pb.WorkerState]:
+        """The workers of the view that are healthy and not draining, less those in ``exclude``."""
+        return [w for w in self.workers if _serves(w) and w.worker_id not in exclude]
 
-    def _refresh_if_old(self) -> None:
-        if self._clock() - self._listed_at >= self._refresh_s and (self._listing is None or self._listing.done()):
-            self._listed_at = self._clock()  # one list at a time, and none more often than refresh_s
-            self._listing = asyncio.get_running_loop().create_task(self._list(), name="fleet list")
+    @property
+    def max_model_len(self) -> int | None:
+        """The workers' context length, as the first of them that says it (every worker serves
+        the one model); None before."""
+        return next((w.max_model_len for w in self.workers if w.max_model_len), None)
 
-    async def _list(self) -> None:
-        try:
-            listed = await self._router.ListWorkers(pb.ListWorkersRequest(), timeout=LIST_TIMEOUT_S)
-        except grpc.aio.AioRpcError as e:
-            log.debug("the router did not list the workers (%s); keeping what it listed before", e.code().name)
-            return
-        self._by_worker = {w.worker_id: w.weights_id for w in listed.workers}
-        only = listed.workers[0] if len(listed.workers) == 1 else None
-        self._sole = (only.worker_id, only.address) if only and only.healthy and not only.load.draining else None
-        counts = Counter(w.weights_id for w in listed.workers if w.healthy)
-        if counts:
-            serving = max(sorted(counts), key=counts.__getitem__)  # the most workers'; a tie, the first
-            if serving != self._serving and self._serving is not None:
+    # -- following the router -----------------------------------------------------------------
+
+    async def _next_view(self, timeout_s: float) -> None:
+        changed = self._changed
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await changed.wait()
+
+    def _apply(self, update: pb.FleetUpdate) -> None:
+        self.workers = tuple(update.workers)
+        self._by_id = {w.worker_id: w for w in self.workers}
+        counts = Counter(w.weights_id for w in self.workers if w.healthy)
+        serving = max(sorted(counts), key=counts.__getitem__) if counts else None  # a tie: the first
+        if serving is not None:  # none healthy for a moment: the weights the fleet served still key the cache
+            if self._serving is not None and serving != self._serving:
                 log.info("the fleet serves weights %r now (was %r): the cache answers from their entries",
                          serving, self._serving)
             self._serving = serving
+        self._viewed = self.live = True
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
 
-    async def close(self) -> None:
-        if self._listing is not None and not self._listing.done():
-            self._listing.cancel()
-            await asyncio.gather(self._listing, return_exceptions=True)
+    async def _follow(self) -> None:
+        backoff = self._backoff_s[0]
+        while True:
+            try:
+                async for update in self._watch():
+                    self._apply(update)
+                    backoff = self._backoff_s[0]
+                log.warning("the router ended the fleet stream; keeping the last view and reopening it")
+            except grpc.aio.AioRpcError as e:
+                log.log(logging.WARNING if self.live else logging.DEBUG,
+                        "the router's fleet stream failed (%s); keeping the last view", e.code().name)
+            self.live = False
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, self._backoff_s[1])
+
+
+def _serves(worker: pb.WorkerState) -> bool:
+    return worker.healthy and not worker.load.draining

@@ -43,10 +43,28 @@ class Flight:
         self.cache_similarity = 0.0
         self.task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
+        self._held: list[pb.GenerateResponse] | None = None  # chunks held back from the readers
 
     def push(self, chunk: pb.GenerateResponse) -> None:
+        if self._held is not None:
+            self._held.append(chunk)
+            return
         self.chunks.append(chunk)
         self._wake()
+
+    def hold(self) -> None:
+        """Holds back the chunks pushed from now on, until ``release`` or ``drop_held`` (while an
+        answer that would replace them may still come)."""
+        self._held = []
+
+    def release(self) -> None:
+        """The held chunks go to the readers, and the next ones as they come."""
+        held, self._held = self._held or [], None
+        for chunk in held:
+            self.push(chunk)
+
+    def drop_held(self) -> None:
+        self._held = None
 
     def finish(self, error: BaseException | None = None) -> None:
         if not self.done:

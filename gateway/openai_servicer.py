@@ -19,7 +19,8 @@ from typing import TypeVar, cast
 import grpc
 
 from gateway import openai_convert as convert
-from gateway.orchestrator import GatewayError, Orchestrator
+from gateway.errors import GatewayError
+from gateway.orchestrator import Orchestrator
 from services import telemetry
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc

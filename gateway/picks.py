@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 import grpc
@@ -27,6 +28,14 @@ class PickFailed(StreamFailed):
 
 class PickRefused(PickFailed):
     """The router answered, with a refusal (no healthy worker, ...): not a router that is away."""
+
+
+class Picks(Protocol):
+    """Where a gateway's picks are made: the router service (``PickStream``) or this process."""
+
+    async def pick(self, request: pb.PickRequest, timeout_s: float) -> pb.PickResponse: ...
+
+    async def close(self) -> None: ...
 
 
 class PickStream:
@@ -96,12 +105,12 @@ class RouterInProcess(Protocol):
 
     def answer(self, request: pb.PickRequest, embedded: bool = False) -> pb.PickResponse: ...
 
-    def listing(self) -> pb.ListWorkersResponse: ...
+    def fleet_updates(self) -> AsyncIterator[pb.FleetUpdate]: ...
 
 
 class EmbeddedRouter(Protocol):
     """The router's parts in the gateway's process (``--router embedded``; the command line builds
-    them: router.server.RouterCore): its servicer answers picks and ``ListWorkers``, and is also
+    them: router.server.RouterCore): its servicer answers picks and pushes the fleet view, and is also
     served on the gateway's port; ``start`` begins watching the workers, ``close`` stops."""
 
     servicer: Any  # a RouterInProcess that is also the Router gRPC servicer
@@ -127,13 +136,3 @@ class LocalPicks:
 
     async def close(self) -> None:
         pass
-
-
-class LocalRouterStub:
-    """The Router stub calls the gateway makes besides picks (``ListWorkers``), answered in process."""
-
-    def __init__(self, router: RouterInProcess) -> None:
-        self._router = router
-
-    async def ListWorkers(self, request: pb.ListWorkersRequest, **_: Any) -> pb.ListWorkersResponse:  # noqa: N802
-        return self._router.listing()

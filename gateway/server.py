@@ -10,8 +10,9 @@ from gateway.clients import Clients
 from gateway.entries import ExactEntries
 from gateway.http_edge import HttpEdge
 from gateway.openai_servicer import OpenAIServicer
+from gateway.errors import GatewayError
+from gateway.orchestrator import Orchestrator
 from gateway.picks import EmbeddedRouter
-from gateway.orchestrator import GatewayError, Orchestrator
 from services.config import EMBEDDED_ROUTER, GatewayConfig
 from services.gen import meshserve_pb2 as pb
 from services.gen import meshserve_pb2_grpc as pb_grpc
@@ -75,6 +76,7 @@ def _build(
     openai = OpenAIServicer(orchestrator, cfg.model, _tenant)
 
     def register(server: grpc.aio.Server) -> list[str]:
+        orchestrator.start()
         pb_grpc.add_InferenceServicer_to_server(inference, server)
         pb_grpc.add_OpenAIServicer_to_server(openai, server)
         names = [SERVICE_NAME, OpenAIServicer.SERVICE_NAME]

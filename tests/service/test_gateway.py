@@ -97,15 +97,15 @@ class FakeWorker(pb_grpc.WorkerServicer):
 @dataclass(eq=False)
 class FakeRouter(pb_grpc.RouterServicer):
     """Picks the first worker in order that is not excluded; lists them all, healthy, serving the
-    weights in ``weights`` (worker id -> weights id; none given: ''); with a ``gate``, the
-    gateway's picks are answered once it is set."""
+    weights in ``weights`` (worker id -> weights id; none given: ''), and pushes that list to each
+    fleet watcher when it changes; with a ``gate``, the gateway's picks are answered once it is set."""
 
     workers: list[tuple[str, str]]
     picks: list[pb.PickRequest] = field(default_factory=list)
     weights: dict[str, str] = field(default_factory=dict)
     gate: asyncio.Event | None = None
     lists: int = 0
-
+    fleet_views: int = 0  # views pushed to the gateway
     def _answer(self, request: pb.PickRequest) -> pb.PickResponse:
         self.picks.append(request)
         for worker_id, address in self.workers:
@@ -113,13 +113,26 @@ class FakeRouter(pb_grpc.RouterServicer):
                 return pb.PickResponse(worker_id=worker_id, address=address, reason="first")
         return pb.PickResponse(error_code=grpc.StatusCode.UNAVAILABLE.value[0], error_message="no worker available")
 
+    def _states(self) -> list[pb.WorkerState]:
+        return [pb.WorkerState(worker_id=worker_id, address=address, healthy=True,
+                               weights_id=self.weights.get(worker_id, "")) for worker_id, address in self.workers]
+
     async def ListWorkers(self, request: pb.ListWorkersRequest, context: grpc.aio.ServicerContext
                           ) -> pb.ListWorkersResponse:
         self.lists += 1
-        return pb.ListWorkersResponse(workers=[
-            pb.WorkerState(worker_id=worker_id, address=address, healthy=True, weights_id=self.weights.get(worker_id, ""))
-            for worker_id, address in self.workers
-        ])
+        return pb.ListWorkersResponse(workers=self._states())
+
+    async def WatchFleet(self, request: pb.WatchFleetRequest, context: grpc.aio.ServicerContext
+                         ) -> AsyncIterator[pb.FleetUpdate]:
+        # Tests change ``workers`` and ``weights`` in place; this fake looks for a change every
+        # few ms and pushes it, as the router pushes the changes it sees.
+        pushed: list[pb.WorkerState] | None = None
+        while True:
+            if (states := self._states()) != pushed:
+                pushed = states
+                self.fleet_views += 1
+                yield pb.FleetUpdate(workers=states)
+            await asyncio.sleep(0.005)
 
     async def Pick(self, request: pb.PickRequest, context: grpc.aio.ServicerContext) -> pb.PickResponse:
         answer = self._answer(request)
@@ -201,6 +214,7 @@ class Mesh:
     redis_url: str = ""  # the cache's Redis, and the prefix of its keys
     key_prefix: str = ""
     reads_redis: bool = False  # the gateway reads and writes exact entries there itself
+    openai: pb_grpc.OpenAIStub | None = None  # the gateway's OpenAI service (its health check)
 
 
 MeshFactory = Callable[..., Awaitable[Mesh]]
@@ -257,7 +271,7 @@ async def mesh(redis_url: str) -> AsyncIterator[MeshFactory]:
             channel = insecure_channel(f"127.0.0.1:{running.port}")
             stack.push_async_callback(channel.close)
             return Mesh(pb_grpc.InferenceStub(channel), fake_router, workers["A"], workers["B"], observed,
-                        router_servers[0], url, prefix, reads_redis)
+                        router_servers[0], url, prefix, reads_redis, pb_grpc.OpenAIStub(channel))
 
         yield make
 
@@ -500,38 +514,32 @@ async def test_with_the_router_away_the_gateway_picks_from_the_workers_it_named(
 async def test_a_fleet_of_one_worker_gets_its_requests_without_waiting_for_the_router(mesh: MeshFactory) -> None:
     m = await mesh(cache="off")
     both = list(m.router.workers)
-    m.router.workers = both[:1]  # the router lists A only
-    m.router.gate = asyncio.Event()  # and answers no pick until the gate opens
+    assert m.openai is not None
+
+    async def serving(n: int) -> bool:  # the gateway's view of the fleet, as its health check says
+        return (await m.openai.Health(pb.HealthRequest(), timeout=WAIT_S)).workers == n
+
+    m.router.workers = both[:1]  # the router's fleet is A alone: it pushes that to the gateway
+    await until(lambda: serving(1), "the gateway's fleet view to hold A alone")
+    m.router.gate = asyncio.Event()  # the router answers no pick until the gate opens
     sole = sample("meshserve_gateway_sole_worker_picks_total")
-    # The gateway's first request waits for the router's pick: the gateway has no list of the
-    # fleet yet (it asks for one meanwhile).
-    first = asyncio.ensure_future(collect(m.stub.Generate(greedy(skip_cache=True))))
-    await until(lambda: asyncio.sleep(0, m.router.lists > 0), "the gateway to ask for the fleet's list")
-    assert not first.done()
-    m.router.gate.set()
-    assert tokens(await first) == [10, 11, 12] and len(m.router.picks) == 1
-    # From then on the requests go to A at once, while the router answers no pick.
-    m.router.gate.clear()
     for i in range(3):
         chunks = await collect(m.stub.Generate(greedy(f"prompt {i}", skip_cache=True)))
         assert tokens(chunks) == [10, 11, 12] and chunks[-1].worker == "A"
-    assert m.a.calls == 4 and m.b.calls == 0
+    assert m.a.calls == 3 and m.b.calls == 0
     assert sample("meshserve_gateway_sole_worker_picks_total") == sole + 3
     # The router still gets every pick (its view of A's load, its span in the trace), off their path.
     m.router.gate.set()
-    await until(lambda: asyncio.sleep(0, len(m.router.picks) == 4), "the router to get every pick")
-    assert [p.prompt for p in m.router.picks[1:]] == [f"prompt {i}" for i in range(3)]
+    await until(lambda: asyncio.sleep(0, len(m.router.picks) == 3), "the router to get every pick")
+    assert [p.prompt for p in m.router.picks] == [f"prompt {i}" for i in range(3)]
 
-    # A second worker listed: the router's pick is waited for again once the gateway's list of
-    # the fleet (at most a second old) has it.
+    # A second worker in the fleet: the router's pick is waited for again once its view is pushed.
     m.router.workers = both
-
-    async def waited_for_the_router() -> bool:
-        answered = sample("meshserve_gateway_pick_seconds_count")
-        await collect(m.stub.Generate(greedy(skip_cache=True)))
-        return sample("meshserve_gateway_pick_seconds_count") > answered
-
-    await until(waited_for_the_router, "a pick waited for, with two workers listed")
+    await until(lambda: serving(2), "the gateway's fleet view to hold both workers")
+    answered = sample("meshserve_gateway_pick_seconds_count")
+    await collect(m.stub.Generate(greedy(skip_cache=True)))
+    assert sample("meshserve_gateway_pick_seconds_count") == answered + 1
+    assert m.router.lists == 0  # the gateway never asked for a list: the router pushed its view
 
 
 async def test_a_refusal_from_the_router_is_not_overridden_by_fallback_picks(mesh: MeshFactory) -> None:

@@ -1,115 +1,170 @@
-"""The gateway's view of the fleet (gateway.fleet), from the router's list: the weights it serves,
-and its only worker when it has one."""
+"""The gateway's one view of the fleet (gateway.fleet), as the router pushes it: the weights it
+serves, its only worker when it has one, the workers that serve, and a stream that breaks."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
 
+from gateway import fleet as fleet_module
 from gateway.fleet import FleetView
 from services.gen import meshserve_pb2 as pb
+from tests.integration.helpers import until
+
+WAIT_S = 5.0
+
+
+def worker(worker_id: str, weights: str = "", healthy: bool = True, draining: bool = False,
+           max_model_len: int = 0) -> pb.WorkerState:
+    return pb.WorkerState(worker_id=worker_id, address=f"{worker_id}:1", weights_id=weights, healthy=healthy,
+                          load=pb.LoadReport(draining=draining), max_model_len=max_model_len)
 
 
 class Router:
-    """Lists ``workers`` ((id, weights id, healthy)), those in ``draining`` draining; ``down``: fails
-    as an unreachable router."""
+    """Pushes the views put in ``views`` on each stream; ``fail()`` breaks the open stream as an
+    unreachable router does (the next watch gets the views put after)."""
 
-    def __init__(self, *workers: tuple[str, str, bool]) -> None:
-        self.workers = list(workers)
-        self.draining: set[str] = set()
-        self.down = False
-        self.lists = 0
+    def __init__(self) -> None:
+        self.views: asyncio.Queue[pb.FleetUpdate | None] = asyncio.Queue()
+        self.watches = 0
 
-    async def ListWorkers(self, request: pb.ListWorkersRequest, *, timeout: float | None = None
-                          ) -> pb.ListWorkersResponse:
-        self.lists += 1
-        if self.down:
-            raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "down")
-        return pb.ListWorkersResponse(workers=[
-            pb.WorkerState(worker_id=w, address=f"{w}:1", weights_id=weights, healthy=healthy,
-                           load=pb.LoadReport(draining=w in self.draining))
-            for w, weights, healthy in self.workers
-        ])
+    def push(self, *workers: pb.WorkerState) -> None:
+        self.views.put_nowait(pb.FleetUpdate(workers=workers))
+
+    def fail(self) -> None:
+        self.views.put_nowait(None)
+
+    async def watch(self) -> AsyncIterator[pb.FleetUpdate]:
+        self.watches += 1
+        while (view := await self.views.get()) is not None:
+            yield view
+        raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "down")
 
 
-class Clock:
-    now = 0.0
+@pytest.fixture
+async def router() -> AsyncIterator[Router]:
+    yield Router()
 
-    def __call__(self) -> float:
-        return self.now
+
+async def started(router: Router) -> FleetView:
+    view = FleetView(router.watch, backoff_s=(0.001, 0.001))
+    view.start()
+    return view
+
+
+async def seen(view: FleetView, n: int) -> None:
+    await until(lambda: asyncio.sleep(0, len(view.workers) == n), f"a view of {n} workers", WAIT_S)
 
 
 @pytest.mark.parametrize(("workers", "serving"), [
-    ([("a", "w1", True), ("b", "w2", True), ("c", "w2", True)], "w2"),   # the most workers'
-    ([("a", "w2", True), ("b", "w1", True)], "w1"),                       # a tie: the first
-    ([("a", "w1", False), ("b", "w2", True)], "w2"),                      # the healthy ones only
-    ([("a", "", True)], ""),                                              # workers that give none
-    ([("a", "w1", False)], None),                                         # no healthy worker
+    ([worker("a", "w1"), worker("b", "w2"), worker("c", "w2")], "w2"),   # the most workers'
+    ([worker("a", "w2"), worker("b", "w1")], "w1"),                       # a tie: the first
+    ([worker("a", "w1", healthy=False), worker("b", "w2")], "w2"),        # the healthy ones only
+    ([worker("a")], ""),                                                  # workers that give none
+    ([worker("a", "w1", healthy=False)], None),                           # no healthy worker
     ([], None),
 ])
 async def test_the_fleet_serves_the_weights_of_most_healthy_workers(
-    workers: list[tuple[str, str, bool]], serving: str | None
+    router: Router, workers: list[pb.WorkerState], serving: str | None
 ) -> None:
-    weights = FleetView(Router(*workers))
-    assert await weights.serving() == serving
+    router.push(*workers)
+    view = await started(router)
+    try:
+        assert await view.serving() == serving
+    finally:
+        await view.close()
 
 
-async def test_the_first_request_waits_for_a_list_and_later_ones_are_answered_from_the_last() -> None:
-    router, clock = Router(("a", "w1", True)), Clock()
-    weights = FleetView(router, refresh_s=1.0, clock=clock)
-    assert await weights.serving() == "w1" and router.lists == 1
-    router.workers = [("a", "w2", True)]
-    clock.now = 0.5
-    assert await weights.serving() == "w1" and router.lists == 1  # the list is fresh
-    clock.now = 1.0
-    assert await weights.serving() == "w1"  # the old list answers; a new one is asked meanwhile
-    await weights.listed()
-    assert router.lists == 2 and await weights.serving() == "w2"
+async def test_the_first_request_waits_for_the_first_view_then_each_pushed_view_replaces_it(
+    router: Router
+) -> None:
+    view = await started(router)
+    try:
+        asking = asyncio.ensure_future(view.serving())
+        await asyncio.sleep(0)
+        assert not asking.done()  # no view yet: the first cacheable request waits for one
+        router.push(worker("a", "w1"))
+        assert await asking == "w1"
+        router.push(worker("a", "w2"), worker("b", "w2"))
+        await seen(view, 2)
+        assert await view.serving() == "w2" and router.watches == 1  # pushed, never asked for
+    finally:
+        await view.close()
 
 
-async def test_a_router_that_cannot_list_leaves_what_it_listed_before() -> None:
-    router, clock = Router(("a", "w1", True)), Clock()
-    weights = FleetView(router, refresh_s=1.0, clock=clock)
-    router.down = True
-    assert await weights.serving() is None  # nothing listed yet: requests are not cached
-    router.down = False
-    assert await weights.serving() is None and router.lists == 1  # asked again after refresh_s only
-    clock.now = 1.0
-    assert await weights.serving() == "w1"
-    router.down, clock.now = True, 2.0
-    await weights.serving()
-    await weights.listed()
-    assert router.lists == 3 and await weights.serving() == "w1"
+async def test_without_any_view_the_wait_is_bounded(router: Router, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fleet_module, "FIRST_VIEW_S", 0.01)
+    view = await started(router)
+    try:
+        assert await view.serving() is None  # requests are not cached, not held up
+    finally:
+        await view.close()
 
 
-async def test_a_worker_newer_than_the_list_is_looked_up_in_a_new_one() -> None:
-    router = Router(("a", "w1", True))
-    weights = FleetView(router, clock=Clock())
-    assert await weights.of_worker("a") == "w1" and router.lists == 1
-    router.workers.append(("b", "w2", True))
-    assert await weights.of_worker("b") == "w2" and router.lists == 2
-    assert await weights.of_worker("gone") is None and router.lists == 3
+async def test_a_broken_stream_keeps_the_last_view_and_is_reopened(router: Router) -> None:
+    router.push(worker("a", "w1"), worker("b", "w1"))
+    view = await started(router)
+    try:
+        await seen(view, 2)
+        assert view.live
+        router.fail()
+        await until(lambda: asyncio.sleep(0, router.watches == 2), "the stream reopened", WAIT_S)
+        assert not view.live and await view.serving() == "w1" and len(view.serving_workers()) == 2
+        router.push(worker("a", "w2"))
+        await seen(view, 1)
+        assert view.live and await view.serving() == "w2"
+    finally:
+        await view.close()
 
 
-async def test_the_only_worker_is_named_while_it_is_the_only_one_healthy_and_undrained() -> None:
-    router, clock = Router(("a", "w1", True)), Clock()
-    fleet = FleetView(router, refresh_s=1.0, clock=clock)
-    assert fleet.sole() is None  # nothing listed yet; a list is asked for
-    await fleet.listed()
-    assert fleet.sole() == ("a", "a:1")
+async def test_a_worker_newer_than_the_view_is_looked_up_in_the_next(
+    router: Router, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    router.push(worker("a", "w1"))
+    view = await started(router)
+    try:
+        assert await view.weights_of("a") == "w1"
+        asking = asyncio.ensure_future(view.weights_of("b"))
+        await asyncio.sleep(0)
+        assert not asking.done()
+        router.push(worker("a", "w1"), worker("b", "w2"))
+        assert await asking == "w2"
+        monkeypatch.setattr(fleet_module, "NEWER_VIEW_S", 0.01)
+        assert await view.weights_of("gone") is None
+    finally:
+        await view.close()
 
-    async def after(change: Callable[[], None]) -> tuple[str, str] | None:
-        change()
-        clock.now += 1.0
-        fleet.sole()  # asks for a new list
-        await fleet.listed()
-        return fleet.sole()
 
-    assert await after(lambda: router.workers.append(("b", "w1", True))) is None  # two to choose from
-    assert await after(lambda: router.workers.pop()) == ("a", "a:1")
-    assert await after(lambda: router.draining.add("a")) is None
-    assert await after(router.draining.clear) == ("a", "a:1")
-    assert await after(lambda: router.workers.__setitem__(0, ("a", "w1", False))) is None  # unhealthy
-    assert await after(router.workers.clear) is None
+async def test_the_only_worker_is_named_while_it_is_the_only_one_serving(router: Router) -> None:
+    view = await started(router)
+    try:
+        assert view.sole() is None  # nothing seen yet
+        for workers, sole in [
+            ([worker("a")], "a"),
+            ([worker("a"), worker("b")], None),                  # two to choose from
+            ([worker("a", draining=True)], None),
+            ([worker("a", healthy=False)], None),
+            ([worker("a", max_model_len=2048)], "a"),
+            ([], None),
+        ]:
+            router.push(*workers)
+            await seen(view, len(workers))
+            assert (view.sole().worker_id if view.sole() else None) == sole, workers
+    finally:
+        await view.close()
+
+
+async def test_the_serving_workers_and_the_context_length_come_from_the_view(router: Router) -> None:
+    router.push(worker("a", max_model_len=4096), worker("b", draining=True), worker("c", healthy=False),
+                worker("d", max_model_len=4096))
+    view = await started(router)
+    try:
+        await seen(view, 4)
+        assert [w.worker_id for w in view.serving_workers()] == ["a", "d"]
+        assert [w.worker_id for w in view.serving_workers(exclude=["a"])] == ["d"]
+        assert view.max_model_len == 4096
+    finally:
+        await view.close()

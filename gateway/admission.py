@@ -1,0 +1,58 @@
+"""The gateway's first stage: a request is checked and admitted, or refused at once.
+
+Checked: the request itself (services.validation: every field a client sets, the model it names);
+admitted: while fewer than ``max_in_flight`` requests are being served by this gateway; past that
+bound the caller gets RESOURCE_EXHAUSTED with a retry hint rather than a place in a queue."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import grpc
+
+from gateway import metrics
+from gateway.errors import invalid, overloaded
+from services import validation
+from services.gen import meshserve_pb2 as pb
+
+
+class Admission:
+    def __init__(self, model: str, max_in_flight: int) -> None:
+        self._model = model
+        self._max_in_flight = max_in_flight
+        self.in_flight = 0
+
+    def checked(self, request: pb.GenerateRequest) -> pb.GenerateRequest:
+        """A copy of ``request`` the pipeline may change, with an id the worker, the cache and the
+        logs share; GatewayError naming the field when it is not a request this mesh serves."""
+        try:
+            validation.validate(request)
+        except validation.InvalidRequest as e:
+            raise invalid(grpc.StatusCode.INVALID_ARGUMENT, str(e), e.param) from None
+        if request.continue_token_ids:
+            raise invalid(grpc.StatusCode.INVALID_ARGUMENT, "'continue_token_ids' is set by the gateway when it "
+                          "migrates a stream; clients may not set it", "continue_token_ids")
+        if request.model and request.model != self._model:
+            raise invalid(grpc.StatusCode.NOT_FOUND, validation.unknown_model(request.model, self._model), "model")
+        req = pb.GenerateRequest()
+        req.CopyFrom(request)
+        if not req.request_id:
+            req.request_id = uuid.uuid4().hex
+        return req
+
+    @contextmanager
+    def admitted(self) -> Iterator[None]:
+        """Holds one of the gateway's places while the request is served; GatewayError
+        RESOURCE_EXHAUSTED (with retry-after) when none is free."""
+        if self.in_flight >= self._max_in_flight:
+            raise overloaded(f"gateway at capacity ({self.in_flight} requests in flight)")
+        self.in_flight += 1
+        metrics.IN_FLIGHT.inc()
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+            metrics.IN_FLIGHT.dec()
+

@@ -1,0 +1,137 @@
+"""The gateway's worker-selection stage: which worker a request goes to.
+
+- The router's pick (the router service over one long-lived stream, or the router's code in this
+  process with ``--router embedded``): KV-aware scoring over the live fleet.
+- The fleet's only worker, at once, when the fleet view has one that this gateway has not seen
+  fail: there is nothing to choose. The router is still told (after the request has gone), so its
+  view of the worker's load, its metrics and its span in the trace stay whole.
+- While the router is away (unreachable, or no answer within its budget): of the workers the
+  fleet view last showed serving, not excluded and not seen failing by this gateway, the one
+  running the fewest of its requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from typing import Protocol
+
+import grpc
+from opentelemetry import trace
+
+from gateway import metrics
+from gateway.errors import GatewayError
+from gateway.fleet import FleetView
+from gateway.picks import PickFailed, PickRefused, Picks
+from services import telemetry
+from services.gen import meshserve_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+PICK_TIMEOUT_S = 5.0
+SOLE_WORKER = "sole worker"
+
+
+class Sessions(Protocol):
+    """What the selector asks of this gateway's sessions to the workers (gateway.clients.Clients)."""
+
+    def failed(self, address: str) -> bool: ...
+
+    def in_flight(self, address: str) -> int: ...
+
+
+class WorkerSelector:
+    def __init__(self, picks: Picks, fleet: FleetView, clients: Sessions, timeout_s: float = PICK_TIMEOUT_S) -> None:
+        self._picks = picks
+        self._fleet = fleet
+        self._clients = clients
+        self._timeout_s = timeout_s
+        self._router_ok = True  # warn once when the router goes away, not per request
+        self._told: set[asyncio.Task[pb.PickResponse | None]] = set()  # picks told, not waited for
+
+    async def pick(self, req: pb.GenerateRequest, exclude: Sequence[str] = ()) -> pb.PickResponse:
+        """The worker for ``req``, none of ``exclude``; GatewayError when no worker can take it."""
+        sole = self._fleet.sole()
+        if not exclude and sole is not None and not self._clients.failed(sole.address):
+            metrics.SOLE_WORKER_PICKS.inc()
+            return pb.PickResponse(worker_id=sole.worker_id, address=sole.address, reason=SOLE_WORKER)
+        pick = await self._ask_router(req, exclude)
+        assert pick is not None  # a pick waited for is an answer or a GatewayError
+        return pick
+
+    def sent(self, pick: pb.PickResponse, req: pb.GenerateRequest) -> None:
+        """``req`` went to ``pick``'s worker: a pick the router did not make is told to it now."""
+        if pick.reason == SOLE_WORKER:
+            told = asyncio.get_running_loop().create_task(self._ask_router(req, (), waited=False))
+            self._told.add(told)
+            told.add_done_callback(self._told.discard)
+
+    def any_worker(self) -> str:
+        """The address of a worker to ask what any worker can answer (tokenizing: every worker
+        has the model's tokenizer); GatewayError UNAVAILABLE when none serves."""
+        candidates = self._reachable(())
+        if not candidates:
+            raise GatewayError(grpc.StatusCode.UNAVAILABLE, "no worker can serve")
+        return candidates[0].address
+
+    def serving(self) -> tuple[int, str]:
+        """How many workers could take a request now, and why none can when it is 0."""
+        if self._fleet.live:
+            return (len(self._fleet.serving_workers()),
+                    f"the router has {len(self._fleet.workers)} workers, none healthy and undrained")
+        return len(self._reachable(())), "router unavailable and no worker reachable without it"
+
+    async def close(self) -> None:
+        for told in self._told:
+            told.cancel()
+        await asyncio.gather(*self._told, return_exceptions=True)
+
+    def _reachable(self, exclude: Sequence[str]) -> list[pb.WorkerState]:
+        """The fleet view's serving workers less ``exclude`` and those this gateway saw fail, the
+        fewest of its requests first."""
+        return sorted((w for w in self._fleet.serving_workers(exclude) if not self._clients.failed(w.address)),
+                      key=lambda w: self._clients.in_flight(w.address))
+
+    async def _ask_router(self, req: pb.GenerateRequest, exclude: Sequence[str], waited: bool = True
+                          ) -> pb.PickResponse | None:
+        """The router's pick; when the request does not wait for it (``waited`` false: it went to
+        the fleet's only worker), None if the router did not answer."""
+        try:
+            with telemetry.tracer.start_as_current_span("router pick") as span:
+                span.set_attributes({"meshserve.router.excluded": len(exclude), "meshserve.router.waited": waited})
+                asked = time.perf_counter()
+                pick = await self._picks.pick(
+                    pb.PickRequest(request_id=req.request_id, prompt=req.prompt, messages=req.messages,
+                                   exclude=exclude, session_key=req.user,
+                                   trace_context=dict(telemetry.outgoing_metadata())),
+                    self._timeout_s)
+                if waited:
+                    metrics.PICK_SECONDS.observe(time.perf_counter() - asked)
+                span.set_attributes({"meshserve.worker": pick.worker_id, "meshserve.router.reason": pick.reason,
+                                     "meshserve.router.predicted_cached_tokens": pick.predicted_cached_tokens})
+        except PickFailed as e:
+            if not waited:  # the request went on without it; a router that is away shows on the next wait
+                log.debug("request %s: the router's pick, not waited for, failed: %s", req.request_id, e.detail)
+                return None
+            return self._without_router(e, exclude)
+        if not self._router_ok:
+            log.info("router is answering again")
+            self._router_ok = True
+        return pick
+
+    def _without_router(self, e: PickFailed, exclude: Sequence[str]) -> pb.PickResponse:
+        """A router that refused, or that is away: serve on the workers the fleet view shows."""
+        if isinstance(e, PickRefused) or e.code not in (grpc.StatusCode.UNAVAILABLE,
+                                                        grpc.StatusCode.DEADLINE_EXCEEDED):
+            raise GatewayError(e.code, f"router: {e.detail}") from None  # it answered: a refusal stays one
+        candidates = self._reachable(exclude)
+        if not candidates:
+            raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"router unavailable: {e.detail}") from None
+        if self._router_ok:
+            log.warning("router unavailable (%s); picking from the workers of the last fleet view", e.detail)
+            self._router_ok = False
+        metrics.FALLBACK_PICKS.inc()
+        trace.get_current_span().set_attribute("meshserve.router.fallback", True)
+        return pb.PickResponse(worker_id=candidates[0].worker_id, address=candidates[0].address, reason="fallback")

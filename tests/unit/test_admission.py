@@ -1,0 +1,50 @@
+"""The gateway's admission stage: a request is checked (naming the field at fault) and given an
+id, then admitted while the gateway has a place for it, or refused at once with a retry hint."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from gateway.admission import Admission
+from gateway.errors import GatewayError
+from services import validation
+from services.gen import meshserve_pb2 as pb
+
+
+def refusal(admission: Admission, request: pb.GenerateRequest) -> GatewayError:
+    with pytest.raises(GatewayError) as e:
+        admission.checked(request)
+    return e.value
+
+
+def test_a_checked_request_is_a_copy_with_an_id() -> None:
+    request = pb.GenerateRequest(prompt="hi", max_tokens=4)
+    checked = Admission("m", 1).checked(request)
+    assert checked.request_id and not request.request_id and checked.prompt == "hi"
+    assert Admission("m", 1).checked(pb.GenerateRequest(prompt="hi", request_id="r1")).request_id == "r1"
+
+
+@pytest.mark.parametrize(("request_fields", "code", "param"), [
+    ({"prompt": "hi", "max_tokens": -1}, grpc.StatusCode.INVALID_ARGUMENT, "max_tokens"),
+    ({"prompt": "hi", "continue_token_ids": [1]}, grpc.StatusCode.INVALID_ARGUMENT, "continue_token_ids"),
+    ({"prompt": "hi", "model": "other"}, grpc.StatusCode.NOT_FOUND, "model"),
+])
+def test_a_request_this_mesh_does_not_serve_is_refused_naming_the_field(
+    request_fields: dict, code: grpc.StatusCode, param: str
+) -> None:
+    e = refusal(Admission("m", 1), pb.GenerateRequest(**request_fields))
+    assert e.code == code and validation.param_of(e.trailers) == param
+
+
+def test_past_the_bound_a_request_is_refused_at_once_with_a_retry_hint() -> None:
+    admission = Admission("m", 2)
+    with admission.admitted(), admission.admitted():
+        with pytest.raises(GatewayError) as e:
+            with admission.admitted():
+                pass
+        assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED and ("retry-after", "1") in e.value.trailers
+        assert admission.in_flight == 2
+    assert admission.in_flight == 0
+    with admission.admitted():  # a place freed is a place again
+        assert admission.in_flight == 1

@@ -1,0 +1,138 @@
+"""The gateway's worker-selection stage: the router's pick, the fleet's only worker at once (the
+router told after the request went), and while the router is away the workers the fleet view last
+showed serving, the least busy first; a refusal from the router stays one."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+
+from gateway.errors import GatewayError
+from gateway.fleet import FleetView
+from gateway.picks import PickFailed, PickRefused
+from gateway.selector import SOLE_WORKER, WorkerSelector
+from services.gen import meshserve_pb2 as pb
+from tests.integration.helpers import until
+
+
+class Picks:
+    """The router's picks: ``answer`` (a worker id), or ``failure`` raised."""
+
+    def __init__(self) -> None:
+        self.asked: list[pb.PickRequest] = []
+        self.answer = "a"
+        self.failure: PickFailed | None = None
+
+    async def pick(self, request: pb.PickRequest, timeout_s: float) -> pb.PickResponse:
+        self.asked.append(request)
+        if self.failure is not None:
+            raise self.failure
+        return pb.PickResponse(worker_id=self.answer, address=f"{self.answer}:1", reason="kv-aware")
+
+    async def close(self) -> None:
+        pass
+
+
+class Sessions:
+    """What the selector asks of the gateway's sessions: which failed, how busy each is."""
+
+    def __init__(self) -> None:
+        self.failed_addresses: set[str] = set()
+        self.busy: dict[str, int] = {}
+
+    def failed(self, address: str) -> bool:
+        return address in self.failed_addresses
+
+    def in_flight(self, address: str) -> int:
+        return self.busy.get(address, 0)
+
+
+async def fleet_of(*ids: str) -> FleetView:
+    update = pb.FleetUpdate(workers=[pb.WorkerState(worker_id=i, address=f"{i}:1", healthy=True) for i in ids])
+
+    async def watch() -> AsyncIterator[pb.FleetUpdate]:
+        yield update
+        await asyncio.Event().wait()
+
+    view = FleetView(watch)
+    view.start()
+    await view.first_view()
+    return view
+
+
+@pytest.fixture
+async def parts() -> AsyncIterator[tuple[Picks, Sessions]]:
+    yield Picks(), Sessions()
+
+
+async def test_the_router_picks_when_there_is_a_choice(parts: tuple[Picks, Sessions]) -> None:
+    picks, sessions = parts
+    fleet = await fleet_of("a", "b")
+    selector = WorkerSelector(picks, fleet, sessions)
+    picks.answer = "b"
+    pick = await selector.pick(pb.GenerateRequest(request_id="r", prompt="p"), exclude=["a"])
+    assert pick.worker_id == "b" and [list(p.exclude) for p in picks.asked] == [["a"]]
+    await fleet.close()
+
+
+async def test_the_only_worker_takes_the_request_at_once_and_the_router_is_told_after(
+    parts: tuple[Picks, Sessions]
+) -> None:
+    picks, sessions = parts
+    fleet = await fleet_of("a")
+    selector = WorkerSelector(picks, fleet, sessions)
+    req = pb.GenerateRequest(request_id="r", prompt="p")
+    pick = await selector.pick(req)
+    assert (pick.worker_id, pick.reason) == ("a", SOLE_WORKER) and picks.asked == []
+    selector.sent(pick, req)  # the request went: now the router hears of it, off its path
+    await until(lambda: asyncio.sleep(0, len(picks.asked) == 1), "the router told")
+    sessions.failed_addresses.add("a:1")  # a worker this gateway saw fail is asked about again
+    assert (await selector.pick(req)).reason == "kv-aware"
+    await selector.close()
+    await fleet.close()
+
+
+async def test_while_the_router_is_away_the_least_busy_serving_worker_is_picked(
+    parts: tuple[Picks, Sessions]
+) -> None:
+    picks, sessions = parts
+    fleet = await fleet_of("a", "b", "c")
+    selector = WorkerSelector(picks, fleet, sessions)
+    picks.failure = PickFailed(grpc.StatusCode.UNAVAILABLE, "connection refused")
+    sessions.busy = {"a:1": 3, "b:1": 1, "c:1": 2}
+    sessions.failed_addresses = {"b:1"}
+    req = pb.GenerateRequest(request_id="r", prompt="p")
+    assert (await selector.pick(req)).worker_id == "c"
+    assert (await selector.pick(req, exclude=["c"])).worker_id == "a"
+    with pytest.raises(GatewayError) as e:
+        await selector.pick(req, exclude=["a", "c"])
+    assert e.value.code == grpc.StatusCode.UNAVAILABLE and "router unavailable" in e.value.message
+    assert selector.serving()[0] == 3  # the router's view, while it pushes one
+    await fleet.close()
+
+
+async def test_a_refusal_from_the_router_is_not_overridden(parts: tuple[Picks, Sessions]) -> None:
+    picks, sessions = parts
+    fleet = await fleet_of("a", "b")
+    selector = WorkerSelector(picks, fleet, sessions)
+    picks.failure = PickRefused(grpc.StatusCode.UNAVAILABLE, "no worker available")
+    with pytest.raises(GatewayError) as e:
+        await selector.pick(pb.GenerateRequest(request_id="r", prompt="p"))
+    assert e.value.message == "router: no worker available"
+    await fleet.close()
+
+
+async def test_any_worker_is_one_that_serves(parts: tuple[Picks, Sessions]) -> None:
+    picks, sessions = parts
+    fleet = await fleet_of("a", "b")
+    selector = WorkerSelector(picks, fleet, sessions)
+    sessions.failed_addresses = {"a:1"}
+    assert selector.any_worker() == "b:1"
+    sessions.failed_addresses = {"a:1", "b:1"}
+    with pytest.raises(GatewayError) as e:
+        selector.any_worker()
+    assert e.value.code == grpc.StatusCode.UNAVAILABLE
+    await fleet.close()
