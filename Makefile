@@ -33,10 +33,10 @@ test: install check-proto
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
 
 proto: install
-	$(PY) -m commands.codegen
+	$(PY) -m meshserve.commands.codegen
 
 check-proto: install
-	$(PY) -m commands.codegen --check
+	$(PY) -m meshserve.commands.codegen --check
 
 model: install
 	$(VENV)/bin/meshserve make-model

@@ -46,10 +46,10 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from loadgen.mesh import CLI, meshserve_up, samples, summed, tree_env
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.server import insecure_channel
+from meshserve.loadgen.mesh import cli, meshserve_up, samples, summed, tree_env
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.server import insecure_channel
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -183,7 +183,7 @@ def run_hits(out: Path, label: str, seed: int, tree: Path) -> dict:
         with meshserve_up([*FLEET, *up_flags], logs, tree) as mesh:
             background = None
             if load:
-                background = subprocess.Popen([*CLI, "bench", "--target", f"127.0.0.1:{PORT}", *BACKGROUND,
+                background = subprocess.Popen([*cli(tree), "bench", "--target", f"127.0.0.1:{PORT}", *BACKGROUND,
                                                "--seed", str(seed)], cwd=tree, env=tree_env(tree),
                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 gateway = mesh.metrics("gateway")
@@ -264,7 +264,7 @@ def run_one(out: Path, scenario: Scenario, label: str, seed: int, tree: Path) ->
                 killer.start()
             result_file = run_dir / "bench.json"
             started = time.time()
-            subprocess.run([*CLI, "bench", "--target", f"127.0.0.1:{PORT}", *BENCH[scenario.name], *bench_flags,
+            subprocess.run([*cli(tree), "bench", "--target", f"127.0.0.1:{PORT}", *BENCH[scenario.name], *bench_flags,
                             "--seed", str(seed), "--disable-tqdm", "--label", label, "--save-result",
                             str(result_file.resolve())], check=True, stdout=subprocess.DEVNULL, cwd=tree,
                            env=tree_env(tree))

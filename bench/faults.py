@@ -32,8 +32,8 @@ from pathlib import Path
 
 import psutil
 
-from loadgen.mesh import CLI, by_name, meshserve_up, tree_env
-from loadgen.results import save_result
+from meshserve.loadgen.mesh import by_name, cli, meshserve_up, tree_env
+from meshserve.loadgen.results import save_result
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -60,7 +60,7 @@ def streaming(url: str, first_tokens_before: float) -> bool:
 
 
 def bench(args: argparse.Namespace, out: Path, label: str, tree: Path) -> subprocess.Popen[bytes]:
-    argv = [*CLI, "bench", "--target", f"127.0.0.1:{PORT}", "--num-prompts", str(args.num_prompts),
+    argv = [*cli(tree), "bench", "--target", f"127.0.0.1:{PORT}", "--num-prompts", str(args.num_prompts),
             "--max-concurrency", str(args.concurrency), "--random-input-len", str(args.input_len),
             "--random-output-len", str(args.output_len), "--temperature", "0", "--cache", "off",
             "--seed", str(args.seed), "--disable-tqdm", "--metric-percentiles", "50,99",

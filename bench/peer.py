@@ -33,7 +33,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadgen.stacks import (
+from meshserve.loadgen.stacks import (
     CHILD_ENV,
     PEERS,
     VENV_BIN,
@@ -43,7 +43,7 @@ from loadgen.stacks import (
     ensure_vllm_router,
     tiny_model,
 )
-from services.config import DEFAULT_MODEL as MODEL_NAME
+from meshserve.services.config import DEFAULT_MODEL as MODEL_NAME
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -13,9 +13,9 @@ import json
 import tempfile
 from pathlib import Path
 
-from loadgen.shapes import RECORDED, answer_shapes
-from loadgen.stacks import VLLM_PORT, Stack, ensure_vllm_cli, tiny_model
-from services.config import DEFAULT_MODEL
+from meshserve.loadgen.shapes import RECORDED, answer_shapes
+from meshserve.loadgen.stacks import VLLM_PORT, Stack, ensure_vllm_cli, tiny_model
+from meshserve.services.config import DEFAULT_MODEL
 
 # vLLM 0.32 answers a named tool_choice only with a tool-call parser set (meshserve needs none:
 # the forced call is its constrained output); hermes is the common one.

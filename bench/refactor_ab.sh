@@ -9,8 +9,10 @@ cd "$(dirname "$0")/.."
 OUT=$1; BEFORE=$(realpath "$2"); ROUNDS=${3:-2}; ROOT=$PWD
 mkdir -p "$OUT"
 source bench/lib.sh
-# A tree from before the command line moved to commands/ runs services.cli.
-before_cli=commands.cli; [[ -f $BEFORE/commands/cli.py ]] || before_cli=services.cli
+# The command line's module in the other tree, whatever its layout.
+before_cli=meshserve.commands.cli
+[[ -f $BEFORE/meshserve/__init__.py ]] || before_cli=commands.cli
+[[ -f $BEFORE/meshserve/__init__.py || -f $BEFORE/commands/cli.py ]] || before_cli=services.cli
 for round in $(seq "${FIRST_ROUND:-1}" $(( ${FIRST_ROUND:-1} + ROUNDS - 1 ))); do
   for side in ${ORDER:-after before}; do  # ORDER="before after" to start the other way round
     label=$side-$round

@@ -17,7 +17,8 @@ mkdir -p "$OUT"
 command -v wrk >/dev/null || { echo "request_cost.sh needs wrk (apt-get install wrk)"; exit 1; }
 cd "$TREE"
 export PYTHONPATH=$TREE  # every service the launcher starts runs this tree
-"$HERE/.venv/bin/python" -m commands.cli up --engine "${ENGINE:-sim}" --workers 1 --run-dir "$OUT/run" "$@" > "$OUT/up.log" 2>&1 &
+cli=meshserve.commands.cli; [[ -f meshserve/__init__.py ]] || cli=commands.cli  # a tree from before the package
+"$HERE/.venv/bin/python" -m "$cli" up --engine "${ENGINE:-sim}" --workers 1 --run-dir "$OUT/run" "$@" > "$OUT/up.log" 2>&1 &
 UP=$!
 trap 'kill -INT $UP; wait $UP || true' EXIT
 until grep -q "meshserve is up" "$OUT/up.log"; do kill -0 $UP 2>/dev/null || { cat "$OUT/up.log"; exit 1; }; sleep 1; done

@@ -38,13 +38,14 @@ import grpc
 import numpy as np
 import psutil
 
-from loadgen.workloads import prefix_repetition_requests
-from router.policies import PickContext, build_policy
-from router.server import Router
-from router.state import WorkerLoad, WorkerTable
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.prompts import block_hashes, sim_tokenize
+from meshserve.loadgen.mesh import cli_module
+from meshserve.loadgen.workloads import prefix_repetition_requests
+from meshserve.router.policies import PickContext, build_policy
+from meshserve.router.server import Router
+from meshserve.router.state import WorkerLoad, WorkerTable
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.prompts import block_hashes, sim_tokenize
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -193,7 +194,7 @@ async def main() -> int:
 
     router_port = free_port()
     router = subprocess.Popen(
-        ["taskset", "-c", str(args.router_cpu), sys.executable, "-m", "commands.cli", "serve", "router",
+        ["taskset", "-c", str(args.router_cpu), sys.executable, "-m", cli_module(args.router_tree), "serve", "router",
          "--port", str(router_port), "--metrics-port", "-1", "--routing", args.routing, "--log-level", "WARNING",
          "--workers", *addresses],
         cwd=args.router_tree, env={**os.environ, "PYTHONPATH": str(args.router_tree)},

@@ -54,9 +54,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from loadgen.mesh import CLI, by_name, meshserve_up, samples, tree_env
-from loadgen.results import TIMINGS, save_result
-from services.config import ROUTING_POLICIES
+from meshserve.loadgen.mesh import by_name, cli, meshserve_up, samples, tree_env
+from meshserve.loadgen.results import TIMINGS, save_result
+from meshserve.services.config import ROUTING_POLICIES
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -198,7 +198,7 @@ def run_one(out: Path, scenario: Scenario, label: str, up_args: list[str], seed:
         result_file = run_dir / "bench.json"
         sampler = LoadSampler(metrics)
         sampler.start()
-        subprocess.run([*CLI, "bench", "--target", f"127.0.0.1:{PORT}",
+        subprocess.run([*cli(tree), "bench", "--target", f"127.0.0.1:{PORT}",
                         *scenario.bench, "--seed", str(seed), "--disable-tqdm", "--label", label,
                         "--save-result", str(result_file.resolve()), "--plot", f"{logs}/bench.png"],
                        check=True, stdout=subprocess.DEVNULL,

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import prometheus_client
 
-from services.config import EMBED_RUNTIMES, default_cache_dir
+from meshserve.services.config import EMBED_RUNTIMES, default_cache_dir
 
 log = logging.getLogger(__name__)
 

@@ -30,10 +30,10 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from usearch.index import Index
 
-from cache_service import guards
-from cache_service.embedder import Embedder
-from services.cache_keys import canonical
-from services.gen import meshserve_pb2 as pb
+from meshserve.cache_service import guards
+from meshserve.cache_service.embedder import Embedder
+from meshserve.services.cache_keys import canonical
+from meshserve.services.gen import meshserve_pb2 as pb
 
 log = logging.getLogger(__name__)
 

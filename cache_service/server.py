@@ -19,14 +19,14 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from opentelemetry import trace
 
-from cache_service.semantic import SemanticStore
-from cache_service.store import ExactStore
-from services import validation
-from services.cache_keys import connect, refusal
-from services.config import CacheConfig
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.server import Lifecycle, Running, serve, start
+from meshserve.cache_service.semantic import SemanticStore
+from meshserve.cache_service.store import ExactStore
+from meshserve.services import validation
+from meshserve.services.cache_keys import connect, refusal
+from meshserve.services.config import CacheConfig
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.server import Lifecycle, Running, serve, start
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ def _build(cfg: CacheConfig) -> tuple[CacheServicer, Lifecycle]:
     lifecycle = Lifecycle(on_close=[exact.close])
     semantic = None
     if cfg.semantic:
-        from cache_service.embedder import Embedder  # noqa: PLC0415 (loads torch and the model)
+        from meshserve.cache_service.embedder import Embedder  # noqa: PLC0415 (loads torch and the model)
 
         # The index follower blocks on a stream read: its own connection, a longer timeout.
         follower = connect(cfg.redis_url, socket_timeout_s=5.0)

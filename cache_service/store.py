@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import prometheus_client
 import redis.asyncio as aioredis
 
-from services import validation
-from services.cache_keys import KIND_EXACT, entry_or_delete, exact_key, store_entry
-from services.gen import meshserve_pb2 as pb
+from meshserve.services import validation
+from meshserve.services.cache_keys import KIND_EXACT, entry_or_delete, exact_key, store_entry
+from meshserve.services.gen import meshserve_pb2 as pb
 
 CORRUPT = prometheus_client.Counter(
     "meshserve_cache_corrupt_entries_total", "Entries that did not parse: deleted and treated as a miss"

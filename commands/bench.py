@@ -21,9 +21,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from loadgen.plot import plot_runs
-from loadgen.results import METRIC_HEADERS, format_summary, save_result, summarize
-from loadgen.runner import (
+from meshserve.loadgen.plot import plot_runs
+from meshserve.loadgen.results import METRIC_HEADERS, format_summary, save_result, summarize
+from meshserve.loadgen.runner import (
     STREAMS_PER_CHANNEL,
     OpenStream,
     OpenTurn,
@@ -32,7 +32,7 @@ from loadgen.runner import (
     run_conversations,
     run_requests,
 )
-from loadgen.workloads import (
+from meshserve.loadgen.workloads import (
     DEFAULT_PAIRS,
     BenchRequest,
     Conversation,
@@ -42,9 +42,9 @@ from loadgen.workloads import (
     random_requests,
     repeats_requests,
 )
-from services import config
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services import config
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 

@@ -7,30 +7,30 @@ import asyncio
 import importlib
 import sys
 
-from services import config
+from meshserve.services import config
 
 # `meshserve serve NAME` -> (config class, module whose async `main(cfg)` runs the service).
 SERVICES: dict[str, tuple[type, str]] = {
-    "gateway": (config.GatewayConfig, "commands.gateway_service"),
-    "router": (config.RouterConfig, "router.server"),
-    "cache": (config.CacheConfig, "cache_service.server"),
-    "worker": (config.WorkerConfig, "worker.server"),
-    "traces": (config.TracesConfig, "trace_service.server"),
+    "gateway": (config.GatewayConfig, "meshserve.commands.gateway_service"),
+    "router": (config.RouterConfig, "meshserve.router.server"),
+    "cache": (config.CacheConfig, "meshserve.cache_service.server"),
+    "worker": (config.WorkerConfig, "meshserve.worker.server"),
+    "traces": (config.TracesConfig, "meshserve.trace_service.server"),
 }
 
 # Other subcommands live in their own modules, each with `add_arguments(parser)` and `main(args)`.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "up": ("commands.launcher", "start the whole mesh locally (Valkey, cache, router, workers, gateway, Envoy)"),
-    "generate": ("commands.client", "stream a completion through Envoy"),
-    "bench": ("commands.bench", "load-test the mesh or one worker (like `vllm bench serve`)"),
-    "plot": ("commands.plot", "plot saved bench results side by side (TTFT/ITL CDFs, throughput, in flight)"),
-    "compare": ("commands.compare", "tabulate saved bench results' headline figures and ratios to the first"),
-    "make-model": ("worker.tiny_model", "build the project's tiny LLaMA model and tokenizer"),
-    "envoy-config": ("deploy.envoy_config", "print the generated Envoy config (or write it and run Envoy on it)"),
-    "health": ("commands.health_cmd", "ask a service's gRPC health service whether it serves (exit 0 if so)"),
-    "trace": ("commands.trace_cmd", "print one trace from the local trace receiver as a waterfall"),
-    "traces": ("commands.traces_cmd", "list the slowest recent traces in the local trace receiver"),
-    "top": ("commands.top", "a live terminal view of a running mesh (workers, gateway, router, cache, Envoy)"),
+    "up": ("meshserve.commands.launcher", "start the whole mesh locally (Valkey, cache, router, workers, gateway, Envoy)"),
+    "generate": ("meshserve.commands.client", "stream a completion through Envoy"),
+    "bench": ("meshserve.commands.bench", "load-test the mesh or one worker (like `vllm bench serve`)"),
+    "plot": ("meshserve.commands.plot", "plot saved bench results side by side (TTFT/ITL CDFs, throughput, in flight)"),
+    "compare": ("meshserve.commands.compare", "tabulate saved bench results' headline figures and ratios to the first"),
+    "make-model": ("meshserve.worker.tiny_model", "build the project's tiny LLaMA model and tokenizer"),
+    "envoy-config": ("meshserve.deploy.envoy_config", "print the generated Envoy config (or write it and run Envoy on it)"),
+    "health": ("meshserve.commands.health_cmd", "ask a service's gRPC health service whether it serves (exit 0 if so)"),
+    "trace": ("meshserve.commands.trace_cmd", "print one trace from the local trace receiver as a waterfall"),
+    "traces": ("meshserve.commands.traces_cmd", "list the slowest recent traces in the local trace receiver"),
+    "top": ("meshserve.commands.top", "a live terminal view of a running mesh (workers, gateway, router, cache, Envoy)"),
 }
 
 
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg = config.from_args(cls, args)
         except ValueError as e:  # flags that contradict each other (a config's __post_init__)
             parser.error(str(e))
-        from services.server import configure_logging
+        from meshserve.services.server import configure_logging
 
         configure_logging(cfg.log_level)
         asyncio.run(importlib.import_module(module).main(cfg))

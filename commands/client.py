@@ -9,11 +9,11 @@ import time
 
 import grpc
 
-from services import validation
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.server import insecure_channel
-from services.telemetry import TRACE_ID_METADATA
+from meshserve.services import validation
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.server import insecure_channel
+from meshserve.services.telemetry import TRACE_ID_METADATA
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

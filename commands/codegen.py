@@ -1,6 +1,6 @@
 """Regenerates the Python stubs and the Envoy descriptor set from protos/ (one command).
 
-Run ``python -m commands.codegen`` (``make proto``); ``--check`` fails if the committed files
+Run ``python -m meshserve.commands.codegen`` (``make proto``); ``--check`` fails if the committed files
 differ from what protos/ generates (CI's drift check).
 """
 
@@ -54,7 +54,7 @@ def generate(out_dir: Path, descriptor: Path) -> None:
     for grpc_file in out_dir.glob("*_pb2_grpc.py"):
         text = grpc_file.read_text()
         grpc_file.write_text(re.sub(r"^import (\w+_pb2) as", r"from . import \1 as", text, flags=re.M))
-    (out_dir / "__init__.py").write_text('"""Generated from protos/ by `python -m commands.codegen`; do not edit."""\n')
+    (out_dir / "__init__.py").write_text('"""Generated from protos/ by `python -m meshserve.commands.codegen`; do not edit."""\n')
 
 
 def main(argv: list[str] | None = None) -> int:

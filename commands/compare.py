@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from loadgen.compare import load_runs, markdown, render
+from meshserve.loadgen.compare import load_runs, markdown, render
 
 LABELS_HELP = "comma-separated names of the runs (default: each result's --label, else its file name)"
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gateway import server as gateway
-from services.config import EMBEDDED_ROUTER, GatewayConfig
-from services.server import Running
+from meshserve.gateway import server as gateway
+from meshserve.services.config import EMBEDDED_ROUTER, GatewayConfig
+from meshserve.services.server import Running
 
 if TYPE_CHECKING:
-    from router.server import RouterCore
+    from meshserve.router.server import RouterCore
 
 
 def router_for(cfg: GatewayConfig) -> RouterCore | None:
@@ -19,7 +19,7 @@ def router_for(cfg: GatewayConfig) -> RouterCore | None:
     a gateway that asks the router service exports none of the router's metrics)."""
     if cfg.router != EMBEDDED_ROUTER:
         return None
-    from router.server import RouterCore
+    from meshserve.router.server import RouterCore
 
     return RouterCore(cfg)
 

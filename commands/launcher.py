@@ -29,9 +29,9 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from commands.supervisor import RestartPolicy, Supervisor
-from services import config
-from services.config import (
+from meshserve.commands.supervisor import RestartPolicy, Supervisor
+from meshserve.services import config
+from meshserve.services.config import (
     EMBEDDED_ROUTER,
     ROUTING_FIELDS,
     CacheConfig,
@@ -281,7 +281,7 @@ class Mesh:
             cfg, ready_file=str(ready_file), trace_sampling_ratio=self.spec.trace_sampling_ratio,
             otlp_endpoint=self.otlp_endpoint if service != "traces" else "",  # the receiver never traces itself
         )
-        argv = [sys.executable, "-m", "commands.cli", "serve", service, *config.to_argv(cfg)]
+        argv = [sys.executable, "-m", "meshserve.commands.cli", "serve", service, *config.to_argv(cfg)]
 
         def ready(proc: Proc) -> None:
             wait_grpc_serving(proc, f"{cfg.host}:{cfg.port}", time.monotonic() + self.spec.ready_timeout_s)
@@ -321,7 +321,7 @@ class Mesh:
 
     def _ensure_model(self) -> str:
         out = subprocess.run(
-            [sys.executable, "-m", "commands.cli", "make-model"],
+            [sys.executable, "-m", "meshserve.commands.cli", "make-model"],
             capture_output=True, text=True, env={**os.environ, **CHILD_ENV}, check=False,
         )
         if out.returncode != 0:
@@ -419,7 +419,7 @@ class Mesh:
         (self.run_dir / "prometheus-targets.json").write_text(json.dumps(groups, indent=2) + "\n")
 
     def _start_envoy(self) -> None:
-        from deploy import envoy_config as envoy
+        from meshserve.deploy import envoy_config as envoy
 
         gateways = self.gateway_addresses
         # Envoy refuses what the gateways would refuse anyway, before it reaches them.

@@ -6,10 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from commands.compare import LABELS_HELP
-from loadgen.compare import load_runs
-from loadgen.plot import plot_runs
-from loadgen.results import TIMINGS
+from meshserve.commands.compare import LABELS_HELP
+from meshserve.loadgen.compare import load_runs
+from meshserve.loadgen.plot import plot_runs
+from meshserve.loadgen.results import TIMINGS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from services import config
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services import config
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType

@@ -7,7 +7,7 @@ import asyncio
 
 import grpc
 
-from trace_service import server as traces
+from meshserve.trace_service import server as traces
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -27,8 +27,8 @@ from typing import Any
 
 import yaml
 
-from services import config, openai_errors, validation
-from services.config import EnvoyConfig
+from meshserve.services import config, openai_errors, validation
+from meshserve.services.config import EnvoyConfig
 
 DESCRIPTOR = Path(__file__).resolve().parent / "envoy" / "meshserve.pb"
 STRICT_JSON_LUA = Path(__file__).resolve().parent / "envoy" / "strict_json.lua"

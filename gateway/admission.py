@@ -12,10 +12,10 @@ from contextlib import contextmanager
 
 import grpc
 
-from gateway import metrics
-from gateway.errors import invalid, overloaded
-from services import validation
-from services.gen import meshserve_pb2 as pb
+from meshserve.gateway import metrics
+from meshserve.gateway.errors import invalid, overloaded
+from meshserve.services import validation
+from meshserve.services.gen import meshserve_pb2 as pb
 
 
 class Admission:

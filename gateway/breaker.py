@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import prometheus_client
 
-from gateway import metrics
+from meshserve.gateway import metrics
 
 
 class Breaker:

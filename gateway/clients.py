@@ -10,12 +10,12 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
-from gateway.entries import ExactEntries
-from gateway.picks import LocalPicks, Picks, PickStream, RouterInProcess
-from gateway.relay import WorkerSession
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.server import insecure_channel, stall_options
+from meshserve.gateway.entries import ExactEntries
+from meshserve.gateway.picks import LocalPicks, Picks, PickStream, RouterInProcess
+from meshserve.gateway.relay import WorkerSession
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.server import insecure_channel, stall_options
 
 
 class Clients:

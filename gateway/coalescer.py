@@ -16,12 +16,12 @@ from typing import Any
 
 from opentelemetry import trace
 
-from gateway import metrics
-from gateway.errors import GatewayError
-from gateway.flights import Flight, Flights
-from gateway.relay import merge
-from gateway.response_cache import hit_chunk
-from services.gen import meshserve_pb2 as pb
+from meshserve.gateway import metrics
+from meshserve.gateway.errors import GatewayError
+from meshserve.gateway.flights import Flight, Flights
+from meshserve.gateway.relay import merge
+from meshserve.gateway.response_cache import hit_chunk
+from meshserve.services.gen import meshserve_pb2 as pb
 
 COALESCED = "coalesced"  # cache_kind of a request that streamed an identical one's answer
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from gateway import metrics
-from services import cache_keys
-from services.gen import meshserve_pb2 as pb
+from meshserve.gateway import metrics
+from meshserve.services import cache_keys
+from meshserve.services.gen import meshserve_pb2 as pb
 
 
 class ExactEntries:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import grpc
 
-from services import validation
+from meshserve.services import validation
 
 RETRY_AFTER_S = 1
 # Worker errors that are the request's fault: another worker would say the same.

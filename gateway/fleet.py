@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 
 import grpc
 
-from services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2 as pb
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
-from services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2 as pb
 
 
 class Flight:

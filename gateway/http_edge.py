@@ -29,12 +29,12 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 from opentelemetry.trace import Status, StatusCode
 
-from gateway.openai_servicer import OpenAIServicer
-from services import openai_errors, telemetry
-from services.config import HTTP_EDGE_PATHS
-from services.gen import meshserve_pb2 as pb
-from services.server import CannotListen, port_free
-from services.validation import PARAM_METADATA
+from meshserve.gateway.openai_servicer import OpenAIServicer
+from meshserve.services import openai_errors, telemetry
+from meshserve.services.config import HTTP_EDGE_PATHS
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.server import CannotListen, port_free
+from meshserve.services.validation import PARAM_METADATA
 
 log = logging.getLogger(__name__)
 

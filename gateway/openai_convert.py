@@ -17,9 +17,9 @@ from typing import Any
 import grpc
 from google.protobuf import json_format, struct_pb2
 
-from services import openai_errors, validation
-from services.gen import meshserve_pb2 as pb
-from services.validation import InvalidRequest
+from meshserve.services import openai_errors, validation
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.validation import InvalidRequest
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 FINGERPRINT = f"meshserve-{importlib.metadata.version('meshserve')}"  # system_fingerprint, weights unknown

@@ -18,13 +18,13 @@ from typing import TypeVar, cast
 
 import grpc
 
-from gateway import openai_convert as convert
-from gateway.errors import GatewayError
-from gateway.orchestrator import Orchestrator
-from services import telemetry
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.validation import PARAM_METADATA, InvalidRequest, param_metadata, unknown_model
+from meshserve.gateway import openai_convert as convert
+from meshserve.gateway.errors import GatewayError
+from meshserve.gateway.orchestrator import Orchestrator
+from meshserve.services import telemetry
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.validation import PARAM_METADATA, InvalidRequest, param_metadata, unknown_model
 
 OWNED_BY = "meshserve"
 

@@ -18,22 +18,22 @@ from typing import TypeVar
 
 import grpc
 
-from gateway import metrics
-from gateway.admission import Admission
-from gateway.clients import Clients
-from gateway.coalescer import Coalescer, generate_while
-from gateway.errors import GatewayError, invalid
-from gateway.fleet import FleetView
-from gateway.flights import Flight
-from gateway.relay import add_tool_call_piece
-from gateway.response_cache import CacheKey, ResponseCache
-from gateway.selector import WorkerSelector
-from gateway.stream_supervisor import StreamSupervisor
-from services import telemetry, validation
-from services.config import GatewayConfig
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.request_record import RequestRecord, Timings
+from meshserve.gateway import metrics
+from meshserve.gateway.admission import Admission
+from meshserve.gateway.clients import Clients
+from meshserve.gateway.coalescer import Coalescer, generate_while
+from meshserve.gateway.errors import GatewayError, invalid
+from meshserve.gateway.fleet import FleetView
+from meshserve.gateway.flights import Flight
+from meshserve.gateway.relay import add_tool_call_piece
+from meshserve.gateway.response_cache import CacheKey, ResponseCache
+from meshserve.gateway.selector import WorkerSelector
+from meshserve.gateway.stream_supervisor import StreamSupervisor
+from meshserve.services import telemetry, validation
+from meshserve.services.config import GatewayConfig
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.request_record import RequestRecord, Timings
 
 log = logging.getLogger(__name__)
 

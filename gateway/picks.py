@@ -16,9 +16,9 @@ from typing import Any, Protocol
 
 import grpc
 
-from gateway.relay import STATUS_BY_VALUE, Outbox, StreamFailed, end_call
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.gateway.relay import STATUS_BY_VALUE, Outbox, StreamFailed, end_call
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 

@@ -21,9 +21,9 @@ from typing import Any
 import grpc
 from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
-from services.config import SESSION_BATCH_HEADER
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.config import SESSION_BATCH_HEADER
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 

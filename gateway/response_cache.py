@@ -20,14 +20,14 @@ from typing import Any
 import grpc
 import redis.exceptions
 
-from gateway import metrics
-from gateway.breaker import Breaker
-from gateway.entries import ExactEntries
-from gateway.relay import merge
-from services import cache_keys, telemetry, validation
-from services.config import GatewayConfig
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.gateway import metrics
+from meshserve.gateway.breaker import Breaker
+from meshserve.gateway.entries import ExactEntries
+from meshserve.gateway.relay import merge
+from meshserve.services import cache_keys, telemetry, validation
+from meshserve.services.config import GatewayConfig
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 

@@ -21,12 +21,12 @@ from typing import Protocol
 import grpc
 from opentelemetry import trace
 
-from gateway import metrics
-from gateway.errors import GatewayError
-from gateway.fleet import FleetView
-from gateway.picks import PickFailed, PickRefused, Picks
-from services import telemetry
-from services.gen import meshserve_pb2 as pb
+from meshserve.gateway import metrics
+from meshserve.gateway.errors import GatewayError
+from meshserve.gateway.fleet import FleetView
+from meshserve.gateway.picks import PickFailed, PickRefused, Picks
+from meshserve.services import telemetry
+from meshserve.services.gen import meshserve_pb2 as pb
 
 log = logging.getLogger(__name__)
 

@@ -6,17 +6,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 
-from gateway.clients import Clients
-from gateway.entries import ExactEntries
-from gateway.http_edge import HttpEdge
-from gateway.openai_servicer import OpenAIServicer
-from gateway.errors import GatewayError
-from gateway.orchestrator import Orchestrator
-from gateway.picks import EmbeddedRouter
-from services.config import EMBEDDED_ROUTER, GatewayConfig
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.server import Lifecycle, Running, run_until_signal, start
+from meshserve.gateway.clients import Clients
+from meshserve.gateway.entries import ExactEntries
+from meshserve.gateway.http_edge import HttpEdge
+from meshserve.gateway.openai_servicer import OpenAIServicer
+from meshserve.gateway.errors import GatewayError
+from meshserve.gateway.orchestrator import Orchestrator
+from meshserve.gateway.picks import EmbeddedRouter
+from meshserve.services.config import EMBEDDED_ROUTER, GatewayConfig
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.server import Lifecycle, Running, run_until_signal, start
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Inference"].full_name
 # Cache entries are isolated per tenant; the edge (Envoy, auth) sets this header.

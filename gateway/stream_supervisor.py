@@ -19,12 +19,12 @@ from typing import Protocol
 import grpc
 from opentelemetry import trace
 
-from gateway import metrics
-from gateway.errors import CLIENT_ERRORS, GatewayError, invalid, overloaded
-from gateway.relay import StreamFailed, WorkerFailed
-from services import telemetry
-from services.config import GatewayConfig
-from services.gen import meshserve_pb2 as pb
+from meshserve.gateway import metrics
+from meshserve.gateway.errors import CLIENT_ERRORS, GatewayError, invalid, overloaded
+from meshserve.gateway.relay import StreamFailed, WorkerFailed
+from meshserve.services import telemetry
+from meshserve.services.config import GatewayConfig
+from meshserve.services.gen import meshserve_pb2 as pb
 
 log = logging.getLogger(__name__)
 

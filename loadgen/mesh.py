@@ -12,7 +12,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-CLI = [sys.executable, "-m", "commands.cli"]
+def cli_module(tree: Path | None) -> str:
+    """The command line's module in source tree ``tree`` (None: this one), whatever its layout:
+    ``meshserve.commands.cli``; in a tree from before the ``meshserve`` package, ``commands.cli``;
+    before ``commands/``, ``services.cli``."""
+    if tree is None or (tree / "meshserve" / "__init__.py").exists():
+        return "meshserve.commands.cli"
+    return "commands.cli" if (tree / "commands" / "cli.py").exists() else "services.cli"
+
+
+def cli(tree: Path | None = None) -> list[str]:
+    """The command that runs ``meshserve`` from ``tree`` (with ``tree_env(tree)``)."""
+    return [sys.executable, "-m", cli_module(tree)]
 
 
 def samples(url: str) -> dict[str, float]:
@@ -72,7 +83,7 @@ class UpMesh:
 @contextmanager
 def meshserve_up(flags: list[str], run_dir: str, tree: Path) -> Iterator[UpMesh]:
     """`meshserve up FLAGS` until it prints its table; Ctrl-C (SIGINT) on the way out."""
-    up = subprocess.Popen([*CLI, "up", *flags, "--run-dir", run_dir], stdout=subprocess.PIPE,
+    up = subprocess.Popen([*cli(tree), "up", *flags, "--run-dir", run_dir], stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, cwd=tree, env=tree_env(tree))
     assert up.stdout is not None
     lines: list[str] = []

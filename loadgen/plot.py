@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from loadgen.results import TIMINGS
+from meshserve.loadgen.results import TIMINGS
 
 # Fixed so every PNG is 1200 x 800 pixels.
 FIGSIZE_IN = (12.0, 8.0)

@@ -12,10 +12,10 @@ from collections.abc import AsyncIterable, Callable, Sequence
 import grpc
 import numpy as np
 
-from loadgen.results import RequestResult
-from loadgen.workloads import Conversation
-from services.gen import meshserve_pb2 as pb
-from services.server import CHANNEL_OPTIONS
+from meshserve.loadgen.results import RequestResult
+from meshserve.loadgen.workloads import Conversation
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.server import CHANNEL_OPTIONS
 
 # Many HTTP/2 servers and proxies allow about this many concurrent streams per connection (100 is
 # the RFC's recommended minimum), so a run opens one connection per this many streams.

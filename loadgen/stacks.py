@@ -16,8 +16,8 @@ from pathlib import Path
 
 import psutil
 
-from loadgen.mesh import UpMesh, prefix_sum, samples
-from services.config import DEFAULT_MODEL as MODEL_NAME
+from meshserve.loadgen.mesh import UpMesh, cli_module, prefix_sum, samples
+from meshserve.services.config import DEFAULT_MODEL as MODEL_NAME
 
 VENV_BIN = Path(sys.executable).parent
 VLLM_PORT, ROUTER_PORT, MESH_PORT = 8100, 8200, 8080
@@ -123,8 +123,7 @@ class Stack:
             wait_http(f"http://127.0.0.1:{ROUTER_PORT}/v1/models", router, "vllm-router")
             return ROUTER_PORT
         run_dir = self.log_dir / f"{self.name}-run"
-        # The command line moved from services/ to commands/: a tree from before runs its own.
-        cli = "commands.cli" if self.src is None or (self.src / "commands" / "cli.py").exists() else "services.cli"
+        cli = cli_module(self.src)
         log = self.log_dir / f"{self.name}-up.log"
         seen = log.stat().st_size if log.exists() else 0  # earlier rounds' lines: not this start's
         for attempt in range(1, PORT_TRIES + 1):
@@ -206,7 +205,7 @@ class Stack:
                 c = " ".join(p.cmdline())
             except psutil.Error:
                 continue
-            c = c.replace("services.cli serve", "commands.cli serve")  # a tree from before the move
+            c = c.replace("services.cli serve", "commands.cli serve")  # a tree from before commands/
             if "commands.cli serve worker" in c:
                 return "worker serving" if p.pid == proc.pid else "engine"
             for service in ("gateway", "router", "cache", "traces"):

@@ -13,9 +13,9 @@ from collections.abc import AsyncIterator, Callable, Sequence
 
 import prometheus_client
 
-from router.state import WorkerTable, WorkerView
-from router.watcher import load_to_pb
-from services.gen import meshserve_pb2 as pb
+from meshserve.router.state import WorkerTable, WorkerView
+from meshserve.router.watcher import load_to_pb
+from meshserve.services.gen import meshserve_pb2 as pb
 
 WATCHERS = prometheus_client.Gauge("meshserve_router_fleet_watchers", "Streams the fleet view is pushed on")
 UPDATES = prometheus_client.Counter("meshserve_router_fleet_updates_total", "Fleet views pushed, all watchers")

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from router.kv_index import HeldBlocks
-from router.state import Fleet, WorkerView
-from services.config import ROUTING_POLICIES, RoutingConfig
+from meshserve.router.kv_index import HeldBlocks
+from meshserve.router.state import Fleet, WorkerView
+from meshserve.services.config import ROUTING_POLICIES, RoutingConfig
 
 
 @dataclass(frozen=True)

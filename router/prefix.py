@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import prometheus_client
 
-from services.prompts import ROOT_HASH, SIM_TOKENIZER, Encoder, block_hashes, cacheable_blocks, load_encoder
+from meshserve.services.prompts import ROOT_HASH, SIM_TOKENIZER, Encoder, block_hashes, cacheable_blocks, load_encoder
 
 log = logging.getLogger(__name__)
 

@@ -17,18 +17,18 @@ import prometheus_client
 from lightkube import KubeConfig
 from opentelemetry import trace
 
-from router.discovery import EndpointSliceDiscovery, api_client, own_namespace
-from router.fleet_feed import FleetFeed, worker_state
-from router.kv_index import HeldBlocks, KvIndex
-from router.policies import Choice, NoWorker, PickContext, Policy, build_policy
-from router.prefix import PromptBlocks
-from router.state import Fleet, WorkerTable, WorkerView
-from router.watcher import Watcher
-from services import server as bootstrap
-from services import telemetry
-from services.config import RouterConfig, RoutingConfig
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.router.discovery import EndpointSliceDiscovery, api_client, own_namespace
+from meshserve.router.fleet_feed import FleetFeed, worker_state
+from meshserve.router.kv_index import HeldBlocks, KvIndex
+from meshserve.router.policies import Choice, NoWorker, PickContext, Policy, build_policy
+from meshserve.router.prefix import PromptBlocks
+from meshserve.router.state import Fleet, WorkerTable, WorkerView
+from meshserve.router.watcher import Watcher
+from meshserve.services import server as bootstrap
+from meshserve.services import telemetry
+from meshserve.services.config import RouterConfig, RoutingConfig
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 

@@ -12,13 +12,13 @@ import logging
 
 import grpc
 
-from router.kv_index import KvIndex
-from router.prefix import PromptBlocks
-from router.state import WorkerLoad, WorkerTable
-from services.config import RoutingConfig
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.server import insecure_channel
+from meshserve.router.kv_index import KvIndex
+from meshserve.router.prefix import PromptBlocks
+from meshserve.router.state import WorkerLoad, WorkerTable
+from meshserve.services.config import RoutingConfig
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.server import insecure_channel
 
 log = logging.getLogger(__name__)
 

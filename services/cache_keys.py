@@ -20,8 +20,8 @@ from google.protobuf import json_format
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from services import validation
-from services.gen import meshserve_pb2 as pb
+from meshserve.services import validation
+from meshserve.services.gen import meshserve_pb2 as pb
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ import prometheus_client
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from services import telemetry
-from services.config import ServerConfig
+from meshserve.services import telemetry
+from meshserve.services.config import ServerConfig
 
 log = logging.getLogger(__name__)
 

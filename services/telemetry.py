@@ -30,8 +30,8 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRat
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from services.config import ServerConfig
-from services.otlp import encode_spans
+from meshserve.services.config import ServerConfig
+from meshserve.services.otlp import encode_spans
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ import json
 import math
 import re
 
-from services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2 as pb
 
 # The serving defaults of a request's optional fields: applied by the worker, and by the cache
 # before hashing (a request that leaves a field unset and one that spells out the default share

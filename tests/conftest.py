@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from commands.launcher import CHILD_ENV
+from meshserve.commands.launcher import CHILD_ENV
 
 # Property tests assert what holds, not how fast: on a shared 2-core machine one example can take
 # longer than Hypothesis's 200 ms deadline (a first call importing, another process's burst), which
@@ -82,6 +82,6 @@ def redis_url() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The project's tiny LLaMA model, built once (cached under MESHSERVE_CACHE_DIR)."""
-    from worker.tiny_model import ensure_model
+    from meshserve.worker.tiny_model import ensure_model
 
     return ensure_model()

@@ -20,8 +20,8 @@ from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.resource.v1 import resource_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from services.config import TracesConfig
-from services.gen import traces_pb2, traces_pb2_grpc
+from meshserve.services.config import TracesConfig
+from meshserve.services.gen import traces_pb2, traces_pb2_grpc
 
 DEFAULT_ADDRESS = "127.0.0.1:4317"
 
@@ -157,13 +157,13 @@ def _register(store: TraceStore) -> Callable[[grpc.aio.Server], list[str]]:
 
 async def start_traces(cfg: TracesConfig):  # noqa: ANN201 - services.server.Running
     """Starts the receiver in this process (tests use port 0)."""
-    from services.server import start
+    from meshserve.services.server import start
 
     return await start("traces", cfg, _register(TraceStore(cfg.max_traces, cfg.max_spans_per_trace)))
 
 
 async def main(cfg: TracesConfig) -> None:
-    from services.server import serve
+    from meshserve.services.server import serve
 
     await serve("traces", cfg, _register(TraceStore(cfg.max_traces, cfg.max_spans_per_trace)))
 

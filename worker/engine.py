@@ -9,15 +9,15 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from services.prompts import OPEN_TURN, TemplateCall
-from services.validation import (
+from meshserve.services.prompts import OPEN_TURN, TemplateCall
+from meshserve.services.validation import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_REPETITION_PENALTY,
     DEFAULT_TEMPERATURE,
     DEFAULT_TOP_P,
     InvalidRequest,
 )
-from worker.kv_events import KvCacheView
+from meshserve.worker.kv_events import KvCacheView
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,10 @@ import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
-from services.config import DEFAULT_MODEL, WorkerConfig
-from worker.engine import Delta, Engine, EngineInfo, Load, LoadSignal, Request, refuse_unsupported
-from worker.vllm_engine import check_fits, decode, render_prompt, resolve_model
-from worker.weights import weights_id
+from meshserve.services.config import DEFAULT_MODEL, WorkerConfig
+from meshserve.worker.engine import Delta, Engine, EngineInfo, Load, LoadSignal, Request, refuse_unsupported
+from meshserve.worker.vllm_engine import check_fits, decode, render_prompt, resolve_model
+from meshserve.worker.weights import weights_id
 
 log = logging.getLogger(__name__)
 

@@ -16,24 +16,24 @@ from typing import Any
 import grpc
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
-from services import server as bootstrap
-from services import validation
-from services.config import WorkerConfig
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.prompts import TemplateCall, chat_turns
-from services.request_record import RequestRecord, Timings
-from worker.engine import Chunker, Delta, Engine, Request
-from worker.kv_events import KvBatch, KvCacheView, KvWatcher
-from worker.session import Session
+from meshserve.services import server as bootstrap
+from meshserve.services import validation
+from meshserve.services.config import WorkerConfig
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.prompts import TemplateCall, chat_turns
+from meshserve.services.request_record import RequestRecord, Timings
+from meshserve.worker.engine import Chunker, Delta, Engine, Request
+from meshserve.worker.kv_events import KvBatch, KvCacheView, KvWatcher
+from meshserve.worker.session import Session
 
 log = logging.getLogger(__name__)
 
 # Engines by name, imported only when chosen (vLLM and torch are heavy imports).
 ENGINES: dict[str, str] = {
-    "vllm": "worker.vllm_engine:VllmEngine",
-    "sim": "worker.sim_engine:SimEngine",
-    "transformers": "worker.hf_engine:TransformersEngine",
+    "vllm": "meshserve.worker.vllm_engine:VllmEngine",
+    "sim": "meshserve.worker.sim_engine:SimEngine",
+    "transformers": "meshserve.worker.hf_engine:TransformersEngine",
 }
 
 # Buckets of vLLM's own histograms of the same names.

@@ -19,9 +19,9 @@ from typing import Any
 import grpc
 from opentelemetry import trace
 
-from services import telemetry, validation
-from services.config import SESSION_BATCH_HEADER
-from services.gen import meshserve_pb2 as pb
+from meshserve.services import telemetry, validation
+from meshserve.services.config import SESSION_BATCH_HEADER
+from meshserve.services.gen import meshserve_pb2 as pb
 
 log = logging.getLogger(__name__)
 

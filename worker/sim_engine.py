@@ -63,8 +63,8 @@ from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
-from services.config import WorkerConfig
-from services.prompts import (
+from meshserve.services.config import WorkerConfig
+from meshserve.services.prompts import (
     ROOT_HASH,
     SIM_TOKENIZER,
     block_hash,
@@ -72,8 +72,8 @@ from services.prompts import (
     sim_token_id,
     sim_tokenize,
 )
-from services.validation import InvalidRequest
-from worker.engine import (
+from meshserve.services.validation import InvalidRequest
+from meshserve.worker.engine import (
     Delta,
     Engine,
     EngineInfo,
@@ -84,7 +84,7 @@ from worker.engine import (
     TokenLogprob,
     refuse_unsupported,
 )
-from worker.kv_events import KvCacheView
+from meshserve.worker.kv_events import KvCacheView
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
-from services.config import DEFAULT_MODEL, default_cache_dir
+from meshserve.services.config import DEFAULT_MODEL, default_cache_dir
 
 log = logging.getLogger(__name__)
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import psutil
 
-from services.config import DEFAULT_MODEL, WorkerConfig
-from services.prompts import hf_prompt_ids
-from services.validation import InvalidRequest
-from worker.engine import (
+from meshserve.services.config import DEFAULT_MODEL, WorkerConfig
+from meshserve.services.prompts import hf_prompt_ids
+from meshserve.services.validation import InvalidRequest
+from meshserve.worker.engine import (
     Delta,
     Engine,
     EngineInfo,
@@ -26,9 +26,9 @@ from worker.engine import (
     TokenLogprob,
     merge_tool_calls,
 )
-from worker.kv_events import KvCacheView
-from worker.vllm_tools import ParsedStream, ToolCallStream, check_parser, reasoning_parsers
-from worker.weights import weights_id
+from meshserve.worker.kv_events import KvCacheView
+from meshserve.worker.vllm_tools import ParsedStream, ToolCallStream, check_parser, reasoning_parsers
+from meshserve.worker.weights import weights_id
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ def resolve_model(cfg: WorkerConfig) -> tuple[str, str]:
     """(path, served name): the configured model, or the project's tiny model built on demand."""
     if cfg.model:
         return cfg.model, cfg.model
-    from worker.tiny_model import ensure_model
+    from meshserve.worker.tiny_model import ensure_model
 
     return str(ensure_model()), DEFAULT_MODEL
 
@@ -196,7 +196,7 @@ class VllmEngine(Engine):
         if cfg.reasoning_parser:  # the engine's structured outputs wait for the thinking to end
             extra["reasoning_parser"] = cfg.reasoning_parser
         if cfg.kv_events and cfg.enable_prefix_caching:
-            from worker.vllm_kv_events import VllmKvEvents
+            from meshserve.worker.vllm_kv_events import VllmKvEvents
 
             self.kv_cache = KvCacheView(block_size)
             self._kv_events = VllmKvEvents(self.kv_cache)  # listening before the engine publishes

@@ -19,8 +19,8 @@ import asyncio
 import logging
 from typing import Any
 
-from services.prompts import ROOT_HASH, block_hash
-from worker.kv_events import KvCacheView
+from meshserve.services.prompts import ROOT_HASH, block_hash
+from meshserve.worker.kv_events import KvCacheView
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.validation import InvalidRequest
-from worker.engine import Request, ToolCallDelta
+from meshserve.services.validation import InvalidRequest
+from meshserve.worker.engine import Request, ToolCallDelta
 
 
 def parser_names() -> list[str]:

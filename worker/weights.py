@@ -21,7 +21,7 @@ import logging
 import os
 from pathlib import Path
 
-from services.config import WorkerConfig
+from meshserve.services.config import WorkerConfig
 
 log = logging.getLogger(__name__)
 

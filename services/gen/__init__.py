@@ -1,1 +1,1 @@
-"""Generated from protos/ by `python -m commands.codegen`; do not edit."""
+"""Generated from protos/ by `python -m meshserve.commands.codegen`; do not edit."""

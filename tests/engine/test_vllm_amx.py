@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from services.config import WorkerConfig
-from worker.engine import Request
-from worker.vllm_engine import VllmEngine
+from meshserve.services.config import WorkerConfig
+from meshserve.worker.engine import Request
+from meshserve.worker.vllm_engine import VllmEngine
 
 pytestmark = pytest.mark.engine
 
 
 def test_the_amx_plugin_is_registered_for_vllm() -> None:
     plugins = {e.name: e.value for e in importlib.metadata.entry_points(group="vllm.general_plugins")}
-    assert plugins.get("meshserve_amx") == "worker.vllm_plugin:init_amx"
+    assert plugins.get("meshserve_amx") == "meshserve.worker.vllm_plugin:init_amx"
 
 
 async def test_bfloat16_serves_on_this_cpu(tiny_model: Path) -> None:

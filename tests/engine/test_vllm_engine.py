@@ -16,12 +16,12 @@ import jsonschema
 import pytest
 from prometheus_client import REGISTRY
 
-from services.config import WorkerConfig
-from services.prompts import TemplateCall
-from services.validation import InvalidRequest
-from worker.engine import Delta, Load, PromptTooLong, Request
-from worker.vllm_engine import VllmEngine
-from worker.vllm_tools import reasoning_parsers
+from meshserve.services.config import WorkerConfig
+from meshserve.services.prompts import TemplateCall
+from meshserve.services.validation import InvalidRequest
+from meshserve.worker.engine import Delta, Load, PromptTooLong, Request
+from meshserve.worker.vllm_engine import VllmEngine
+from meshserve.worker.vllm_tools import reasoning_parsers
 
 pytestmark = pytest.mark.engine
 
@@ -396,7 +396,7 @@ def test_engine_core_shares_its_workers_cpus_on_a_small_machine(engine: VllmEngi
 
     import psutil
 
-    from worker.vllm_engine import SMALL_MACHINE_CPUS
+    from meshserve.worker.vllm_engine import SMALL_MACHINE_CPUS
 
     # This engine's own core (the module's engines run one at a time; an earlier one is gone).
     (core,) = [c for c in psutil.Process().children() if c.name().startswith("VLLM::EngineCor")]
@@ -415,7 +415,7 @@ def test_engine_processes_run_at_low_priority_on_a_small_machine(engine: VllmEng
 
     import psutil
 
-    from worker.vllm_engine import ENGINE_NICENESS, SMALL_MACHINE_CPUS
+    from meshserve.worker.vllm_engine import ENGINE_NICENESS, SMALL_MACHINE_CPUS
 
     # vLLM names its processes VLLM::EngineCore and VLLM::Worker (comm keeps 15 characters).
     engine_procs = [p for p in psutil.Process().children(recursive=True) if p.name().startswith("VLLM::")]

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from services.config import WorkerConfig
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.server import insecure_channel
-from worker.engine import Request
-from worker.vllm_tools import ParsedStream, reasoning_parsers
+from meshserve.services.config import WorkerConfig
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.server import insecure_channel
+from meshserve.worker.engine import Request
+from meshserve.worker.vllm_tools import ParsedStream, reasoning_parsers
 
 pytestmark = pytest.mark.engine
 
@@ -92,7 +92,7 @@ def test_a_parser_the_tokenizer_cannot_serve_or_vllm_does_not_have_is_refused(to
 
 @pytest.fixture(scope="module")
 async def worker(tiny_model: Path) -> AsyncIterator[pb_grpc.WorkerStub]:
-    from worker.server import start_worker
+    from meshserve.worker.server import start_worker
 
     cfg = WorkerConfig(host="127.0.0.1", port=0, metrics_port=-1, engine="vllm", model=str(tiny_model),
                        dtype="float32", max_model_len=512, kv_cache_memory_bytes=64 * 2**20, max_num_seqs=8,

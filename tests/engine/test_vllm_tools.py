@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from worker.engine import merge_tool_calls
-from worker.vllm_tools import ToolCallStream, check_parser
+from meshserve.worker.engine import merge_tool_calls
+from meshserve.worker.vllm_tools import ToolCallStream, check_parser
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
 

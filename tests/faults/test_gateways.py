@@ -12,11 +12,11 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from commands.launcher import Mesh
-from services.config import WorkerConfig
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.server import insecure_channel
+from meshserve.commands.launcher import Mesh
+from meshserve.services.config import WorkerConfig
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.server import insecure_channel
 from tests.integration.helpers import mesh_spec, metric_sum, scrape, wait_until
 
 pytestmark = pytest.mark.integration

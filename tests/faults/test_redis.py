@@ -15,11 +15,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from commands.launcher import Mesh
-from services.config import CacheConfig
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.server import insecure_channel
+from meshserve.commands.launcher import Mesh
+from meshserve.services.config import CacheConfig
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.server import insecure_channel
 from tests.conftest import free_port
 from tests.integration.helpers import exact_entries, indexed_texts, mesh_spec, metric_sum, scrape, wait_until
 

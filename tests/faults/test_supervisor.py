@@ -24,11 +24,11 @@ import psutil
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from commands.launcher import Mesh, Proc
-from commands.supervisor import RestartPolicy
-from services.config import CacheConfig
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.commands.launcher import Mesh, Proc
+from meshserve.commands.supervisor import RestartPolicy
+from meshserve.services.config import CacheConfig
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
 from tests.integration.helpers import generate, mesh_spec, token_ids, wait_until, worker_generate
 
 pytestmark = pytest.mark.integration
@@ -62,8 +62,8 @@ def start_mesh(tmp_path: Path) -> Iterator[Callable[[RestartPolicy], Mesh]]:
 
 @pytest.fixture
 def supervisor_log(caplog: pytest.LogCaptureFixture) -> Callable[[], list[logging.LogRecord]]:
-    caplog.set_level(logging.INFO, logger="commands.supervisor")
-    return lambda: [r for r in caplog.records if r.name == "commands.supervisor"]
+    caplog.set_level(logging.INFO, logger="meshserve.commands.supervisor")
+    return lambda: [r for r in caplog.records if r.name == "meshserve.commands.supervisor"]
 
 
 def proc(mesh: Mesh, name: str) -> Proc:

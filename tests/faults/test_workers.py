@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 import grpc
 import pytest
 
-from commands.launcher import Mesh, Proc
-from commands.supervisor import RestartPolicy
-from services.config import GatewayConfig, WorkerConfig
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.server import insecure_channel
+from meshserve.commands.launcher import Mesh, Proc
+from meshserve.commands.supervisor import RestartPolicy
+from meshserve.services.config import GatewayConfig, WorkerConfig
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.server import insecure_channel
 from tests.integration.helpers import mesh_spec, metric_sum, scrape, wait_until
 
 pytestmark = pytest.mark.integration

@@ -16,12 +16,12 @@ import grpc
 import prometheus_client
 import pytest
 
-from commands.launcher import MeshSpec
-from deploy import envoy_config as envoy
-from services.config import CacheConfig, EnvoyConfig, GatewayConfig, RouterConfig, TracesConfig, WorkerConfig
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.server import insecure_channel
+from meshserve.commands.launcher import MeshSpec
+from meshserve.deploy import envoy_config as envoy
+from meshserve.services.config import CacheConfig, EnvoyConfig, GatewayConfig, RouterConfig, TracesConfig, WorkerConfig
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.server import insecure_channel
 from tests.conftest import free_port, free_port_block
 
 

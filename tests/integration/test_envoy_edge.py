@@ -12,12 +12,12 @@ import grpc
 import httpx
 import pytest
 
-from deploy import envoy_config as envoy
-from services.config import EnvoyConfig, ServerConfig
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.server import insecure_channel, start
-from services.validation import InvalidRequest, validate
+from meshserve.deploy import envoy_config as envoy
+from meshserve.services.config import EnvoyConfig, ServerConfig
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.server import insecure_channel, start
+from meshserve.services.validation import InvalidRequest, validate
 from tests.conftest import free_port
 from tests.integration.helpers import run_envoy, wait_until
 

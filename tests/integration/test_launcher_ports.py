@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from commands.launcher import Mesh, MeshSpec, StartupError
-from services.config import EnvoyConfig
+from meshserve.commands.launcher import Mesh, MeshSpec, StartupError
+from meshserve.services.config import EnvoyConfig
 from tests.conftest import free_port
 from tests.integration.helpers import mesh_spec, run_envoy
 

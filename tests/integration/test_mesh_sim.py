@@ -17,14 +17,14 @@ from pathlib import Path
 import grpc
 import pytest
 
-from commands import bench
-from commands.launcher import Mesh
-from services.config import EMBEDDED_ROUTER, WorkerConfig
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.server import insecure_channel
+from meshserve.commands import bench
+from meshserve.commands.launcher import Mesh
+from meshserve.services.config import EMBEDDED_ROUTER, WorkerConfig
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.server import insecure_channel
 from tests.integration.helpers import generate, mesh_spec, text
-from trace_service import server as traces
+from meshserve.trace_service import server as traces
 
 pytestmark = pytest.mark.integration
 

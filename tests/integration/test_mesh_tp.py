@@ -13,14 +13,14 @@ from pathlib import Path
 import psutil
 import pytest
 
-from commands.launcher import Mesh
-from services.config import WorkerConfig
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.server import insecure_channel
+from meshserve.commands.launcher import Mesh
+from meshserve.services.config import WorkerConfig
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.server import insecure_channel
 from tests.integration.helpers import mesh_spec, token_ids, worker_generate
-from worker.server import start_worker
-from worker.tiny_model import ensure_model
+from meshserve.worker.server import start_worker
+from meshserve.worker.tiny_model import ensure_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
 

@@ -30,13 +30,13 @@ import psutil
 import pytest
 import redis
 
-from loadgen import shapes
-from router.server import start_router
-from services.cache_keys import exact_key
-from services.config import DEFAULT_MODEL, CacheConfig, RouterConfig
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.server import insecure_channel
+from meshserve.loadgen import shapes
+from meshserve.router.server import start_router
+from meshserve.services.cache_keys import exact_key
+from meshserve.services.config import DEFAULT_MODEL, CacheConfig, RouterConfig
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.server import insecure_channel
 from tests.conftest import free_port
 from tests.integration.helpers import (
     exact_entries,
@@ -52,8 +52,8 @@ from tests.integration.helpers import (
     wait_until,
     worker_generate,
 )
-from worker.tiny_model import ensure_model
-from worker.weights import fingerprint
+from meshserve.worker.tiny_model import ensure_model
+from meshserve.worker.weights import fingerprint
 
 pytestmark = [pytest.mark.integration, pytest.mark.engine]
 
@@ -77,7 +77,7 @@ def mesh(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator
     run_dir = tmp_path_factory.mktemp("up")
     ports = {name: free_port() for name in ("port", "admin", "gw", "http", "router", "cache", "worker", "redis", "trace")}
     argv = [
-        sys.executable, "-m", "commands.cli", "up", "--engine", "vllm", "--workers", "1",
+        sys.executable, "-m", "meshserve.commands.cli", "up", "--engine", "vllm", "--workers", "1",
         "--port", str(ports["port"]), "--admin-port", str(ports["admin"]),
         "--gateway-port", str(ports["gw"]), "--gateway-http-port", str(ports["http"]), "--router-port", str(ports["router"]),
         "--cache-port", str(ports["cache"]), "--worker-port", str(ports["worker"]),

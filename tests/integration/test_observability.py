@@ -21,15 +21,15 @@ import httpx
 import pytest
 import yaml
 
-from commands.launcher import Mesh, MeshSpec
-from deploy import envoy_config
-from services.config import RouterConfig
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.server import insecure_channel
+from meshserve.commands.launcher import Mesh, MeshSpec
+from meshserve.deploy import envoy_config
+from meshserve.services.config import RouterConfig
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.server import insecure_channel
 from tests import promql
 from tests.integration.helpers import mesh_spec, wait_until
-from trace_service import server as traces
+from meshserve.trace_service import server as traces
 
 pytestmark = pytest.mark.integration
 
@@ -158,12 +158,12 @@ async def test_grpc_request_is_one_trace_across_all_components(traced_mesh: Mesh
     assert 0 <= entry["upstream_wait_ms"] <= entry["ttfb_ms"] <= entry["duration_ms"]
 
     # The CLI finds it: the waterfall and the slowest list.
-    out = subprocess.run([sys.executable, "-m", "commands.cli", "trace", trace_id, "--receiver",
+    out = subprocess.run([sys.executable, "-m", "meshserve.commands.cli", "trace", trace_id, "--receiver",
                           traced_mesh.traces_address], capture_output=True, text=True, timeout=60, env=_wide())
     assert out.returncode == 0, out.stderr
     for name in ("Inference/Generate", "Router/Pick", "Worker/Generate", "Cache/Lookup", "first_token"):
         assert name in out.stdout
-    out = subprocess.run([sys.executable, "-m", "commands.cli", "traces", "--slowest", "50", "--receiver",
+    out = subprocess.run([sys.executable, "-m", "meshserve.commands.cli", "traces", "--slowest", "50", "--receiver",
                           traced_mesh.traces_address], capture_output=True, text=True, timeout=60, env=_wide())
     assert out.returncode == 0, out.stderr
     assert trace_id in out.stdout

@@ -18,13 +18,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from commands.launcher import Mesh
-from deploy import envoy_config as envoy
-from services.config import DEFAULT_MODEL, EnvoyConfig, GatewayConfig, WorkerConfig
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.prompts import sim_tokenize
-from services.server import insecure_channel
+from meshserve.commands.launcher import Mesh
+from meshserve.deploy import envoy_config as envoy
+from meshserve.services.config import DEFAULT_MODEL, EnvoyConfig, GatewayConfig, WorkerConfig
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.prompts import sim_tokenize
+from meshserve.services.server import insecure_channel
 from tests.conftest import free_port
 from tests.integration.helpers import exact_entries, mesh_spec, metric_sum, run_envoy, scrape, wait_until
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from commands.launcher import Mesh
-from services.config import WorkerConfig
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.commands.launcher import Mesh
+from meshserve.services.config import WorkerConfig
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
 from tests.integration.helpers import mesh_spec, metric_sum, scrape
 
 pytestmark = pytest.mark.integration
@@ -37,7 +37,7 @@ def _row(frame: str, first: str) -> list[str]:
 def top_once(run_dir: Path) -> tuple[int, str, str]:
     """The real command, as a script runs it (stdout is a pipe: 80 columns): exit code, stdout, stderr."""
     done = subprocess.run(
-        [sys.executable, "-m", "commands.cli", "top", "--once", "--interval", "2", "--run-dir", str(run_dir)],
+        [sys.executable, "-m", "meshserve.commands.cli", "top", "--once", "--interval", "2", "--run-dir", str(run_dir)],
         capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
     )
     return done.returncode, done.stdout, done.stderr
@@ -57,7 +57,7 @@ def test_top_once_shows_every_worker_running_and_the_gateway_rates(
     spec = mesh_spec(tmp_path_factory.mktemp("top"), "sim", workers=2, worker=WorkerConfig(sim_itl_base_ms=20.0))
     with Mesh(spec) as mesh:
         load = subprocess.Popen(
-            [sys.executable, "-m", "commands.cli", "bench", "--target", mesh.envoy_address, "--num-prompts", "2000",
+            [sys.executable, "-m", "meshserve.commands.cli", "bench", "--target", mesh.envoy_address, "--num-prompts", "2000",
              "--max-concurrency", str(USERS), "--random-input-len", "8", "--random-output-len", "200",
              "--random-range-ratio", "0.9", "--ignore-eos", "--cache", "off", "--disable-tqdm"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -103,7 +103,7 @@ def test_top_once_shows_every_worker_running_and_the_gateway_rates(
 
 def test_top_once_without_a_mesh_says_so_and_exits_1(tmp_path_factory: pytest.TempPathFactory) -> None:
     empty = tmp_path_factory.mktemp("no-mesh")
-    done = subprocess.run([sys.executable, "-m", "commands.cli", "top", "--once", "--run-dir", str(empty)],
+    done = subprocess.run([sys.executable, "-m", "meshserve.commands.cli", "top", "--once", "--run-dir", str(empty)],
                           check=False, capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout) == (1, "")
     assert done.stderr.startswith("meshserve top: no mesh in") and "Traceback" not in done.stderr

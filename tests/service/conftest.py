@@ -6,9 +6,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.server import Running, insecure_channel
-from worker.server import WorkerServicer
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.server import Running, insecure_channel
+from meshserve.worker.server import WorkerServicer
 
 
 @pytest.fixture

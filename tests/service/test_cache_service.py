@@ -15,12 +15,12 @@ import grpc
 import pytest
 import redis.asyncio as aioredis
 
-from services import config
-from services.cache_keys import exact_key, store_entry
-from services.config import CacheConfig
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.server import insecure_channel
+from meshserve.services import config
+from meshserve.services.cache_keys import exact_key, store_entry
+from meshserve.services.config import CacheConfig
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.server import insecure_channel
 from tests.conftest import free_port
 from tests.integration.helpers import metric_sum, scrape, wait_until
 
@@ -59,7 +59,7 @@ async def replica(redis_url: str, prefix: str, tmp_path: Path) -> AsyncIterator[
         settings: dict[str, object] = {"redis_url": redis_url, "ttl_seconds": TTL, "key_prefix": prefix, **fields}
         cfg = CacheConfig(port=free_port(), metrics_port=0, grace_seconds=1, ready_file=str(ready), **settings)
         log = open(tmp_path / f"cache-{len(started)}.log", "wb")  # noqa: SIM115 (the process writes it)
-        proc = subprocess.Popen([sys.executable, "-m", "commands.cli", "serve", "cache", *config.to_argv(cfg)],
+        proc = subprocess.Popen([sys.executable, "-m", "meshserve.commands.cli", "serve", "cache", *config.to_argv(cfg)],
                                 stdout=log, stderr=subprocess.STDOUT)
         channel = insecure_channel(f"127.0.0.1:{cfg.port}")
         started.append((proc, channel))

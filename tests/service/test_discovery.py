@@ -16,15 +16,15 @@ import pytest
 from aiohttp import web
 from lightkube import KubeConfig
 
-from router.discovery import Slice, own_namespace, slice_addresses
-from router.policies import build_policy
-from router.server import Router, set_workers, start_router
-from router.state import WorkerTable
-from router.watcher import Watcher
-from services.config import RouterConfig
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.server import Running, insecure_channel
+from meshserve.router.discovery import Slice, own_namespace, slice_addresses
+from meshserve.router.policies import build_policy
+from meshserve.router.server import Router, set_workers, start_router
+from meshserve.router.state import WorkerTable
+from meshserve.router.watcher import Watcher
+from meshserve.services.config import RouterConfig
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.server import Running, insecure_channel
 from tests.conftest import free_port
 from tests.integration.helpers import wait_until
 from tests.service.test_router import FakeWorker, pick, wait_for_workers
@@ -443,7 +443,7 @@ async def test_the_router_serves_without_the_api_and_finds_the_workers_when_it_c
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await pick(stub)
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE and "no worker" in refused.value.details()
-    await wait_until(lambda: any(r.name == "router.discovery" and r.levelno == logging.WARNING
+    await wait_until(lambda: any(r.name == "meshserve.router.discovery" and r.levelno == logging.WARNING
                                  and "ConnectError" in r.getMessage() for r in caplog.records), 5, "a warning")
 
     await api.put("workers-abc", [w0, w1])

@@ -10,13 +10,13 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
-from commands.gateway_service import start as start_gateway
-from services.config import EMBEDDED_ROUTER, GatewayConfig, WorkerConfig
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.server import Running, insecure_channel
+from meshserve.commands.gateway_service import start as start_gateway
+from meshserve.services.config import EMBEDDED_ROUTER, GatewayConfig, WorkerConfig
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.server import Running, insecure_channel
 from tests.integration.helpers import index_blocks, until
-from worker.server import start_worker
+from meshserve.worker.server import start_worker
 
 PREFIX = " ".join(f"e{i:03d}" for i in range(200))  # 200 sim tokens: 12 full blocks of 16
 

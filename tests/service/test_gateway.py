@@ -16,18 +16,18 @@ import pytest
 import redis
 from prometheus_client import REGISTRY
 
-from cache_service.server import CacheServicer
-from cache_service.store import ExactStore
-from gateway.entries import ExactEntries
-from gateway.server import TENANT_METADATA, start_gateway
-from services.cache_keys import connect, exact_key, parse_entry
-from services.config import DEFAULT_MODEL, GatewayConfig
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.server import insecure_channel
+from meshserve.cache_service.server import CacheServicer
+from meshserve.cache_service.store import ExactStore
+from meshserve.gateway.entries import ExactEntries
+from meshserve.gateway.server import TENANT_METADATA, start_gateway
+from meshserve.services.cache_keys import connect, exact_key, parse_entry
+from meshserve.services.config import DEFAULT_MODEL, GatewayConfig
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.server import insecure_channel
 from tests.conftest import free_port
 from tests.integration.helpers import until, wait_until
-from worker.session import Session
+from meshserve.worker.session import Session
 
 WAIT_S = 10.0   # upper bound on any wait; a healthy run takes milliseconds
 PIECES = ["Hel", "lo", " world"]

@@ -11,15 +11,15 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
-from router import prefix
-from router.server import start_router
-from services.config import RouterConfig, WorkerConfig
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.prompts import SimEncoder
-from services.server import Running, insecure_channel
+from meshserve.router import prefix
+from meshserve.router.server import start_router
+from meshserve.services.config import RouterConfig, WorkerConfig
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.prompts import SimEncoder
+from meshserve.services.server import Running, insecure_channel
 from tests.integration.helpers import index_blocks, prefix_view_ready, until
-from worker.server import WorkerServicer, start_worker
+from meshserve.worker.server import WorkerServicer, start_worker
 
 PREFIX = " ".join(f"w{i:03d}" for i in range(200))  # 200 sim tokens: 12 full blocks of 16
 

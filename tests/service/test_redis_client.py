@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from services import cache_keys
+from meshserve.services import cache_keys
 
 
 async def test_a_burst_larger_than_the_pool_queues_for_its_connections(redis_url: str) -> None:

@@ -11,11 +11,11 @@ import grpc
 import prometheus_client
 import pytest
 
-from router.server import start_router
-from services.config import RouterConfig
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.server import Running, insecure_channel
+from meshserve.router.server import start_router
+from meshserve.services.config import RouterConfig
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.server import Running, insecure_channel
 
 
 class FakeWorker(pb_grpc.WorkerServicer):

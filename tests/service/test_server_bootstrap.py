@@ -13,11 +13,11 @@ import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from services import server
-from services.config import ServerConfig
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.server import CannotListen, Lifecycle, insecure_channel, stall_options, start
+from meshserve.services import server
+from meshserve.services.config import ServerConfig
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.server import CannotListen, Lifecycle, insecure_channel, stall_options, start
 
 
 class SlowLoad(pb_grpc.WorkerServicer):
@@ -108,7 +108,7 @@ async def test_a_port_taken_for_a_moment_is_waited_for() -> None:
             if f"port 127.0.0.1:{port} is taken; trying again" in record.getMessage():
                 loop.call_soon_threadsafe(waiting.set)
 
-    seen, logger = Waiting(), logging.getLogger("services.server")
+    seen, logger = Waiting(), logging.getLogger("meshserve.services.server")
     level = logger.level
     logger.setLevel(logging.WARNING)  # whatever an earlier test set: the line is what this test waits for
     logger.addHandler(seen)
@@ -135,7 +135,7 @@ async def test_a_port_taken_for_a_moment_is_waited_for() -> None:
 async def test_a_started_service_freezes_its_start_up_objects_and_collects_young_ones_less_often() -> None:
     import gc
 
-    from services.server import GC_GEN0_THRESHOLD
+    from meshserve.services.server import GC_GEN0_THRESHOLD
 
     gc.unfreeze()
     gc.set_threshold(700, 10, 10)
@@ -159,7 +159,7 @@ async def test_meshserve_health_exits_0_while_serving_and_1_once_draining() -> N
     address = f"127.0.0.1:{running.port}"
 
     def health(*extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "commands.cli", "health", address, *extra],
+        return subprocess.run([sys.executable, "-m", "meshserve.commands.cli", "health", address, *extra],
                               capture_output=True, text=True, timeout=60)
 
     try:

@@ -7,12 +7,12 @@ import asyncio
 
 from prometheus_client import REGISTRY
 
-from services.config import WorkerConfig
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.server import insecure_channel
+from meshserve.services.config import WorkerConfig
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.server import insecure_channel
 from tests.unit.test_sim_engine import words
-from worker.server import start_worker
+from meshserve.worker.server import start_worker
 
 TIMEOUT = 30.0
 

@@ -10,9 +10,9 @@ import grpc
 import pytest
 from opentelemetry import trace
 
-from services import telemetry
-from services.config import ServerConfig
-from services.server import Running, insecure_channel, start
+from meshserve.services import telemetry
+from meshserve.services.config import ServerConfig
+from meshserve.services.server import Running, insecure_channel, start
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 TRACEPARENT = f"00-{TRACE_ID}-b7ad6b7169203331-01"
@@ -99,9 +99,9 @@ async def test_the_exporter_sends_batches_from_its_thread_over_the_loop_and_drop
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SpanExportResult
 
-    from services.config import TracesConfig
+    from meshserve.services.config import TracesConfig
     from tests.conftest import free_port
-    from trace_service import server as traces
+    from meshserve.trace_service import server as traces
 
     receiver = await traces.start_traces(TracesConfig(port=free_port(), metrics_port=-1, grace_seconds=0))
     address = f"127.0.0.1:{receiver.port}"

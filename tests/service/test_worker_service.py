@@ -12,13 +12,13 @@ import grpc
 import pytest
 from prometheus_client import REGISTRY
 
-from services import validation
-from services.config import WorkerConfig
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.server import Running, insecure_channel
-from worker.server import WorkerServicer, start_worker
-from worker.weights import fingerprint
+from meshserve.services import validation
+from meshserve.services.config import WorkerConfig
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.server import Running, insecure_channel
+from meshserve.worker.server import WorkerServicer, start_worker
+from meshserve.worker.weights import fingerprint
 
 TIMEOUT = 30.0
 LONG = 1500  # tokens: several seconds of one-at-a-time generate, far longer than any check
@@ -331,7 +331,7 @@ async def _rest(call: grpc.aio.UnaryStreamCall) -> list:
 
 
 def test_a_tool_parser_is_refused_at_start_by_engines_that_have_none(tiny_model: Path) -> None:
-    from worker.server import make_engine
+    from meshserve.worker.server import make_engine
 
     with pytest.raises(ValueError, match="--tool-call-parser is vLLM's"):
         make_engine(worker_config(tiny_model, tool_call_parser="pythonic"))

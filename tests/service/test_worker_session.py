@@ -10,12 +10,12 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
-from gateway.relay import RequestStream, WorkerSession
-from services.config import SESSION_BATCH_HEADER, WorkerConfig
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.server import Running, insecure_channel
-from worker.server import WorkerServicer, start_worker
+from meshserve.gateway.relay import RequestStream, WorkerSession
+from meshserve.services.config import SESSION_BATCH_HEADER, WorkerConfig
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.server import Running, insecure_channel
+from meshserve.worker.server import WorkerServicer, start_worker
 
 TIMEOUT = 30.0
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from gateway.admission import Admission
-from gateway.errors import GatewayError
-from services import validation
-from services.gen import meshserve_pb2 as pb
+from meshserve.gateway.admission import Admission
+from meshserve.gateway.errors import GatewayError
+from meshserve.services import validation
+from meshserve.services.gen import meshserve_pb2 as pb
 
 
 def refusal(admission: Admission, request: pb.GenerateRequest) -> GatewayError:

@@ -16,19 +16,19 @@ from pathlib import Path
 import grpc
 import pytest
 
-from commands import bench
-from loadgen import runner
-from loadgen.results import PER_REQUEST_FIELDS, RequestResult, format_summary, summarize
-from loadgen.runner import measure
-from loadgen.workloads import (
+from meshserve.commands import bench
+from meshserve.loadgen import runner
+from meshserve.loadgen.results import PER_REQUEST_FIELDS, RequestResult, format_summary, summarize
+from meshserve.loadgen.runner import measure
+from meshserve.loadgen.workloads import (
     DEFAULT_PAIRS,
     arrival_offsets,
     prefix_repetition_requests,
     random_requests,
     repeats_requests,
 )
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
 
 
 def ok(ttft: float, latency: float, output_tokens: int, prompt_len: int = 10, itl: list[float] | None = None,

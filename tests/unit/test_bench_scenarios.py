@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench import cache, routing
-from commands.cli import build_parser
+from meshserve.commands.cli import build_parser
 
 
 @pytest.mark.parametrize("name", sorted(routing.SCENARIOS))

@@ -3,7 +3,7 @@ period, closes when the probe works."""
 
 from __future__ import annotations
 
-from gateway.breaker import Breaker
+from meshserve.gateway.breaker import Breaker
 
 
 class Clock:

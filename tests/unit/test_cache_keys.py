@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.cache_keys import canonical, exact_key
-from services.gen import meshserve_pb2 as pb
+from meshserve.services.cache_keys import canonical, exact_key
+from meshserve.services.gen import meshserve_pb2 as pb
 
 
 def base() -> pb.GenerateRequest:
@@ -180,7 +180,7 @@ def test_template_kwargs_are_in_the_key_and_a_request_without_keeps_its_key() ->
 
 
 def test_an_entry_keeps_what_a_reasoning_parser_took_apart() -> None:
-    from services.cache_keys import _entry_bytes, parse_entry
+    from meshserve.services.cache_keys import _entry_bytes, parse_entry
 
     chunks = [pb.GenerateResponse(text="", reasoning="so: four", token_ids=[1, 2]),
               pb.GenerateResponse(text="Four.", token_ids=[3], finish_reason="stop", usage=pb.Usage(reasoning_tokens=2))]

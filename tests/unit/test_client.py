@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
-from commands import client
-from services.gen import meshserve_pb2 as pb
-from services.gen import meshserve_pb2_grpc as pb_grpc
-from services.telemetry import TRACE_ID_METADATA
+from meshserve.commands import client
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.telemetry import TRACE_ID_METADATA
 
 TRACE_ID = "6612d53fa1a457c5f176ea79b1c0ffee"
 

@@ -4,7 +4,7 @@ with requests still on it keeps it."""
 
 from __future__ import annotations
 
-from gateway.clients import Clients
+from meshserve.gateway.clients import Clients
 
 
 async def test_channels_of_gone_idle_workers_are_closed_when_a_new_session_opens() -> None:

@@ -8,9 +8,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from gateway.coalescer import COALESCED, Coalescer, generate_while
-from gateway.flights import Flight
-from services.gen import meshserve_pb2 as pb
+from meshserve.gateway.coalescer import COALESCED, Coalescer, generate_while
+from meshserve.gateway.flights import Flight
+from meshserve.services.gen import meshserve_pb2 as pb
 
 
 def chunk(text: str, token: int, last: bool = False) -> pb.GenerateResponse:

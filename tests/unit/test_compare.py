@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from commands import cli
-from loadgen import compare
-from loadgen.results import RequestResult, save_result, summarize
+from meshserve.commands import cli
+from meshserve.loadgen import compare
+from meshserve.loadgen.results import RequestResult, save_result, summarize
 
 
 def requests(n: int, ttft: float, gap: float, failed: int = 0) -> list[RequestResult]:

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from services import config
+from meshserve.services import config
 
 
 @pytest.mark.parametrize(
@@ -41,7 +41,7 @@ def test_every_field_documents_itself() -> None:
 
 
 def test_the_engine_choices_are_the_workers_engines() -> None:
-    from worker.server import ENGINES
+    from meshserve.worker.server import ENGINES
 
     assert sorted(config.WORKER_ENGINES) == sorted(ENGINES)
 
@@ -71,8 +71,8 @@ def test_a_value_below_a_fields_minimum_is_refused_naming_the_flag(capsys: pytes
 
 
 def test_up_passes_routing_and_sim_settings_to_the_services() -> None:
-    from commands.cli import build_parser
-    from commands.launcher import spec_from_args
+    from meshserve.commands.cli import build_parser
+    from meshserve.commands.launcher import spec_from_args
 
     args = build_parser().parse_args(["up", "--engine", "sim", "--routing", "round-robin", "--kv-home-weight", "0.2",
                                       "--kv-full-usage", "0.9", "--sim-num-kv-blocks", "7", "--sim-speed", "1", "0.5"])
@@ -82,7 +82,7 @@ def test_up_passes_routing_and_sim_settings_to_the_services() -> None:
 
 
 def test_kubernetes_discovery_needs_its_service_and_no_static_workers(capsys: pytest.CaptureFixture) -> None:
-    from commands.cli import main
+    from meshserve.commands.cli import main
 
     assert config.RouterConfig(discovery="kubernetes", kubernetes_service="workers").workers == []
     with pytest.raises(ValueError, match="--kubernetes-service"):

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cache_service import embedder as embedder_module
-from cache_service.embedder import Embedder
+from meshserve.cache_service import embedder as embedder_module
+from meshserve.cache_service.embedder import Embedder
 
 DATA = Path(__file__).parent.parent / "data"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.engine import Chunker, Delta, ToolCallDelta
+from meshserve.worker.engine import Chunker, Delta, ToolCallDelta
 
 
 def test_then_joins_everything_and_keeps_the_later_status() -> None:

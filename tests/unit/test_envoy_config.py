@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from deploy import envoy_config as envoy
-from services import config
-from services.config import EnvoyConfig
+from meshserve.deploy import envoy_config as envoy
+from meshserve.services import config
+from meshserve.services.config import EnvoyConfig
 
 
 def _hcm(cfg: dict) -> dict:

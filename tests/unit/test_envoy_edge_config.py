@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from deploy import envoy_config as envoy
-from services.config import EnvoyConfig
+from meshserve.deploy import envoy_config as envoy
+from meshserve.services.config import EnvoyConfig
 
 KEYS = {"sk-one-12345678": "one", "sk-two-12345678": "two"}
 
@@ -125,8 +125,8 @@ def test_the_lua_filters_error_table_is_the_gateways() -> None:
     filter shaped it (an error before any answer) or the gateway did (one inside a stream)."""
     import grpc
 
-    from gateway import openai_convert
-    from services import openai_errors
+    from meshserve.gateway import openai_convert
+    from meshserve.services import openai_errors
 
     lua = _filters(envoy.build_config(EnvoyConfig(), api_keys={}))["envoy.filters.http.lua"]
     source = lua["default_source_code"]["inline_string"]

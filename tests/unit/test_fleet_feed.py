@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 from contextlib import aclosing
 
-from router.fleet_feed import FleetFeed
-from router.state import WorkerLoad, WorkerTable
-from services.gen import meshserve_pb2 as pb
+from meshserve.router.fleet_feed import FleetFeed
+from meshserve.router.state import WorkerLoad, WorkerTable
+from meshserve.services.gen import meshserve_pb2 as pb
 
 STALE_AFTER_S = 2.0
 

@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
-from gateway import fleet as fleet_module
-from gateway.fleet import FleetView
-from services.gen import meshserve_pb2 as pb
+from meshserve.gateway import fleet as fleet_module
+from meshserve.gateway.fleet import FleetView
+from meshserve.services.gen import meshserve_pb2 as pb
 from tests.integration.helpers import until
 
 WAIT_S = 5.0

@@ -18,10 +18,10 @@ import helm_python as helm
 import kubernetes_validate
 import pytest
 
-from commands import cli
-from deploy import envoy_config as envoy
-from services import config
-from services.config import EnvoyConfig
+from meshserve.commands import cli
+from meshserve.deploy import envoy_config as envoy
+from meshserve.services import config
+from meshserve.services.config import EnvoyConfig
 from tests import chart
 
 KUBERNETES_VERSION = "1.31.0"

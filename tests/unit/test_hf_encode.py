@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from services.gen import meshserve_pb2 as pb
-from services.prompts import TemplateCall, chat_turns, hf_encode, hf_prompt_ids
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.prompts import TemplateCall, chat_turns, hf_encode, hf_prompt_ids
 
 TEXTS = [
     "The quick brown fox",

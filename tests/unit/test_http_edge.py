@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway import http_edge
-from services.gen import meshserve_pb2 as pb
-from services.validation import PARAM_METADATA
+from meshserve.gateway import http_edge
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.validation import PARAM_METADATA
 
 HEAD = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1796339102, "model": "m",
         "system_fingerprint": "meshserve-0.1.0"}

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
-from commands import cli
-from deploy import envoy_config as envoy
-from services import config
+from meshserve.commands import cli
+from meshserve.deploy import envoy_config as envoy
+from meshserve.services import config
 from tests import chart
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from worker import kv_events
-from worker.kv_events import KvBatch, KvCacheView
+from meshserve.worker import kv_events
+from meshserve.worker.kv_events import KvBatch, KvCacheView
 
 
 async def next_batch(stream, timeout: float = 1.0) -> KvBatch:  # noqa: ANN001

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.kv_index import KvIndex
+from meshserve.router.kv_index import KvIndex
 
 
 def index(**held: list[int]) -> KvIndex:

@@ -29,14 +29,19 @@ ALLOWED = {
 }
 
 
+def _folder_path(dotted: str) -> str:
+    """A module's name by its folder: ``meshserve.gateway.relay`` (as installed) is ``gateway.relay``."""
+    return dotted.removeprefix("meshserve.")
+
+
 def imported_packages(path: Path) -> set[str]:
     """The project's top-level packages and folders ``path`` imports (anywhere in it, functions included)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            found |= {alias.name.partition(".")[0] for alias in node.names}
+            found |= {_folder_path(alias.name).partition(".")[0] for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module.partition(".")[0])
+            found.add(_folder_path(node.module).partition(".")[0])
     return found & (PACKAGES | FOLDERS)
 
 
@@ -57,7 +62,8 @@ def test_each_package_imports_only_what_its_layer_may(package: str) -> None:
 
 def test_the_check_sees_an_import_that_crosses(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
-    module.write_text("def f():\n    from deploy import envoy_config\n    import router.state\n    import bench\n")
+    module.write_text("def f():\n    from meshserve.deploy import envoy_config\n    import meshserve.router.state\n"
+                      "    import bench\n")
     assert imported_packages(module) == {"deploy", "router", "bench"}
 
 
@@ -95,7 +101,7 @@ def imported_modules(name: str, path: Path, modules: Collection[str]) -> set[str
             anchor = package[: len(package) - node.level + 1] if node.level else []
             base = ".".join([*anchor, *([node.module] if node.module else [])])
             targets += [f"{base}.{alias.name}" if base else alias.name for alias in node.names]
-    found = {m for target in targets if (m := _deepest(target, modules)) is not None}
+    found = {m for target in targets if (m := _deepest(_folder_path(target), modules)) is not None}
     return found - {name}
 
 

@@ -5,7 +5,7 @@ import time
 
 import prometheus_client
 
-from services import server
+from meshserve.services import server
 
 
 def _count(le: str) -> float:

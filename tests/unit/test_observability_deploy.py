@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from deploy import envoy_config as envoy
-from services.config import EnvoyConfig
+from meshserve.deploy import envoy_config as envoy
+from meshserve.services.config import EnvoyConfig
 from tests import promql
-from trace_service import server as traces
+from meshserve.trace_service import server as traces
 
 PROMETHEUS = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
 

@@ -8,10 +8,10 @@ import json
 import pytest
 from google.protobuf import json_format
 
-from gateway import openai_convert as convert
-from services import validation
-from services.gen import meshserve_pb2 as pb
-from services.validation import InvalidRequest
+from meshserve.gateway import openai_convert as convert
+from meshserve.services import validation
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.validation import InvalidRequest
 
 
 def chat(**body: object) -> pb.ChatCompletionRequest:

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from commands import bench, cli
-from loadgen import plot
-from loadgen.compare import load_runs
-from loadgen.results import MAX_SAVED_ITLS, PER_REQUEST_FIELDS, RequestResult, save_result, summarize
+from meshserve.commands import bench, cli
+from meshserve.loadgen import plot
+from meshserve.loadgen.compare import load_runs
+from meshserve.loadgen.results import MAX_SAVED_ITLS, PER_REQUEST_FIELDS, RequestResult, save_result, summarize
 
 # The bench's own fake worker and its fixture (used by name: pytest finds it in this module).
 from tests.unit.test_bench import FakeWorker, bench_argv, parse, serve_fake  # noqa: F401
@@ -139,6 +139,6 @@ async def test_bench_plot_draws_the_run_and_saves_its_timings(
 
 
 def test_bench_imports_matplotlib_only_to_plot() -> None:
-    code = "import sys; from commands import cli; cli.build_parser(); print('matplotlib' in sys.modules)"
+    code = "import sys; from meshserve.commands import cli; cli.build_parser(); print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from router.policies import (
+from meshserve.router.policies import (
     POLICIES,
     BoundedLoadFilter,
     ExcludeFilter,
@@ -30,7 +30,7 @@ from router.policies import (
     SessionAffinityScorer,
     build_policy,
 )
-from router.state import Fleet, WorkerLoad, WorkerTable, WorkerView
+from meshserve.router.state import Fleet, WorkerLoad, WorkerTable, WorkerView
 
 
 def w(
@@ -501,7 +501,7 @@ def test_bad_weights_are_refused_naming_the_knob(knobs: dict, named: str) -> Non
 @pytest.mark.parametrize("argv", [["up", "--routing", "fastest"], ["serve", "router", "--routing", "fastest"],
                                   ["serve", "router", "--load-bound", "0.5"], ["up", "--kv-load-weight", "-1"]])
 def test_the_command_line_refuses_an_unknown_policy_or_bad_weight(argv: list[str], capsys: pytest.CaptureFixture) -> None:
-    from commands.cli import build_parser
+    from meshserve.commands.cli import build_parser
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(argv)

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from loadgen.workloads import prefix_repetition_requests
-from router.prefix import TOKENIZED, PromptBlocks, TokenReuse
-from services.prompts import Encoder, HfEncoder, SimEncoder, block_hashes
+from meshserve.loadgen.workloads import prefix_repetition_requests
+from meshserve.router.prefix import TOKENIZED, PromptBlocks, TokenReuse
+from meshserve.services.prompts import Encoder, HfEncoder, SimEncoder, block_hashes
 
 BLOCK = 16
 

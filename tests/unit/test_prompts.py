@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from services.prompts import block_hashes, cacheable_blocks, sim_tokenize
+from meshserve.services.prompts import block_hashes, cacheable_blocks, sim_tokenize
 
 
 def test_chain_hashes_depend_on_every_earlier_block() -> None:
@@ -21,7 +21,7 @@ def test_chain_hashes_depend_on_every_earlier_block() -> None:
 
 def test_hashes_are_the_same_in_another_process_whatever_its_hash_seed() -> None:
     ids = sim_tokenize("the same system prompt in two processes " * 10)
-    code = ("from services.prompts import block_hashes, sim_tokenize; "
+    code = ("from meshserve.services.prompts import block_hashes, sim_tokenize; "
             "print(block_hashes(sim_tokenize('the same system prompt in two processes ' * 10), 16))")
     for seed in ("1", "12345"):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

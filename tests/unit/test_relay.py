@@ -8,8 +8,8 @@ import asyncio
 import grpc
 import pytest
 
-from gateway.relay import RequestStream, WorkerFailed, merge
-from services.gen import meshserve_pb2 as pb
+from meshserve.gateway.relay import RequestStream, WorkerFailed, merge
+from meshserve.services.gen import meshserve_pb2 as pb
 
 WAIT_S = 10.0
 

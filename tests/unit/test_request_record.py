@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from services.request_record import RequestRecord, Timings
+from meshserve.services.request_record import RequestRecord, Timings
 
 
 class Histogram:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from gateway.response_cache import ResponseCache
-from services import cache_keys
-from services.config import GatewayConfig
-from services.gen import meshserve_pb2 as pb
+from meshserve.gateway.response_cache import ResponseCache
+from meshserve.services import cache_keys
+from meshserve.services.config import GatewayConfig
+from meshserve.services.gen import meshserve_pb2 as pb
 
 REQUEST = pb.GenerateRequest(request_id="r", prompt="What is 2+2?", max_tokens=4, temperature=0)
 

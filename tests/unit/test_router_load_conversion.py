@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from router.state import WorkerLoad
-from router.watcher import load_from_pb, load_to_pb
-from services.gen import meshserve_pb2 as pb
+from meshserve.router.state import WorkerLoad
+from meshserve.router.watcher import load_from_pb, load_to_pb
+from meshserve.services.gen import meshserve_pb2 as pb
 
 
 def test_worker_load_mirrors_every_load_report_field() -> None:

@@ -10,11 +10,11 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
-from gateway.errors import GatewayError
-from gateway.fleet import FleetView
-from gateway.picks import PickFailed, PickRefused
-from gateway.selector import SOLE_WORKER, WorkerSelector
-from services.gen import meshserve_pb2 as pb
+from meshserve.gateway.errors import GatewayError
+from meshserve.gateway.fleet import FleetView
+from meshserve.gateway.picks import PickFailed, PickRefused
+from meshserve.gateway.selector import SOLE_WORKER, WorkerSelector
+from meshserve.services.gen import meshserve_pb2 as pb
 from tests.integration.helpers import until
 
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cache_service import guards
-from cache_service.embedder import Embedder
-from services.config import CacheConfig
+from meshserve.cache_service import guards
+from meshserve.cache_service.embedder import Embedder
+from meshserve.services.config import CacheConfig
 
 DATA = Path(__file__).parent.parent / "data"
 MAX_FALSE_HIT_RATE = 0.005

@@ -11,11 +11,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from services.config import WorkerConfig
-from services.prompts import sim_tokenize as tokenize
-from services.validation import InvalidRequest
-from worker.engine import Delta, Load, PromptTooLong, Request
-from worker.sim_engine import SimEngine
+from meshserve.services.config import WorkerConfig
+from meshserve.services.prompts import sim_tokenize as tokenize
+from meshserve.services.validation import InvalidRequest
+from meshserve.worker.engine import Delta, Load, PromptTooLong, Request
+from meshserve.worker.sim_engine import SimEngine
 
 
 class FakeClock:

@@ -9,11 +9,11 @@ from collections.abc import AsyncIterator, Sequence
 import grpc
 import pytest
 
-from gateway.errors import GatewayError
-from gateway.relay import WorkerFailed
-from gateway.stream_supervisor import StreamSupervisor
-from services.config import GatewayConfig
-from services.gen import meshserve_pb2 as pb
+from meshserve.gateway.errors import GatewayError
+from meshserve.gateway.relay import WorkerFailed
+from meshserve.gateway.stream_supervisor import StreamSupervisor
+from meshserve.services.config import GatewayConfig
+from meshserve.services.gen import meshserve_pb2 as pb
 
 TOKENS = [10, 11, 12]
 

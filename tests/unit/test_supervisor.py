@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from commands.supervisor import RestartPolicy, Restarts, describe_exit
+from meshserve.commands.supervisor import RestartPolicy, Restarts, describe_exit
 
 
 class Clock:

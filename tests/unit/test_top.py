@@ -12,8 +12,8 @@ import prometheus_client
 import pytest
 from rich.console import Console
 
-from commands import top
-from services.gen import meshserve_pb2 as pb
+from meshserve.commands import top
+from meshserve.services.gen import meshserve_pb2 as pb
 
 INF = math.inf
 

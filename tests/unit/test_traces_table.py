@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from trace_service.server import Span, render_slowest
+from meshserve.trace_service.server import Span, render_slowest
 
 
 def spans(trace_id: str, ms: int) -> list[Span]:
@@ -28,7 +28,7 @@ def test_trace_ids_are_never_cut(width: int) -> None:
 
 @pytest.mark.parametrize("width", [80, 100, 200])
 def test_a_waterfall_fits_the_terminal_with_names_and_times_whole(width: int) -> None:
-    from trace_service.server import render_waterfall
+    from meshserve.trace_service.server import render_waterfall
 
     trace_id = "6612d53fa1a457c5f176ea79b1c0ffee"
     spans = [Span("envoy", "ingress", trace_id, "e" * 16, "", 2, 0, 90 * 10**6, {}, {}, False),

@@ -8,9 +8,9 @@ import dataclasses
 
 import pytest
 
-from commands import launcher
-from commands.cli import SERVICES, build_parser
-from services import config
+from meshserve.commands import launcher
+from meshserve.commands.cli import SERVICES, build_parser
+from meshserve.services import config
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

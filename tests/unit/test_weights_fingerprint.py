@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from worker import weights
-from worker.weights import SMALL_FILE_BYTES, fingerprint
+from meshserve.worker import weights
+from meshserve.worker.weights import SMALL_FILE_BYTES, fingerprint
 
 LARGE = 3 * SMALL_FILE_BYTES  # sampled, not read whole
 
