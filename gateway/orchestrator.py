@@ -12,7 +12,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import TypeVar
 
@@ -73,14 +73,16 @@ class Orchestrator:
         """
         record = RequestRecord(request.request_id, TIMINGS, self._clock)
         status, detail = grpc.StatusCode.OK, ""
+        last: pb.GenerateResponse | None = None
         try:
             req = self._admission.checked(request)
             record.request_id = req.request_id
             with self._admission.admitted():
-                async with aclosing(self._answer(req, tenant, record)) as chunks:
+                async with aclosing(await self._answer(req, tenant, record)) as chunks:
                     async for chunk in chunks:
-                        record.cached |= chunk.cached
-                        record.worker = chunk.worker or record.worker
+                        if last is None:
+                            record.cached = chunk.cached  # an answer from the cache is all cached
+                        last = chunk
                         record.output(len(chunk.token_ids))
                         yield chunk
         except GatewayError as e:
@@ -96,10 +98,13 @@ class Orchestrator:
             status = grpc.StatusCode.INTERNAL
             raise
         finally:
+            if last is not None and last.worker:  # the worker that finished it (a migrated stream's last)
+                record.worker = last.worker
             self._finish(record, status, detail)
 
     async def _answer(self, req: pb.GenerateRequest, tenant: str, record: RequestRecord
-                      ) -> AsyncIterator[pb.GenerateResponse]:
+                      ) -> AsyncGenerator[pb.GenerateResponse, None]:
+        """Where ``req``'s chunks come from: a flight (shared) or the stream supervisor (its own)."""
         mode = validation.cache_mode(req, self._cfg.cache_mode)
         shared = mode != validation.CACHE_OFF and (self._cache.available or self._cfg.coalesce)
         # The weights the fleet serves are part of the key: none known yet, nothing shared.
@@ -107,16 +112,12 @@ class Orchestrator:
         if weights is None:
             if shared:
                 metrics.WEIGHTS_UNKNOWN.inc()
-            answer = self._streams.stream(req, lambda pick: setattr(record, "worker", pick.worker_id))
-        else:
-            key = self._cache.key(req, tenant, mode, weights)
-            # The mode is part of a flight's key: an "exact" request must not get a "semantic" one's hit.
-            flight = f"{key.exact}/{mode}" if self._cfg.coalesce else req.request_id  # else a flight of its own
-            read = functools.partial(self._cache.read, key) if self._cache.reads_entries else None
-            answer = self._coalescer.answer(req, flight, read, functools.partial(self._fly, req=req, key=key))
-        async with aclosing(answer) as chunks:
-            async for chunk in chunks:
-                yield chunk
+            return self._streams.stream(req, lambda pick: setattr(record, "worker", pick.worker_id))
+        key = self._cache.key(req, tenant, mode, weights)
+        # The mode is part of a flight's key: an "exact" request must not get a "semantic" one's hit.
+        flight = f"{key.exact}/{mode}" if self._cfg.coalesce else req.request_id  # else a flight of its own
+        read = functools.partial(self._cache.read, key) if self._cache.reads_entries else None
+        return self._coalescer.answer(req, flight, read, functools.partial(self._fly, req=req, key=key))
 
     async def _fly(self, flight: Flight, missed: bool, *, req: pb.GenerateRequest, key: CacheKey) -> None:
         """A flight's task: the cache (unless it was just read and ``missed``), else one

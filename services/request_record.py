@@ -41,6 +41,7 @@ class RequestRecord:
         self.prompt_tokens = 0
         self.ttft: float | None = None
         self._timings = timings
+        self._itl = timings.itl  # observed per message: one lookup less on the token path
         self._clock = clock
         self._span = trace.get_current_span()
         self.started = self._last = clock()
@@ -52,8 +53,8 @@ class RequestRecord:
             self.ttft = now - self.started
             _observe(self._timings.ttft, self.ttft)
             self._span.add_event("first_token")
-        elif tokens and not self.cached:
-            _observe(self._timings.itl, (now - self._last) / tokens)
+        elif tokens and self._itl is not None and not self.cached:
+            self._itl.observe((now - self._last) / tokens)
         self._last = now
         self.tokens += tokens
         self.messages += 1
