@@ -98,8 +98,9 @@ class Orchestrator:
             status = grpc.StatusCode.INTERNAL
             raise
         finally:
-            if last is not None and last.worker:  # the worker that finished it (a migrated stream's last)
-                record.worker = last.worker
+            if last is not None:
+                record.worker = last.worker or record.worker  # the worker that finished it (a migrated stream's last)
+                record.prompt_tokens = last.usage.prompt_tokens
             self._finish(record, status, detail)
 
     async def _answer(self, req: pb.GenerateRequest, tenant: str, record: RequestRecord
