@@ -6,7 +6,7 @@
 source "$(dirname "$0")/usage.sh"  # -h, --help
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=$1; BEFORE=$(realpath "$2"); ROUNDS=${3:-2}; ROOT=$PWD
+OUT=$(realpath -m "$1"); BEFORE=$(realpath "$2"); ROUNDS=${3:-2}; ROOT=$PWD
 mkdir -p "$OUT"
 source bench/lib.sh
 # The command line's module in the other tree, whatever its layout.
@@ -19,7 +19,7 @@ for round in $(seq "${FIRST_ROUND:-1}" $(( ${FIRST_ROUND:-1} + ROUNDS - 1 ))); d
     if [[ $side == before ]]; then
       # From inside the other tree: `python -m` puts the working directory first on sys.path.
       (cd "$BEFORE" && exec env PYTHONPATH="$BEFORE" "$ROOT/.venv/bin/python" -m "$before_cli" up --engine sim \
-        --workers 4 --run-dir "$ROOT/$OUT/run-$label") > "$OUT/up-$label.log" 2>&1 &
+        --workers 4 --run-dir "$OUT/run-$label") > "$OUT/up-$label.log" 2>&1 &
     else
       "$MS" up --engine sim --workers 4 --run-dir "$OUT/run-$label" > "$OUT/up-$label.log" 2>&1 &
     fi
