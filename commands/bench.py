@@ -79,8 +79,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     load.add_argument("--num-warmups", type=int, default=0, help="untimed requests sent before the benchmark")
     load.add_argument("--seed", type=int, default=0, help="seed of the prompts and arrival times")
     load.add_argument("--honor-retry-after", action="store_true",
-                      help="a refused user waits the refusal's retry-after before its next request "
-                           "(as the OpenAI SDK does); default: it sends the next one at once")
+                      help="a refused request's user waits the refusal's retry-after and sends it again (as the "
+                           "OpenAI SDK does; the request is timed on its last try); default: refused, it counts "
+                           "as failed and the user sends its next request at once")
 
     parser.add_argument("--dataset-name", default="random",
                         choices=["random", "prefix_repetition", "multi_turn", "repeats"],

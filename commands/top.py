@@ -39,6 +39,7 @@ LIST_WORKERS = "router ListWorkers"  # the key of the router's own answer in Sna
 SHOWN = ("worker", "gateway", "router", "envoy")  # the kinds of service the frame reads
 # Gateway codes that are the client's doing, not errors (as the error-rate alert in deploy/prometheus/rules.yml).
 NOT_ERRORS = frozenset({"OK", "CANCELLED", "INVALID_ARGUMENT", "NOT_FOUND"})
+REFUSED = "RESOURCE_EXHAUSTED"  # past a bound: counted apart from the errors
 # Envoy's stats for the edge: its listener's HTTP connection manager, the gateway cluster and
 # the local rate limit (the only filter whose stats have "rate_limited" in the name).
 ENVOY_FILTER = r"^http\.ingress\.downstream_rq_[1-5]xx$|^cluster\.gateway\.upstream_rq_pending_overflow$|rate_limited$"
@@ -336,7 +337,12 @@ def _workers(snap: Snapshot, wide: bool) -> RenderableType:
 
 def _errors_per_s(span: Span) -> float:
     codes = span.by_label("meshserve_gateway_requests_total", "code")
-    return sum(n for code, n in codes.items() if code not in NOT_ERRORS) / span.seconds
+    return sum(n for code, n in codes.items() if code not in NOT_ERRORS and code != REFUSED) / span.seconds
+
+
+def _refused_per_s(span: Span) -> float:
+    """Requests refused past a bound (RESOURCE_EXHAUSTED, with a retry hint), a second."""
+    return span.by_label("meshserve_gateway_requests_total", "code").get(REFUSED, 0.0) / span.seconds
 
 
 def _gateways(snap: Snapshot, wide: bool) -> RenderableType:
@@ -345,7 +351,8 @@ def _gateways(snap: Snapshot, wide: bool) -> RenderableType:
     table = Table(box=None, pad_edge=False, header_style="bold")
     table.add_column("gateway", no_wrap=True)
     latencies = ["ttft", "itl", *(("tpot", "e2e") if wide else ())]
-    for column in ("in-flight", "req/s", "err/s", *(f"{n} {p}" for n in latencies for p in ("p50", "p99"))):
+    for column in ("in-flight", "req/s", "err/s", "refused/s",
+                   *(f"{n} {p}" for n in latencies for p in ("p50", "p99"))):
         table.add_column(column, justify="right", no_wrap=True)
     recent, minute = snap.spans("gateway", RATE_S), snap.spans("gateway", WINDOW_S)
     histograms = {"ttft": "time_to_first_token", "itl": "inter_token_latency",
@@ -355,7 +362,8 @@ def _gateways(snap: Snapshot, wide: bool) -> RenderableType:
         in_flight = sum(s.new.get("meshserve_gateway_in_flight", {}).get(frozenset(), 0.0) for s in now)
         requests = sum(s.rate("meshserve_gateway_requests_total") for s in now)
         failed = sum(_errors_per_s(s) for s in now)
-        cells = [name, f"{in_flight:.0f}", _num(requests), _num(failed)]
+        refused = sum(_refused_per_s(s) for s in now)
+        cells = [name, f"{in_flight:.0f}", _num(requests), _num(failed), _num(refused)]
         for n in latencies:
             buckets = merged_buckets(last_minute, f"meshserve_gateway_{histograms[n]}_seconds")
             cells += [_secs(quantile(0.5, buckets)), _secs(quantile(0.99, buckets))]

@@ -54,6 +54,11 @@ PICK_SECONDS = prometheus_client.Histogram(
     "picks; fallback picks while the router is away are not counted)",
     buckets=[0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0],
 )
+LATE_PICKS = prometheus_client.Counter(
+    "meshserve_gateway_late_picks_total",
+    "Requests sent without the router's pick because it did not come within --pick-timeout-s (counted "
+    "in fallback_picks_total too): the router, or this gateway's way to it, is behind",
+)
 SOLE_WORKER_PICKS = prometheus_client.Counter(
     "meshserve_gateway_sole_worker_picks_total",
     "Requests sent to the fleet's only worker without waiting for the router's pick (nothing to "
@@ -61,8 +66,8 @@ SOLE_WORKER_PICKS = prometheus_client.Counter(
 )
 FALLBACK_PICKS = prometheus_client.Counter(
     "meshserve_gateway_fallback_picks_total",
-    "Picks the gateway made without the router (unreachable): of the workers it named before, "
-    "the open one with the fewest of this gateway's requests",
+    "Picks the gateway made without the router (unreachable, or late): of the workers the fleet "
+    "view shows serving, the one with the fewest of this gateway's requests",
 )
 MIGRATIONS = prometheus_client.Counter(
     "meshserve_gateway_migrations_total",

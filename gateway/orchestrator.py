@@ -55,7 +55,7 @@ class Orchestrator:
         self._admission = Admission(cfg.model, cfg.max_in_flight)
         self._cache = ResponseCache(cfg, clients.cache, clients.entries, clock)
         self._coalescer = Coalescer()
-        self._selector = WorkerSelector(clients.picks, self.fleet, clients)
+        self._selector = WorkerSelector(clients.picks, self.fleet, clients, cfg.pick_timeout_s, clock)
         self._streams = StreamSupervisor(self._selector, clients, cfg, clock)
         metrics.FLIGHTS.set_function(lambda: len(self._coalescer))
 

@@ -5,9 +5,10 @@
 - The fleet's only worker, at once, when the fleet view has one that this gateway has not seen
   fail: there is nothing to choose. The router is still told (after the request has gone), so its
   view of the worker's load, its metrics and its span in the trace stay whole.
-- While the router is away (unreachable, or no answer within its budget): of the workers the
-  fleet view last showed serving, not excluded and not seen failing by this gateway, the one
-  running the fewest of its requests.
+- While the router is away (unreachable) or late (no answer within ``--pick-timeout-s``): of the
+  workers the fleet view last showed serving, not excluded and not seen failing by this gateway,
+  the one running the fewest of its requests, at once. A pick carries its deadline, so a router
+  that reads it late drops it instead of working it out.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import grpc
@@ -30,8 +31,8 @@ from meshserve.services.gen import meshserve_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-PICK_TIMEOUT_S = 5.0
 SOLE_WORKER = "sole worker"
+PICK_FAILURE_LOG_S = 60.0  # a router away or late: warned of at most this often
 
 
 class Sessions(Protocol):
@@ -43,12 +44,15 @@ class Sessions(Protocol):
 
 
 class WorkerSelector:
-    def __init__(self, picks: Picks, fleet: FleetView, clients: Sessions, timeout_s: float = PICK_TIMEOUT_S) -> None:
+    def __init__(self, picks: Picks, fleet: FleetView, clients: Sessions, timeout_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._picks = picks
         self._fleet = fleet
         self._clients = clients
         self._timeout_s = timeout_s
-        self._router_ok = True  # warn once when the router goes away, not per request
+        self._clock = clock
+        self._router_ok = True  # warned when the router goes away or falls behind, told when it answers again
+        self._warned_at = -PICK_FAILURE_LOG_S
         self._told: set[asyncio.Task[pb.PickResponse | None]] = set()  # picks told, not waited for
 
     async def pick(self, req: pb.GenerateRequest, exclude: Sequence[str] = ()) -> pb.PickResponse:
@@ -105,7 +109,8 @@ class WorkerSelector:
                 pick = await self._picks.pick(
                     pb.PickRequest(request_id=req.request_id, prompt=req.prompt, messages=req.messages,
                                    exclude=exclude, session_key=req.user,
-                                   trace_context=dict(telemetry.outgoing_metadata())),
+                                   trace_context=dict(telemetry.outgoing_metadata()),
+                                   deadline_unix_ms=int((time.time() + self._timeout_s) * 1000)),
                     self._timeout_s)
                 if waited:
                     metrics.PICK_SECONDS.observe(time.perf_counter() - asked)
@@ -117,21 +122,26 @@ class WorkerSelector:
                 return None
             return self._without_router(e, exclude)
         if not self._router_ok:
-            log.info("router is answering again")
+            log.info("router is answering in time again")
             self._router_ok = True
         return pick
 
     def _without_router(self, e: PickFailed, exclude: Sequence[str]) -> pb.PickResponse:
-        """A router that refused, or that is away: serve on the workers the fleet view shows."""
-        if isinstance(e, PickRefused) or e.code not in (grpc.StatusCode.UNAVAILABLE,
-                                                        grpc.StatusCode.DEADLINE_EXCEEDED):
-            raise GatewayError(e.code, f"router: {e.detail}") from None  # it answered: a refusal stays one
+        """A router that is away or late: the request goes to a worker the fleet view shows. One
+        that refused (no worker fits) is a refusal still."""
+        late = e.code == grpc.StatusCode.DEADLINE_EXCEEDED  # no answer in time, or dropped by a router behind
+        if not late and (isinstance(e, PickRefused) or e.code != grpc.StatusCode.UNAVAILABLE):
+            raise GatewayError(e.code, f"router: {e.detail}") from None
         candidates = self._reachable(exclude)
         if not candidates:
             raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"router unavailable: {e.detail}") from None
-        if self._router_ok:
-            log.warning("router unavailable (%s); picking from the workers of the last fleet view", e.detail)
-            self._router_ok = False
+        if self._clock() - self._warned_at >= PICK_FAILURE_LOG_S:
+            self._warned_at = self._clock()
+            log.warning("%s (%s); picking from the workers of the fleet view",
+                        "router late" if late else "router unavailable", e.detail)
+        self._router_ok = False
         metrics.FALLBACK_PICKS.inc()
-        trace.get_current_span().set_attribute("meshserve.router.fallback", True)
+        if late:
+            metrics.LATE_PICKS.inc()
+        trace.get_current_span().set_attribute("meshserve.router.fallback", "late" if late else "unavailable")
         return pb.PickResponse(worker_id=candidates[0].worker_id, address=candidates[0].address, reason="fallback")

@@ -37,6 +37,7 @@ class RequestResult:
     error_code: str = ""  # gRPC status code name, e.g. "UNAVAILABLE"
     error: str = ""
     retry_after: float = 0.0  # seconds, from a refusal's 'retry-after' metadata
+    retries: int = 0  # times it was sent again after a refusal's retry-after (--honor-retry-after)
     answer: str = GENERATED  # how it was answered: GENERATED, or the chunks' cache_kind
     digest: str = ""  # of the answer's token ids: equal answers, equal digests (runs compared)
     splice_gaps: list[float] = field(default_factory=list)  # a migrated stream: its pause at each splice
@@ -95,6 +96,9 @@ def summarize(
     # Streams the gateway moved to another worker mid-stream, and the pause each splice cost.
     result["migrated"] = sum(1 for r in ok if r.splice_gaps)
     result |= _stats_ms([g for r in ok for g in r.splice_gaps], percentiles, "_splice_gap_ms")
+    # Refusals a client honouring retry-after came back from (each request timed on its last try).
+    result["retries"] = sum(r.retries for r in results)
+    result["retried_requests"] = sum(1 for r in results if r.retries)
     result["errors"] = dict(Counter(r.error_code for r in failed))
     result["error_ms_by_code"] = {
         code: _stats_ms([r.latency for r in failed if r.error_code == code], percentiles)
@@ -208,6 +212,8 @@ def format_summary(
 
     row("Successful requests:", result["completed"])
     row("Failed requests:", result["failed"])
+    if result.get("retries"):
+        row("Sent again after a refusal (times):", result["retries"])
     if result.get("max_concurrency") is not None:
         row("Maximum request concurrency:", result["max_concurrency"])
     if result.get("request_rate") is not None:

@@ -68,6 +68,18 @@ INDEX_BLOCKS = prometheus_client.Gauge(
 )
 
 
+SHED = prometheus_client.Counter(
+    "meshserve_router_picks_shed_total",
+    "Picks not worked out because their asker had stopped waiting (deadline_unix_ms) when the "
+    "router read them: a router behind catches up instead of answering seconds late",
+)
+
+
+class _Late(Exception):
+    def __str__(self) -> str:
+        return "the pick's deadline had passed when the router read it; not worked out"
+
+
 @dataclass(frozen=True)
 class Pick:
     """A pick: the choice, its reason label and the prompt tokens it expects cached."""
@@ -241,9 +253,13 @@ class RouterServicer(pb_grpc.RouterServicer):
 
     def _answer_or_refusal(self, request: pb.PickRequest, span: trace.Span) -> pb.PickResponse:
         try:
+            if request.deadline_unix_ms and time.time() * 1000 > request.deadline_unix_ms:
+                raise _Late()
             answer = self._answer(request)
-        except NoWorker as e:
-            code = grpc.StatusCode.UNAVAILABLE
+        except (NoWorker, _Late) as e:
+            code = grpc.StatusCode.DEADLINE_EXCEEDED if isinstance(e, _Late) else grpc.StatusCode.UNAVAILABLE
+            if isinstance(e, _Late):
+                SHED.inc()
             span.set_status(trace.Status(trace.StatusCode.ERROR, f"{code.name}: {e}"))
             answer = pb.PickResponse(error_code=code.value[0], error_message=str(e))
         answer.pick_id = request.pick_id

@@ -286,6 +286,10 @@ class GatewayConfig(ServerConfig, RoutingConfig):
     max_in_flight: int = _f(2048, "most streams the gateway serves at once; beyond: RESOURCE_EXHAUSTED")
     cache_timeout_s: float = _f(0.3, "give up on a cache call after this long (serve uncached)")
     first_token_timeout_s: float = _f(60.0, "a worker that sends nothing for this long counts as failed")
+    pick_timeout_s: float = _f(
+        1.0, "the router's pick is waited for this long; later, the request goes to the least busy worker of "
+             "the fleet view at once (and the router drops the pick when it reads it late)"
+    )
     coalesce: bool = _f(
         True, "identical deterministic requests in flight share one generation (followers stream the first's tokens)"
     )

@@ -990,7 +990,7 @@ class SessionError(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., param: _Optional[str] = ...) -> None: ...
 
 class PickRequest(_message.Message):
-    __slots__ = ("request_id", "prompt", "exclude", "pick_id", "trace_context", "messages", "session_key")
+    __slots__ = ("request_id", "prompt", "exclude", "pick_id", "trace_context", "messages", "session_key", "deadline_unix_ms")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -1005,6 +1005,7 @@ class PickRequest(_message.Message):
     TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     SESSION_KEY_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt: str
     exclude: _containers.RepeatedScalarFieldContainer[str]
@@ -1012,7 +1013,8 @@ class PickRequest(_message.Message):
     trace_context: _containers.ScalarMap[str, str]
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     session_key: str
-    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., exclude: _Optional[_Iterable[str]] = ..., pick_id: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., session_key: _Optional[str] = ...) -> None: ...
+    deadline_unix_ms: int
+    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., exclude: _Optional[_Iterable[str]] = ..., pick_id: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., session_key: _Optional[str] = ..., deadline_unix_ms: _Optional[int] = ...) -> None: ...
 
 class PickResponse(_message.Message):
     __slots__ = ("worker_id", "address", "reason", "pick_id", "error_code", "error_message", "predicted_cached_tokens")

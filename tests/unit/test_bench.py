@@ -178,7 +178,7 @@ async def test_measure_digests_the_answer_and_times_the_pause_at_each_splice(mon
 
 
 @pytest.mark.parametrize("honor", [False, True])
-async def test_a_refused_user_waits_the_retry_after_only_when_asked(
+async def test_a_refused_request_is_sent_again_after_its_retry_after_only_when_asked(
     monkeypatch: pytest.MonkeyPatch, honor: bool
 ) -> None:
     events: list[str] = []
@@ -187,25 +187,51 @@ async def test_a_refused_user_waits_the_retry_after_only_when_asked(
         events.append(f"sleep {seconds}")
 
     monkeypatch.setattr(runner, "backoff", backoff)
+    refusals = {0: 2, 1: 0}  # request 0 is refused twice, then served; request 1 is served
 
     def stream(i: int) -> runner.OpenStream:
-        async def refused() -> AsyncIterator[pb.GenerateResponse]:
+        async def answer() -> AsyncIterator[pb.GenerateResponse]:
             events.append(f"send {i}")
-            raise grpc.aio.AioRpcError(
-                grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.aio.Metadata(),
-                grpc.aio.Metadata(("retry-after", "2")), details="at capacity",
-            )
-            yield pb.GenerateResponse()  # pragma: no cover - makes this an async generator
-        return refused
+            if refusals[i]:
+                refusals[i] -= 1
+                raise grpc.aio.AioRpcError(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.aio.Metadata(),
+                    grpc.aio.Metadata(("retry-after", "2")), details="at capacity",
+                )
+            yield pb.GenerateResponse(text="x", token_ids=[1], finish_reason="length")
+        return answer
 
     # One user (concurrency 1), two requests sent at once: the second waits for the first's slot.
     results, _ = await runner.run_requests([(stream(0), 1), (stream(1), 1)], [0.0, 0.0], 1,
-                                      honor_retry_after=honor)
-    assert [r.retry_after for r in results] == [2.0, 2.0]
+                                           honor_retry_after=honor)
     if honor:
-        assert events == ["send 0", "sleep 2.0", "send 1", "sleep 2.0"]
+        assert events == ["send 0", "sleep 2.0", "send 0", "sleep 2.0", "send 0", "send 1"]
+        assert [(r.success, r.retries) for r in results] == [(True, 2), (True, 0)]
+        assert summarize(results, 1.0)["retries"] == 2
     else:
         assert events == ["send 0", "send 1"]
+        assert [r.success for r in results] == [False, True] and results[0].retry_after == 2.0
+
+
+async def test_a_request_refused_every_time_is_sent_again_a_bounded_number_of_times(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent: list[int] = []
+
+    async def backoff(seconds: float) -> None:
+        pass
+
+    monkeypatch.setattr(runner, "backoff", backoff)
+    monkeypatch.setattr(runner, "MAX_RETRIES", 3)
+
+    async def refused() -> AsyncIterator[pb.GenerateResponse]:
+        sent.append(1)
+        raise grpc.aio.AioRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.aio.Metadata(),
+                                   grpc.aio.Metadata(("retry-after", "1")), details="at capacity")
+        yield pb.GenerateResponse()  # pragma: no cover - makes this an async generator
+
+    (result,), _ = await runner.run_requests([(refused, 1)], [0.0], 1, honor_retry_after=True)
+    assert len(sent) == 4 and result.retries == 3 and result.error_code == "RESOURCE_EXHAUSTED"
 
 
 def test_peak_output_throughput_counts_chunks_per_wall_clock_second() -> None:

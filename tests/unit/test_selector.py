@@ -5,10 +5,13 @@ showed serving, the least busy first; a refusal from the router stays one."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import grpc
 import pytest
+
+from prometheus_client import REGISTRY
 
 from meshserve.gateway.errors import GatewayError
 from meshserve.gateway.fleet import FleetView
@@ -48,6 +51,10 @@ class Sessions:
 
     def in_flight(self, address: str) -> int:
         return self.busy.get(address, 0)
+
+
+def sample(name: str) -> float:
+    return REGISTRY.get_sample_value(name) or 0.0
 
 
 async def fleet_of(*ids: str) -> FleetView:
@@ -135,4 +142,23 @@ async def test_any_worker_is_one_that_serves(parts: tuple[Picks, Sessions]) -> N
     with pytest.raises(GatewayError) as e:
         selector.any_worker()
     assert e.value.code == grpc.StatusCode.UNAVAILABLE
+    await fleet.close()
+
+
+@pytest.mark.parametrize("failure", [
+    PickFailed(grpc.StatusCode.DEADLINE_EXCEEDED, "no answer in 1s"),  # this gateway stopped waiting
+    PickRefused(grpc.StatusCode.DEADLINE_EXCEEDED, "the pick's deadline had passed"),  # the router dropped it
+], ids=["timed-out", "shed-by-the-router"])
+async def test_a_late_pick_goes_to_the_fleet_view_at_once(parts: tuple[Picks, Sessions], failure: PickFailed) -> None:
+    picks, sessions = parts
+    fleet = await fleet_of("a", "b")
+    selector = WorkerSelector(picks, fleet, sessions, timeout_s=0.5)
+    picks.failure = failure
+    sessions.busy = {"a:1": 2}
+    late = sample("meshserve_gateway_late_picks_total")
+    pick = await selector.pick(pb.GenerateRequest(request_id="r", prompt="p"))
+    assert (pick.worker_id, pick.reason) == ("b", "fallback")
+    assert sample("meshserve_gateway_late_picks_total") == late + 1
+    deadline = picks.asked[0].deadline_unix_ms / 1000
+    assert time.time() < deadline <= time.time() + 0.5  # the router is told when the gateway stops waiting
     await fleet.close()

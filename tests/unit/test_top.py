@@ -136,6 +136,7 @@ def _gateway_metrics(t: float) -> top.Metrics:
     requests.labels("OK").inc(4 * t)
     requests.labels("CANCELLED").inc(t)  # the client gave up: not an error
     requests.labels("UNAVAILABLE").inc(t / 2)
+    requests.labels("RESOURCE_EXHAUSTED").inc(t / 4)  # refused past a bound: not an error, shown apart
     in_flight.set(16)
     for _ in range(int(t)):
         ttft.observe(0.05)
@@ -186,8 +187,8 @@ def test_a_frame_fits_the_terminal_and_shows_every_worker_whole(tmp_path: Path, 
         assert _row(lines, "worker-0") == ["worker-0", "ok", "7", "0", "50%", "25%", "100", "3.0"]
     assert _row(lines, LONG_ID)[1:4] == ["draining", "8", "1"]
     assert _row(lines, "worker-10")[:3] == ["worker-10", "ok", "9"]
-    # gateway, in flight, req/s, err/s, TTFT p50 (every observation in (0.01, 0.1]: its middle), ...
-    assert _row(lines, "gateway")[:5] == ["gateway", "16", "5.5", "0.5", "55ms"]
+    # gateway, in flight, req/s, err/s, refused/s, TTFT p50 (every observation in (0.01, 0.1]: its middle), ...
+    assert _row(lines, "gateway")[:6] == ["gateway", "16", "5.8", "0.5", "0.2", "55ms"]
     assert "picks: kv-aware 3.0/s" in next(line for line in lines if line.startswith("router"))
     assert "hits: exact 0% · semantic 0% · coalesced 0%" in next(line for line in lines if line.startswith("cache"))
     assert any("unreachable: envoy (Connection refused)" in line for line in lines)
@@ -197,6 +198,6 @@ def test_several_gateways_have_a_row_each_and_one_for_all(tmp_path: Path) -> Non
     console = Console(width=80, record=True, file=io.StringIO())
     console.print(top.render(_snapshot(tmp_path, ["worker-0"], gateways=("gateway", "gateway-1")), 80))
     lines = console.export_text().splitlines()
-    assert _row(lines, "gateway")[:5] == ["gateway", "16", "5.5", "0.5", "55ms"]
-    assert _row(lines, "gateway-1")[:5] == ["gateway-1", "16", "5.5", "0.5", "55ms"]
-    assert _row(lines, "all")[:5] == ["all", "32", "11.0", "1.0", "55ms"]  # sums; percentiles of both
+    assert _row(lines, "gateway")[:6] == ["gateway", "16", "5.8", "0.5", "0.2", "55ms"]
+    assert _row(lines, "gateway-1")[:6] == ["gateway-1", "16", "5.8", "0.5", "0.2", "55ms"]
+    assert _row(lines, "all")[:6] == ["all", "32", "11.5", "1.0", "0.5", "55ms"]  # sums; percentiles of both
