@@ -15,19 +15,32 @@ the first guard that tells them apart ("" when none does):
 - ``lexicon``: no word of the kinds that change an answer while embeddings barely move (units,
   languages, programming languages and tools, formats, times and dates, quantities and scope,
   polar words: ascending/descending, before/after, pros/cons, ...) is in one prompt only;
+- ``opposite``: no word of one prompt is the opposite of a word of the other (singly / doubly,
+  ascending / descending, hyper- / hypothyroidism, mute / unmute): WordNet's antonyms and the
+  prefix swaps learned from them (``data/antonyms.txt``, written by ``meshserve.commands.antonyms``);
 - ``order``: a connector both use (to, into, from, than, versus) is followed by the same word
   in each ("decimal to binary" is not "binary to decimal").
 
 Words that differ only by a one-letter typo (``revese``/``reverse``) count as the same. The
 checks are deliberately strict: a refused paraphrase costs one generation, a false hit serves a
-wrong answer. They are measured on ``tests/data/semantic_pairs.jsonl``.
+wrong answer.
+
+``difference(a, b)`` says how two prompts' content words (those left once the words that frame a
+request, "how do I", "what is the best way to", "please", are set aside) differ: not at all
+(``same``: another order, other function words, typos, inflections, "home made" / "homemade"),
+by words only one has (``added``), or by a word of each that the other lacks (``swapped``: "boil"
+/ "poach"). The matcher asks a higher similarity of the latter two (``cache_service.matcher``).
+The rules are measured on ``tests/data/semantic_eval_*.jsonl`` (the tuning half to choose, the
+test half to report).
 """
 
 from __future__ import annotations
 
+import importlib.resources
 import re
 import unicodedata
 from collections import Counter
+from collections.abc import Iterator
 from functools import lru_cache
 
 # Words, keeping what names programming languages: c++, c#, node.js, don't; "%" is a word.
@@ -95,6 +108,7 @@ UNIT_ROOTS = ("byte", "meter", "metre", "gram", "liter", "litre", "watt", "joule
 
 # A connector and the next word that is not filler: "convert X to Y" keeps (to, y).
 CONNECTORS = frozenset("to into from than versus vs".split())
+SPAN = 3  # words looked at on either side of a connector for the swap of two marked words
 _FILLER = frozenset("a an the my your our their this that these those its his her some".split())
 
 # Common function words of the Latin-script languages told apart by the `language` guard.
@@ -225,8 +239,132 @@ def _close(a: str, b: str) -> bool:
 
 
 def _unmatched(mine: set[str], theirs: set[str]) -> set[str]:
-    """My words the other prompt lacks, typos of its words forgiven."""
-    return {w for w in mine - theirs if not any(_close(w, t) for t in theirs - mine)}
+    """My words the other prompt lacks, typos and synonyms of its words forgiven."""
+    return {w for w in mine - theirs if not any(_close(w, t) for t in theirs - mine) and not _synonyms(w) & theirs}
+
+
+@lru_cache(maxsize=1)
+def _synonym_table() -> dict[str, frozenset[str]]:
+    """Each word's synonyms: the other single words of its WordNet synsets (``data/synonyms.txt``)."""
+    text = importlib.resources.files(__package__).joinpath("data", "synonyms.txt").read_text()
+    table: dict[str, set[str]] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            words = line.split()
+            for w in words:
+                table.setdefault(w, set()).update(words)
+    return {w: frozenset(s - {w}) for w, s in table.items()}
+
+
+def _synonyms(word: str) -> frozenset[str]:
+    """A word's synonyms; none for a marked word (a unit, a time, a scope...): there a word of
+    nearly the same meaning is the near miss ("seconds" / "minutes" share a WordNet synset)."""
+    if _marked(word):
+        return frozenset()
+    table = _synonym_table()
+    return table.get(word) or table.get(_stem(word), frozenset())
+
+
+@lru_cache(maxsize=1)
+def _antonyms() -> tuple[dict[str, frozenset[str]], tuple[tuple[str, str], ...]]:
+    """Each word's opposites and the prefix swaps that make opposites (both ways), from the list
+    ``meshserve.commands.antonyms`` writes (read once per process)."""
+    text = importlib.resources.files(__package__).joinpath("data", "antonyms.txt").read_text()
+    opposites: dict[str, set[str]] = {}
+    swaps: list[tuple[str, str]] = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        fields = line.split()
+        if fields[0] == "prefix:":
+            x, y = ("" if f == "-" else f for f in fields[1:])
+            swaps += [(x, y), (y, x)]
+        else:
+            x, y = fields
+            opposites.setdefault(x, set()).add(y)
+            opposites.setdefault(y, set()).add(x)
+    return {w: frozenset(o) for w, o in opposites.items()}, tuple(swaps)
+
+
+# Endings that make an inflected form, and what the plain word ends with instead:
+# fastest -> fast, larger -> large, heavier -> heavy, sorted -> sort, biggest -> big.
+_INFLECTIONS = (("iest", "y"), ("ier", "y"), ("est", ""), ("est", "e"), ("er", ""), ("er", "e"),
+                ("ily", "y"), ("ly", ""), ("ed", ""), ("ed", "e"), ("ing", ""), ("ing", "e"), ("s", ""))
+
+
+def _forms(word: str) -> Iterator[str]:
+    """``word`` and the plain words it may be an inflection of (some are not words: harmless,
+    they are only looked up)."""
+    yield word
+    for ending, plain in _INFLECTIONS:
+        if word.endswith(ending) and len(word) - len(ending) >= 3:
+            base = word[:-len(ending)] + plain
+            yield base
+            if not plain and base[-1] == base[-2]:
+                yield base[:-1]
+
+
+def _opposite(only_a: set[str], only_b: set[str]) -> bool:
+    """Whether a word only ``a`` has is the opposite of a word only ``b`` has."""
+    opposites, swaps = _antonyms()
+    forms_b = {f for w in only_b for f in _forms(w)}
+    for form in (f for w in only_a for f in _forms(w)):
+        if opposites.get(form, frozenset()) & forms_b:
+            return True
+        if any(form.startswith(x) and len(form) - len(x) >= 3 and y + form[len(x):] in forms_b for x, y in swaps):
+            return True
+    return False
+
+
+SAME, ADDED, SWAPPED = "same", "added", "swapped"
+
+# Words that frame a request rather than say what it asks: function words, the generic question
+# words (what, how: not why, when, where, who, which, which ask for a kind of answer), and the
+# words of asking, explaining and politeness, and the nouns a search-box query puts for "how do I"
+# ("guacamole recipe", "git tutorial"). Chosen as English grammar has them, not from pairs.
+_FRAME = """
+a an the my your our their this that these those its his her some i me you we it they them is are
+was were be been being am do does did doing done can could would should will shall may might must
+have has had having how what whats to of in on at for with by from about into as and or but if so
+then there here just please hey hi hello thanks thank quick question tell know want need like
+help explain describe define definition meaning mean means way ways method steps step tips tip
+best good right easiest simplest quickest proper correct get make go give use using something
+anyone someone really also im i'd i've you're thing things happen happens cause causes reason
+recipe tutorial guide instructions example examples
+"""
+FRAME_WORDS = frozenset(w for word in _FRAME.split() for w in (word, _stem(word)))
+
+
+def _related(x: str, y: str) -> bool:
+    """The same word, a typo of it, or another form of it (remove / removal, grow / growth):
+    one starts with all of the other but its last two letters, at least four letters."""
+    if x == y or _close(x, y):
+        return True
+    n = 0
+    while n < min(len(x), len(y)) and x[n] == y[n]:
+        n += 1
+    return n >= 4 and n >= min(len(x), len(y)) - 2
+
+
+def _content(words: list[str]) -> list[str]:
+    return [s for w in words if (s := _stem(w)) not in FRAME_WORDS and w not in FRAME_WORDS]
+
+
+def _unexplained(mine: list[str], theirs: list[str]) -> set[str]:
+    """My content words that no word of the other prompt is (related to), nor two of its words
+    written together (homemade / home made)."""
+    joined = {x + y for x, y in zip(theirs, theirs[1:], strict=False)}
+    return {w for w in mine if w not in joined and not any(_related(w, t) for t in theirs)
+            and not _synonyms(w) & set(theirs)}
+
+
+def difference(a: str, b: str) -> str:
+    """SAME, ADDED or SWAPPED: how the content words of prompts ``a`` and ``b`` differ."""
+    content_a, content_b = _content(_profile(a)[0]), _content(_profile(b)[0])
+    only_a, only_b = _unexplained(content_a, content_b), _unexplained(content_b, content_a)
+    if only_a and only_b:
+        return SWAPPED
+    return ADDED if only_a or only_b else SAME
 
 
 def _followers(words: list[str]) -> set[tuple[str, str]]:
@@ -238,6 +376,26 @@ def _followers(words: list[str]) -> set[tuple[str, str]]:
     return pairs
 
 
+def _framing(words: list[str]) -> set[str]:
+    """Words that only frame a request: the one before "way", "ways" or "tips" ("the fastest
+    way to", "any tips on", "some ways to")."""
+    return {_stem(w) for w, nxt in zip(words, words[1:], strict=False) if nxt in ("way", "ways", "tips", "tip")}
+
+
+def _spans(words: list[str], names: set[str]) -> set[tuple[str, str, str]]:
+    """(x, connector, y): a name, number or marked word x, then within SPAN words a connector (or
+    "in"), then within SPAN words another such word y ("celsius", "in", "fahrenheit")."""
+    marked = [w in names or _marked(w) or any(ch.isdigit() for ch in w) for w in words]
+    spans = set()
+    for i, word in enumerate(words):
+        if word in CONNECTORS or word == "in":
+            before = [words[j] for j in range(max(0, i - SPAN), i) if marked[j]]
+            after = [words[j] for j in range(i + 1, min(len(words), i + 1 + SPAN)) if marked[j]]
+            if before and after:
+                spans.add((before[-1], word, after[0]))
+    return spans
+
+
 @lru_cache(maxsize=4096)
 def _profile(text: str) -> tuple:
     words = _words(text)
@@ -246,34 +404,47 @@ def _profile(text: str) -> tuple:
 
 def differs(a: str, b: str) -> str:
     """The first guard that tells prompts ``a`` and ``b`` apart, or "" if none does."""
+    return next(telling(a, b), "")
+
+
+def telling(a: str, b: str) -> Iterator[str]:
+    """The guards that tell prompts ``a`` and ``b`` apart, in the order of the module's list."""
     words_a, numbers_a, neg_a, quoted_a, script_a, names_a = _profile(a)
     words_b, numbers_b, neg_b, quoted_b, script_b, names_b = _profile(b)
     if numbers_a != numbers_b:
-        return "number"
+        yield "number"
     if neg_a != neg_b:
-        return "negation"
+        yield "negation"
     # Quoted text must be in the other prompt too (quoted or not: 'cactus' and cactus agree).
     if any(q not in b.lower() for q in quoted_a) or any(q not in a.lower() for q in quoted_b):
-        return "quoted"
+        yield "quoted"
     if script_a != script_b:
-        return "script"
+        yield "script"
     if script_a == "LATIN":
         lang_a, lang_b = _latin_language(words_a), _latin_language(words_b)
         if lang_a and lang_b and lang_a != lang_b:
-            return "language"
+            yield "language"
     set_a = {_stem(w) for w in words_a}
     set_b = {_stem(w) for w in words_b}
     only_a, only_b = _unmatched(set_a, set_b), _unmatched(set_b, set_a)
     if any(_stem(n) in only_a for n in names_a) or any(_stem(n) in only_b for n in names_b):
-        return "entity"
-    if any(_marked(w) for w in only_a | only_b):
-        return "lexicon"
+        yield "entity"
+    if _opposite(only_a, only_b):
+        yield "opposite"
+    framing = _framing(words_a) | _framing(words_b)
+    if any(_marked(w) for w in (only_a | only_b) - framing):
+        yield "lexicon"
     # A connector both use must lead to the same words in each, one side's a subset of the
     # other's (an extra "to" of an infinitive is no contradiction; "X to Y" / "Y to X" is).
     fa, fb = _followers(words_a), _followers(words_b)
+    crossed = False
     for connector in {c for c, _ in fa} & {c for c, _ in fb}:
         after_a = {w for c, w in fa if c == connector}
         after_b = {w for c, w in fb if c == connector}
-        if not (after_a <= after_b or after_b <= after_a):
-            return "order"
-    return ""
+        crossed = crossed or not (after_a <= after_b or after_b <= after_a)
+    # Two names, numbers or marked words on either side of a connector, the other way round in
+    # the other prompt: "30 Celsius in Fahrenheit" / "30 Fahrenheit in Celsius", "port 8080 to
+    # port 80" / "port 80 to port 8080".
+    spans_b = _spans(words_b, names_b)
+    if crossed or any((y, c, x) in spans_b for x, c, y in _spans(words_a, names_a)):
+        yield "order"
