@@ -3,8 +3,8 @@
 What is compared by meaning is only the request's last user message (or its prompt). Everything
 else is its *scope* and must match exactly: tenant, model, every sampling field, the system
 prompt and the conversation before the last message (``scope_of``). Within a scope, a stored
-entry answers a new request when the two texts' embeddings reach ``threshold`` (cosine) and
-no guard of ``cache_service.guards`` tells them apart.
+entry answers a new request when ``cache_service.matcher`` says so (the guards, and the
+embeddings' cosine against the threshold for how the two texts' content words differ).
 
 Redis holds everything, so any replica can rebuild it: per entry a hash
 ``{prefix}semvec:<digest>`` (scope, text, embedding, the exact entry's key) with the entry's
@@ -30,8 +30,8 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from usearch.index import Index
 
-from meshserve.cache_service import guards
 from meshserve.cache_service.embedder import Embedder
+from meshserve.cache_service.matcher import Matcher
 from meshserve.services.cache_keys import canonical
 from meshserve.services.gen import meshserve_pb2 as pb
 
@@ -48,7 +48,7 @@ CLOSE_TIMEOUT_S = 2.0
 
 REJECTED = prometheus_client.Counter(
     "meshserve_cache_semantic_rejected_total",
-    "Entries similar enough to a lookup but refused by a guard, by guard", ["guard"],
+    "Entries past the lowest threshold but refused by a guard or their own threshold (similarity)", ["guard"],
 )
 SKIPPED = prometheus_client.Counter(
     "meshserve_cache_semantic_skipped_total",
@@ -161,7 +161,7 @@ class SemanticStore:
 
     def __init__(
         self, client: aioredis.Redis, follower: aioredis.Redis, embedder: Embedder, ttl_seconds: int,
-        key_prefix: str, threshold: float, max_entries: int, budget_s: float = 0.05,
+        key_prefix: str, matcher: Matcher, max_entries: int, budget_s: float = 0.05,
     ) -> None:
         self._redis = client
         self._follower = follower  # its own connection: the stream read blocks
@@ -169,7 +169,7 @@ class SemanticStore:
         self._ttl = ttl_seconds
         self._prefix = key_prefix
         self._log_key = f"{key_prefix}semlog"
-        self.threshold = threshold
+        self.matcher = matcher
         self._budget_s = budget_s  # a lookup's wait for its embedding, at most
         self._max_entries = max_entries
         self.index = SemanticIndex(embedder.dim, max_entries)
@@ -250,11 +250,11 @@ class SemanticStore:
         if vector is None:
             return None
         for similarity, entry in self.index.nearest(vector, scope, time.monotonic()):
-            if similarity < self.threshold:
+            if similarity < self.matcher.threshold:
                 break
-            guard = guards.differs(text, entry.text)
-            if guard:
-                REJECTED.labels(guard).inc()
+            refusal = self.matcher.refusal(text, entry.text, similarity)
+            if refusal:
+                REJECTED.labels(refusal).inc()
                 continue
             raw = await self._redis.get(entry.exact)
             if raw is None:  # the answer expired or was evicted

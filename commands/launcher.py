@@ -529,7 +529,8 @@ WORKER_FLAGS = ("engine", "model", "tensor_parallel_size", "max_model_len", "max
 ROUTER_MODES = ("service", EMBEDDED_ROUTER)  # MeshSpec.router_mode
 ROUTER_FLAGS = ("routing", "load_bound", "kv_load_weight", "kv_home_weight", "kv_full_usage", "kv_pending_s")
 CACHE_FLAGS = ("ttl_seconds", "key_prefix", "max_entry_bytes", "semantic", "semantic_threshold",
-               "semantic_max_entries", "embed_threads", "embed_runtime", "semantic_budget_s")
+               "semantic_threshold_added", "semantic_threshold_swapped", "semantic_max_entries", "embed_threads",
+               "embed_runtime", "semantic_budget_s")
 GATEWAY_FLAGS = ("coalesce", "cache_mode", "cache_timeout_s", "stall_timeout_s", "migrations",
                  "migration_timeout_s")
 ENVOY_FLAGS = ("admin_port", "api_keys_file")

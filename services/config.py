@@ -239,7 +239,14 @@ class CacheConfig(ServerConfig):
     max_entry_bytes: int = _f(1 << 20, "largest entry stored; larger completions are not cached (counted)")
     semantic: bool = _f(True, "also answer the same question asked in other words (embeddings + guards)")
     semantic_threshold: float = _f(
-        0.90, "cosine similarity a semantic hit needs, besides the guards (see docs/operations.md)"
+        0.70, "cosine similarity a semantic hit needs when the two prompts have the same content words (another "
+        "order, other function words, typos), besides the guards (see docs/operations.md)"
+    )
+    semantic_threshold_added: float = _f(
+        0.90, "cosine similarity a semantic hit needs when one prompt has content words the other lacks"
+    )
+    semantic_threshold_swapped: float = _f(
+        0.95, "cosine similarity a semantic hit needs when each prompt has content words the other lacks"
     )
     semantic_max_entries: int = _f(100_000, "most entries in each replica's semantic index (oldest dropped first)")
     embed_threads: int = _f(1, "CPU threads of the embedding model")

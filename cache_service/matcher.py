@@ -1,0 +1,47 @@
+"""Whether a stored prompt's answer answers a new prompt: the semantic cache's matching rule.
+
+Two checks, cheapest first: no guard of ``cache_service.guards`` tells the prompts apart, and
+their embeddings' cosine reaches the threshold for how their content words differ
+(``guards.difference``): the lowest when they are the same words (another order, other function
+words, typos), a higher one when one prompt adds words, the highest when each has a word the
+other lacks, which is how most near misses look ("boil" / "poach an egg", "leading" / "trailing
+zeros"). The thresholds are chosen on the tuning half of ``tests/data/semantic_eval_*.jsonl``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshserve.cache_service import guards
+from meshserve.services.config import CacheConfig
+
+SIMILARITY = "similarity"  # the refusal of a pair below its threshold
+
+
+@dataclass(frozen=True)
+class Matcher:
+    same: float      # cosine a hit needs when the content words are the same
+    added: float     # ... when one prompt has content words the other lacks
+    swapped: float   # ... when each has content words the other lacks
+
+    @property
+    def threshold(self) -> float:
+        """The lowest similarity any hit needs: candidates below it are not looked at."""
+        return min(self.same, self.added, self.swapped)
+
+    def refusal(self, query: str, stored: str, similarity: float) -> str:
+        """"" when ``stored``'s answer answers ``query``; else what refuses it: SIMILARITY or the
+        name of a guard."""
+        if similarity < self.threshold:
+            return SIMILARITY
+        guard = guards.differs(query, stored)
+        if guard:
+            return guard
+        needed = {guards.SAME: self.same, guards.ADDED: self.added, guards.SWAPPED: self.swapped}
+        return "" if similarity >= needed[guards.difference(query, stored)] else SIMILARITY
+
+
+def default_matcher() -> Matcher:
+    """The rule at the cache service's default settings."""
+    return Matcher(CacheConfig.semantic_threshold, CacheConfig.semantic_threshold_added,
+                   CacheConfig.semantic_threshold_swapped)
