@@ -13,6 +13,10 @@ in-memory ANN index (usearch) of the hashes: rebuilt by a SCAN at start (and aft
 back), kept in step by reading the stream, so an entry one replica stores is found by all.
 The answer itself is the exact entry (``cache_service.store``); an index entry whose hash or
 answer has expired is dropped when a lookup meets it.
+
+A store is indexed off the caller's path, its text embedded in the embedder's next batch with
+whatever else is waiting, and a lookup in a scope with entries still being indexed waits for them
+(within its budget): an answer stored just before its paraphrase is asked is found.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ log = logging.getLogger(__name__)
 
 KIND_SEMANTIC = "semantic"
 NEIGHBOURS = 16           # nearest entries looked at per lookup (then filtered by scope)
-MAX_PENDING_STORES = 256  # entries waiting to be embedded and indexed; beyond, a store is skipped
+MAX_PENDING_STORES = 4096  # entries being embedded and indexed; beyond, a store is skipped (counted)
 MAX_PENDING_EMBEDDINGS = 512  # texts being embedded; beyond, a lookup is a miss without asking
 SCAN_BATCH = 500
 FOLLOW_BLOCK_MS = 1000
@@ -176,19 +180,19 @@ class SemanticStore:
         self._vectors: OrderedDict[str, np.ndarray] = OrderedDict()  # recent texts' embeddings
         self._embedding: dict[str, asyncio.Future[np.ndarray]] = {}  # texts being embedded
         self._task: asyncio.Task[None] | None = None
-        self._pending: asyncio.Queue[tuple[pb.GenerateRequest, str, str]] = asyncio.Queue(MAX_PENDING_STORES)
-        self._indexer: asyncio.Task[None] | None = None
+        self._stores: set[asyncio.Task[None]] = set()  # entries being embedded and indexed
+        self._indexing: dict[str, int] = {}  # scope -> its entries being indexed
+        self._indexed = asyncio.Condition()  # notified as each entry is indexed
         self._closing = False
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._follow(), name="semantic index")
-        self._indexer = asyncio.create_task(self._index_stores(), name="semantic stores")
 
     async def close(self) -> None:
         # Cancelled inside a Redis call, redis-py may raise its own error instead of
         # CancelledError; the loops then see _closing and return rather than retry forever.
         self._closing = True
-        tasks = [t for t in (self._task, self._indexer) if t is not None]
+        tasks = [t for t in (self._task, *self._stores) if t is not None]
         for task in tasks:
             task.cancel()
         if tasks:
@@ -244,10 +248,11 @@ class SemanticStore:
             SKIPPED.labels("not_user").inc()
             return None
         scope, text = view
-        if not self._fits(text) or not len(self.index):
+        if not self._fits(text) or not (len(self.index) or self._indexing.get(scope)):
             return None
+        deadline = time.perf_counter() + self._budget_s
         vector = await self._vector(text, self._budget_s)
-        if vector is None:
+        if vector is None or not await self._caught_up(scope, deadline):
             return None
         for similarity, entry in self.index.nearest(vector, scope, time.monotonic()):
             if similarity < self.matcher.threshold:
@@ -264,24 +269,51 @@ class SemanticStore:
             return raw, Match(entry.exact, similarity)
         return None
 
-    def store_later(self, req: pb.GenerateRequest, tenant: str, exact_key: str) -> None:
-        """Queues making ``exact_key`` findable by meaning: the caller (the gateway's store) does
-        not wait for the embedding; a backlog past MAX_PENDING_STORES skips it (counted)."""
-        try:
-            self._pending.put_nowait((req, tenant, exact_key))
-        except asyncio.QueueFull:
-            SKIPPED.labels("backlog").inc()
-
-    async def _index_stores(self) -> None:
-        while not self._closing:
-            req, tenant, exact_key = await self._pending.get()
+    async def _caught_up(self, scope: str, deadline: float) -> bool:
+        """Waits, until ``deadline`` (perf_counter), for the stores of ``scope`` queued or being
+        indexed; False if some are still not indexed then (the lookup is then a miss, counted)."""
+        if not self._indexing.get(scope):
+            return True
+        async with self._indexed:
             try:
-                await self.store(req, tenant, exact_key)
-            except redis.exceptions.RedisError as e:
-                log.debug("semantic store of %s failed: %s", exact_key, e)
-            except Exception:
-                if not self._closing:
-                    log.exception("semantic store of %s failed", exact_key)
+                await asyncio.wait_for(self._indexed.wait_for(lambda: not self._indexing.get(scope)),
+                                       max(0.0, deadline - time.perf_counter()))
+            except TimeoutError:
+                SKIPPED.labels("slow").inc()
+                return False
+        return True
+
+    def store_later(self, req: pb.GenerateRequest, tenant: str, exact_key: str) -> None:
+        """Starts making ``exact_key`` findable by meaning: the caller (the gateway's store) does
+        not wait for the embedding, which joins the embedder's next batch with the lookups
+        arriving meanwhile; past MAX_PENDING_STORES entries being indexed, it is skipped (counted)."""
+        view = scope_of(req, tenant)
+        if view is None:
+            return
+        if len(self._stores) >= MAX_PENDING_STORES:
+            SKIPPED.labels("backlog").inc()
+            return
+        scope = view[0]
+        self._indexing[scope] = self._indexing.get(scope, 0) + 1
+        task = asyncio.create_task(self._index(req, tenant, exact_key, scope), name="semantic store")
+        self._stores.add(task)
+        task.add_done_callback(self._stores.discard)
+
+    async def _index(self, req: pb.GenerateRequest, tenant: str, exact_key: str, scope: str) -> None:
+        try:
+            await self.store(req, tenant, exact_key)
+        except redis.exceptions.RedisError as e:
+            log.debug("semantic store of %s failed: %s", exact_key, e)
+        except Exception:
+            if not self._closing:
+                log.exception("semantic store of %s failed", exact_key)
+        finally:
+            if self._indexing[scope] == 1:
+                del self._indexing[scope]
+            else:
+                self._indexing[scope] -= 1
+            async with self._indexed:
+                self._indexed.notify_all()
 
     async def store(self, req: pb.GenerateRequest, tenant: str, exact_key: str) -> None:
         """Makes the stored exact entry ``exact_key`` findable by meaning, on every replica."""

@@ -158,6 +158,7 @@ def _build(cfg: CacheConfig) -> tuple[CacheServicer, Lifecycle]:
         follower = connect(cfg.redis_url, socket_timeout_s=5.0)
         embedder = Embedder(threads=cfg.embed_threads, runtime=cfg.embed_runtime)
         matcher = Matcher(cfg.semantic_threshold, cfg.semantic_threshold_added, cfg.semantic_threshold_swapped)
+        matcher.warm_up()  # as the embedder ran its model: before the service says it is ready
         semantic = SemanticStore(client, follower, embedder, cfg.ttl_seconds, cfg.key_prefix,
                                  matcher, cfg.semantic_max_entries, cfg.semantic_budget_s)
         semantic.start()

@@ -348,6 +348,76 @@ async def test_a_lookup_that_gives_up_on_its_embedding_leaves_it_to_the_store(re
     assert hasty.metric("meshserve_cache_embedded_texts_total") == texts + 1
 
 
+# Paraphrases the matching rule answers by a wide margin: a miss among them is a lost hit. Two
+# bursts of different texts: the second must not find its embeddings made by the first.
+BURSTS = [[
+    ("What is the capital of Portugal?", "what's the capital of portugal?"),
+    ("How many legs does an insect have?", "How many legs does an insect have"),
+    ("How do I boil an egg?", "how do I boil an egg"),
+    ("What is the tallest tree species?", "Which tree species is the tallest?"),
+    ("How do I sort a list in Python?", "How can I sort a list in Python?"),
+    ("Who wrote The Odyssey?", "who wrote the odyssey"),
+    ("What causes ocean tides?", "What causes the tides in the ocean?"),
+    ("How do I make a paper crane?", "how do i make a paper crane?"),
+    ("What is the boiling point of water?", "What's the boiling point of water?"),
+    ("How do I clear my terminal screen?", "How can I clear my terminal screen?"),
+    ("Why do cats sleep so much?", "why do cats sleep so much"),
+    ("What is a haiku poem?", "What is a haiku poem"),
+    ("How do I fold a shirt neatly?", "How can I fold a shirt neatly?"),
+    ("What is the speed of sound in air?", "what is the speed of sound in air?"),
+    ("How do I water a cactus?", "How should I water a cactus?"),
+    ("What do pandas eat in the wild?", "What do pandas eat in the wild"),
+    ("How do I whistle loudly?", "how can i whistle loudly"),
+    ("What is the largest desert on Earth?", "Which is the largest desert on Earth?"),
+    ("How do I fix a flat bicycle tire?", "how do i fix a flat bicycle tire"),
+    ("Why is the ocean salty?", "Why is the ocean salty"),
+], [
+    ("What is the capital of Norway?", "what's the capital of norway?"),
+    ("How many legs does a crab have?", "How many legs does a crab have"),
+    ("How do I fry an egg?", "how do I fry an egg"),
+    ("What is the oldest tree species?", "Which tree species is the oldest?"),
+    ("How do I reverse a list in Python?", "How can I reverse a list in Python?"),
+    ("Who wrote The Iliad?", "who wrote the iliad"),
+    ("What causes sea breezes?", "What causes the breezes at sea?"),
+    ("How do I make a paper boat?", "how do i make a paper boat?"),
+    ("What is the melting point of ice?", "What's the melting point of ice?"),
+    ("How do I clear my browser history?", "How can I clear my browser history?"),
+    ("Why do dogs sleep so much?", "why do dogs sleep so much"),
+    ("What is a sonnet poem?", "What is a sonnet poem"),
+    ("How do I fold a towel neatly?", "How can I fold a towel neatly?"),
+    ("What is the speed of light in water?", "what is the speed of light in water?"),
+    ("How do I water an orchid?", "How should I water an orchid?"),
+    ("What do koalas eat in the wild?", "What do koalas eat in the wild"),
+    ("How do I snap my fingers loudly?", "how can i snap my fingers loudly"),
+    ("What is the largest lake on Earth?", "Which is the largest lake on Earth?"),
+    ("How do I fix a squeaky bicycle chain?", "how do i fix a squeaky bicycle chain"),
+    ("Why is the sea blue?", "Why is the sea blue"),
+]]
+BURST_GAP_S = 0.025  # between one pair's first request and the next's: 20 pairs in 0.5 s
+
+
+async def test_a_fresh_service_answers_a_burst_of_paraphrases_as_a_warm_one(replica: Replica) -> None:
+    """At the default settings, just after the service says it is ready: a burst of pairs, each a
+    question stored then its paraphrase looked up at once (one tenant each), the pairs starting
+    25 ms apart. Every paraphrase is answered, as in a second burst once the service is warm: the
+    model ran before the service said it was ready, and a lookup finds the entry stored just
+    before it even while the embedder is still indexing it."""
+    cache = await replica()
+
+    async def burst(pairs: list[tuple[str, str]], tenants: str) -> int:
+        async def pair(i: int, question: str, paraphrase: str) -> bool:
+            await asyncio.sleep(i * BURST_GAP_S)
+            await store(cache, ask(question), f"{tenants}-{i}")
+            return (await lookup(cache, ask(paraphrase), f"{tenants}-{i}")).hit
+
+        return sum(await asyncio.gather(*(pair(i, q, p) for i, (q, p) in enumerate(pairs))))
+
+    fresh = await burst(BURSTS[0], "fresh")
+    warm = await burst(BURSTS[1], "warm")
+    assert (fresh, warm) == (len(BURSTS[0]), len(BURSTS[1]))
+    assert cache.metric("meshserve_cache_semantic_skipped_total", reason="slow") == 0
+
+
 # -- bad entries ----------------------------------------------------------------------------------
 
 
