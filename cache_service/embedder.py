@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import tempfile
+import time
 import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -248,6 +249,8 @@ class Embedder:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="embedder")
         self._queued: list[tuple[str, asyncio.Future[np.ndarray]]] = []
         self._running: asyncio.Task[None] | None = None
+        self._in_batch = 0  # texts of the batch the model runs now
+        self._seconds_per_text = 0.0  # of the recent batches' wall time (a moving average)
         self._executor.submit(self._warm_up).result()
 
     def _warm_up(self) -> None:
@@ -268,8 +271,17 @@ class Embedder:
         return np.asarray(self._model.encode(texts), dtype=np.float32)
 
     def _timed_encode(self, texts: list[str]) -> np.ndarray:
+        started = time.perf_counter()
         with BATCH_SECONDS.time():
-            return self.encode(texts)
+            vectors = self.encode(texts)
+        per_text = (time.perf_counter() - started) / len(texts)
+        self._seconds_per_text = per_text if not self._seconds_per_text else 0.8 * self._seconds_per_text + 0.2 * per_text
+        return vectors
+
+    def wait_s(self) -> float:
+        """About how long a text queued now would wait for its embedding: the texts ahead of it
+        (queued, and in the batch running) at the recent batches' time per text."""
+        return (len(self._queued) + self._in_batch) * self._seconds_per_text
 
     async def embed(self, text: str) -> np.ndarray:
         """The embedding of ``text``, batched with whatever else is waiting."""
@@ -286,6 +298,7 @@ class Embedder:
             batch = [(t, f) for t, f in batch if not f.cancelled()]
             if not batch:
                 continue
+            self._in_batch = len(batch)
             try:
                 vectors = await loop.run_in_executor(self._executor, self._timed_encode, [t for t, _ in batch])
             except Exception as e:  # a failed batch fails its requests, not the service
@@ -294,6 +307,8 @@ class Embedder:
                     if not future.done():
                         future.set_exception(e)
                 continue
+            finally:
+                self._in_batch = 0
             BATCHES.inc()
             TEXTS.inc(len(batch))
             for (_, future), vector in zip(batch, vectors, strict=True):

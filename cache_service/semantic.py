@@ -220,8 +220,14 @@ class SemanticStore:
             if budget_s is not None and len(self._embedding) >= MAX_PENDING_EMBEDDINGS:
                 SKIPPED.labels("backlog").inc()
                 return None
+            behind = budget_s is not None and self._embedder.wait_s() > budget_s
             pending = self._embedding[text] = asyncio.ensure_future(self._embedder.embed(text))
             pending.add_done_callback(lambda done: self._landed(text, done))
+            if behind:
+                # The texts ahead would take longer than the budget: a miss now, not after waiting
+                # the budget out (the request's store takes the embedding when it lands).
+                SKIPPED.labels("slow").inc()
+                return None
         started = time.perf_counter()
         try:
             vector = await asyncio.wait_for(asyncio.shield(pending), budget_s)

@@ -1,8 +1,10 @@
 """The semantic cache's embedding model on ONNX Runtime against sentence-transformers itself: the
-same vectors for the labelled prompts, whatever batch a text comes in, exported once."""
+same vectors for the labelled prompts, whatever batch a text comes in, exported once; and its
+estimate of how long a text queued now would wait."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -85,3 +87,17 @@ def test_the_model_is_quantized_once(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_an_unknown_runtime_is_refused_naming_the_choices() -> None:
     with pytest.raises(ValueError, match="onnx, onnx-int8, torch"):
         Embedder(runtime="tensorrt")
+
+
+async def test_the_wait_for_an_embedding_is_estimated_from_the_texts_ahead() -> None:
+    """What a lookup reads to give up at once rather than wait its budget out: nothing ahead,
+    no wait; the texts queued, times the recent time per text."""
+    model = Embedder(runtime="onnx")
+    assert model.wait_s() == 0.0
+    await model.embed("a first question")  # one batch: a time per text to go by
+    assert model.wait_s() == 0.0
+    queued = [asyncio.ensure_future(model.embed(f"question number {i}")) for i in range(10)]
+    await asyncio.sleep(0)  # all ten queued, the first batch running
+    assert model.wait_s() > 0.0
+    await asyncio.gather(*queued)
+    assert model.wait_s() == 0.0
