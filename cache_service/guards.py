@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import importlib.resources
 import re
+import sys
 import unicodedata
 from collections import Counter
 from collections.abc import Iterator
@@ -250,7 +251,7 @@ def _synonym_table() -> dict[str, frozenset[str]]:
     table: dict[str, set[str]] = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
-            words = line.split()
+            words = [sys.intern(w) for w in line.split()]  # one string per word, however many groups
             for w in words:
                 table.setdefault(w, set()).update(words)
     return {w: frozenset(s - {w}) for w, s in table.items()}
@@ -275,7 +276,7 @@ def _antonyms() -> tuple[dict[str, frozenset[str]], tuple[tuple[str, str], ...]]
     for line in text.splitlines():
         if not line or line.startswith("#"):
             continue
-        fields = line.split()
+        fields = [sys.intern(f) for f in line.split()]
         if fields[0] == "prefix:":
             x, y = ("" if f == "-" else f for f in fields[1:])
             swaps += [(x, y), (y, x)]
