@@ -391,10 +391,13 @@ class Mesh:
                 port = int(address.rpartition(":")[2])
                 # Exact entries: read and written in Redis by the gateway itself, as the cache's own.
                 http_port = int(self.gateway_http_addresses[i].rpartition(":")[2]) if self.gateway_http_addresses else -1
+                # The tenants' settings come from Envoy's keys file; the fleet is shared by the gateways.
                 self._serve(self._gateway_name(i), "gateway", dataclasses.replace(
                     spec.gateway, port=port, http_port=http_port, **gateway_routing, cache=self.cache_address,
                     redis_url=self.redis_url, cache_key_prefix=spec.cache.key_prefix,
-                    cache_ttl_seconds=spec.cache.ttl_seconds, cache_max_entry_bytes=spec.cache.max_entry_bytes))
+                    cache_ttl_seconds=spec.cache.ttl_seconds, cache_max_entry_bytes=spec.cache.max_entry_bytes,
+                    api_keys_file=spec.gateway.api_keys_file or spec.envoy.api_keys_file,
+                    flow_fleet_share=spec.gateway.flow_fleet_share / spec.gateways))
             self._start_envoy()
             self._write_prometheus_targets()
         except BaseException:
@@ -521,7 +524,7 @@ def _signal_group(proc: Proc, sig: signal.Signals) -> None:
 # generated from the field, as `meshserve serve NAME`'s are (tests/unit/test_up_flags.py checks it).
 WORKER_FLAGS = ("engine", "model", "tensor_parallel_size", "max_model_len", "max_num_seqs", "dtype", "block_size",
                 "enable_prefix_caching", "kv_cache_memory_bytes", "gpu_memory_utilization", "swap_space_gib",
-                "max_queue", "enforce_eager", "compact_json",
+                "max_queue", "enforce_eager", "scheduling_policy", "compact_json",
                 "kv_events", "tool_call_parser", "reasoning_parser",
                 "engine_core_cpus", "engine_priority", "stream_interval", "sim_prefill_ms_per_token",
                 "sim_itl_base_ms", "sim_itl_per_seq_ms", "sim_num_kv_blocks", "sim_max_num_batched_tokens",
@@ -532,7 +535,8 @@ CACHE_FLAGS = ("ttl_seconds", "key_prefix", "max_entry_bytes", "semantic", "sema
                "semantic_threshold_added", "semantic_threshold_swapped", "semantic_max_entries", "embed_threads",
                "embed_runtime", "semantic_budget_s")
 GATEWAY_FLAGS = ("coalesce", "cache_mode", "cache_timeout_s", "stall_timeout_s", "migrations",
-                 "migration_timeout_s")
+                 "migration_timeout_s", "pick_timeout_s", "flow_control", "flow_headroom", "flow_max_queued",
+                 "flow_max_wait_s")
 ENVOY_FLAGS = ("admin_port", "api_keys_file")
 SHARED_FLAGS = ("trace_sampling_ratio",)  # every service's and Envoy's: MeshSpec's
 UP_FIELDS: dict[type, tuple[str, ...]] = {

@@ -76,7 +76,7 @@ def choices(req: pb.ChatCompletionRequest | pb.CompletionRequest) -> int:
 
 # The sampling fields an OpenAI request shares with GenerateRequest, by the same names.
 _OPTIONAL = ("temperature", "top_p", "seed", "stream_interval", "presence_penalty", "frequency_penalty",
-             "repetition_penalty", "top_k", "min_p", "min_tokens", "skip_special_tokens")
+             "repetition_penalty", "top_k", "min_p", "min_tokens", "skip_special_tokens", "priority")
 
 
 def _sampling(req: pb.ChatCompletionRequest | pb.CompletionRequest, out: pb.GenerateRequest) -> None:
@@ -199,6 +199,8 @@ def chat_request(req: pb.ChatCompletionRequest) -> pb.GenerateRequest:
     _template_kwargs(req, out)
     _tools(req, out)
     _check_openai_only(req)
+    if not req.HasField("priority") and req.service_tier in TIER_PRIORITY:
+        out.priority = TIER_PRIORITY[req.service_tier]
     return out
 
 
@@ -230,6 +232,8 @@ def _template_kwargs(req: pb.ChatCompletionRequest | pb.TokenizeRequest, out: pb
 
 
 SERVICE_TIERS = ("auto", "default", "flex", "scale", "priority")
+# OpenAI's tiers as vLLM priorities (lower is served first), when the request gives no priority.
+TIER_PRIORITY = {"priority": -1, "flex": 1}
 VERBOSITIES = ("low", "medium", "high")
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512  # OpenAI's limits
 MAX_SAFETY_IDENTIFIER = 64

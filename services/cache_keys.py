@@ -132,7 +132,7 @@ async def entry_or_delete(
 def canonical(req: pb.GenerateRequest, tenant: str) -> bytes:
     """A stable serialisation of what determines a completion.
 
-    Left out on purpose: ``request_id`` and ``skip_cache`` (they never change the text).
+    Left out on purpose: ``request_id``, ``skip_cache`` and ``priority`` (they never change the text).
     """
     fields: dict[str, Any] = {
         "tenant": tenant,

@@ -110,6 +110,11 @@ class WorkerConfig(ServerConfig):
     swap_space_gib: float = _f(0.0, "CPU swap space for preempted sequences, GiB (GPU only)")
     dtype: str = _f("auto", "model dtype (auto, float32, bfloat16, float16)")
     enforce_eager: bool = _f(False, "vLLM without torch.compile/CUDA graphs: starts ~2x faster, decodes ~25% slower")
+    scheduling_policy: str = _f(
+        "priority", "the engine's waiting queue: priority (lower request priority first, then arrival; vLLM's "
+                    "--scheduling-policy priority) or fcfs (arrival only; the gateway's queue still orders by priority)",
+        choices=("priority", "fcfs"),
+    )
     engine_core_cpus: str = _f(
         "auto", "CPU platform: where vLLM's engine-core process runs — 'shared' with its model workers' "
         "CPUs, 'vllm' as vLLM places it (on its own reserved CPU), 'auto': shared on machines with "
@@ -293,6 +298,28 @@ class GatewayConfig(ServerConfig, RoutingConfig):
     max_in_flight: int = _f(2048, "most streams the gateway serves at once; beyond: RESOURCE_EXHAUSTED")
     cache_timeout_s: float = _f(0.3, "give up on a cache call after this long (serve uncached)")
     first_token_timeout_s: float = _f(60.0, "a worker that sends nothing for this long counts as failed")
+    api_keys_file: str = _f(
+        "", "the API keys file Envoy authenticates with: the gateway reads each tenant's settings from it "
+            "(weight, priority, limits; services/tenants.py); empty: every tenant has the defaults"
+    )
+    flow_control: str = _f(
+        "on", "while the fleet is saturated, requests wait in the gateway in fair per-tenant queues within "
+              "priority bands instead of in the engines' queues (off: first come, first served)",
+        choices=("on", "off"),
+    )
+    flow_fleet_share: float = _f(
+        1.0, "the share of the fleet's sequences this gateway may keep busy (1/N of N gateways)", minimum=0.0
+    )
+    flow_headroom: float = _f(
+        0.1, "requests a worker may hold beyond its running batch, as a fraction of its max_num_seqs: its next "
+             "request is there when one ends", minimum=0.0
+    )
+    flow_max_queued: int = _f(4096, "most requests waiting in the gateway for a place; beyond: RESOURCE_EXHAUSTED",
+                              minimum=1)
+    flow_max_wait_s: float = _f(
+        60.0, "a request that would wait longer than this for a place is refused at once (RESOURCE_EXHAUSTED, "
+              "retry-after); one that does wait this long is refused then"
+    )
     pick_timeout_s: float = _f(
         1.0, "the router's pick is waited for this long; later, the request goes to the least busy worker of "
              "the fleet view at once (and the router drops the pick when it reads it late)"

@@ -258,3 +258,13 @@ def cache_mode(req: pb.GenerateRequest, default: str) -> str:
 def is_deterministic(req: pb.GenerateRequest) -> bool:
     """Greedy or seeded sampling: the same request always yields the same completion."""
     return (req.HasField("temperature") and req.temperature == 0) or req.HasField("seed")
+
+
+CHARS_PER_TOKEN = 4  # a prompt's tokens, guessed before any tokenizer has seen it (English text, BPE)
+
+
+def prompt_tokens_estimate(req: pb.GenerateRequest) -> int:
+    """About how many tokens ``req``'s prompt is, from its length (the gateway has no tokenizer:
+    what it weighs requests by when they queue)."""
+    chars = len(req.prompt) + sum(len(m.content) for m in req.messages)
+    return max(1, chars // CHARS_PER_TOKEN)

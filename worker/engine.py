@@ -56,6 +56,7 @@ class Request:
     include_reasoning: bool = True                  # False: a reasoning parser's thinking is dropped
     template_call: TemplateCall = OPEN_TURN         # the assistant's turn opened, or the final message left open
     parse_tool_calls: bool = False                  # tool_choice "auto": find the calls in the output
+    priority: int = 0                               # vLLM's: lower is scheduled first
 
     def non_default(self, *names: str) -> list[str]:
         """Those of the fields ``names`` this request sets to other than their default."""

@@ -167,6 +167,7 @@ def to_engine_request(req: pb.GenerateRequest, min_stream_interval: int = 1) -> 
         include_reasoning=req.include_reasoning if req.HasField("include_reasoning") else True,
         template_call=TemplateCall(validation.add_generation_prompt(req), req.continue_final_message),
         parse_tool_calls=req.parse_tool_calls,
+        priority=req.priority,
     )
 
 

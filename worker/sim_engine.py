@@ -4,13 +4,16 @@ the mesh at scale without GPUs (no model, no tokenizer; same Engine interface an
 How one engine step is simulated (one scheduler task, like vLLM v1's ``EngineCore`` loop):
 
 1. Running requests, oldest first, get the KV slots for the token they decode this step. When the
-   block pool is exhausted the newest running request is preempted: its blocks are freed and it
-   goes back to the front of the waiting queue, to be recomputed later (vLLM's default
-   "recompute" preemption; its output so far is kept and its token stream is unchanged).
+   block pool is exhausted a running request is preempted: its blocks are freed and it goes back
+   to the waiting queue, to be recomputed later (vLLM's "recompute" preemption; its output so far
+   is kept and its token stream is unchanged). Which one, and the waiting queue's order, follow
+   ``scheduling_policy`` as vLLM's scheduler does: ``fcfs`` preempts the newest and puts it at the
+   front of the queue, which is in arrival order; ``priority`` preempts the one with the highest
+   (priority, arrival) and keeps the queue ordered by (priority, arrival): lower priority first.
 2. The step's token budget (``sim_max_num_batched_tokens``, vLLM v1's ``max_num_batched_tokens``:
    8,192, its default for an API server on an H100) goes first to the running requests: one
    token for each that decodes, then the next chunk of each prompt still being prefilled.
-   Waiting requests are then admitted in FIFO order while budget is left, the batch has fewer
+   Waiting requests are then admitted in the queue's order while budget is left, the batch has fewer
    than ``max_num_seqs`` requests and the pool can hold their prompt; the head of the queue
    blocks the rest, as in vLLM. Full ``block_size``-token blocks are looked up in the prefix
    cache by the hash chain of their tokens (unless ``enable_prefix_caching`` is off), so only
@@ -239,6 +242,12 @@ class _Seq:
     chunk: int = 0                      # of them, computed in the step being run
     scheduled_once: bool = False
     finish_reason: str | None = None
+    arrival: int = 0                    # its place in arrival order (the queue's tie-break)
+
+    @property
+    def order(self) -> tuple[int, int]:
+        """Its place in a priority-ordered queue: lower priority first, then earlier arrival."""
+        return self.request.priority, self.arrival
 
     @property
     def num_tokens(self) -> int:
@@ -278,7 +287,9 @@ class SimEngine(Engine):
         self._sleep = sleep
         self._block_size = cfg.block_size
         self._pool = BlockPool(cfg.sim_num_kv_blocks, self.kv_cache)
-        self._waiting: deque[_Seq] = deque()
+        self._waiting: deque[_Seq] = deque()  # in arrival order, or by (priority, arrival)
+        self._arrivals = 0
+        self._by_priority = cfg.scheduling_policy == "priority"
         self._running: list[_Seq] = []  # in admission order: the last is preempted first
         self._live: set[_Seq] = set()   # every request not finished, wherever it is
         self._wakeup = asyncio.Event()
@@ -308,7 +319,9 @@ class SimEngine(Engine):
         seq = self._new_seq(request)
         if self._task is None or self._task.done():
             raise RuntimeError("the sim engine is not running")
-        self._waiting.append(seq)
+        self._arrivals += 1
+        seq.arrival = self._arrivals
+        self._queue(seq)
         self._live.add(seq)
         self._wakeup.set()
         self._notify()
@@ -456,12 +469,17 @@ class SimEngine(Engine):
         while i < len(self._running):
             seq = self._running[i]
             needed = math.ceil(seq.num_tokens / bs) - len(seq.blocks)
-            while needed > self._pool.num_free and len(self._running) > i + 1:
-                self._preempt()  # the newest request, as vLLM does
+            while needed > self._pool.num_free:
+                victim = self._victim()
                 preempted = True
-            if needed > self._pool.num_free:
-                self._preempt()  # nobody newer is left: the request itself waits
-                preempted = True
+                if victim is seq:  # nobody else to make room: the request itself waits
+                    break
+                if self._running.index(victim) < i:
+                    i -= 1
+                self._preempt(victim)
+            if seq not in self._running or needed > self._pool.num_free:
+                if seq in self._running:
+                    self._preempt(seq)
                 break
             seq.blocks += self._pool.take([], needed)
             i += 1
@@ -484,7 +502,7 @@ class SimEngine(Engine):
         for seq in self._running:
             if seq.prefill_left and budget > 0:
                 prefill(seq)
-        # Admit waiting requests in FIFO order (not in a step that had to preempt, like vLLM).
+        # Admit waiting requests in the queue's order (not in a step that had to preempt, like vLLM).
         while not preempted and budget > 0 and self._waiting and len(self._running) < self._cfg.max_num_seqs:
             seq = self._waiting[0]
             self._hash_full_blocks(seq)
@@ -514,13 +532,29 @@ class SimEngine(Engine):
         ) / cfg.sim_speed
         return batch, ms / 1000.0
 
-    def _preempt(self) -> None:
-        seq = self._running.pop()
+    def _victim(self) -> _Seq:
+        """The running request to preempt: the newest (fcfs), or the one with the highest
+        (priority, arrival), as vLLM's scheduler picks."""
+        return max(self._running, key=lambda s: s.order) if self._by_priority else self._running[-1]
+
+    def _queue(self, seq: _Seq, preempted: bool = False) -> None:
+        """Puts ``seq`` in the waiting queue: by (priority, arrival), or at the back on arrival and
+        the front after a preemption (fcfs)."""
+        if self._by_priority:
+            at = next((i for i, other in enumerate(self._waiting) if other.order > seq.order), len(self._waiting))
+            self._waiting.insert(at, seq)
+        elif preempted:
+            self._waiting.appendleft(seq)
+        else:
+            self._waiting.append(seq)
+
+    def _preempt(self, seq: _Seq) -> None:
+        self._running.remove(seq)
         self._pool.release(seq.blocks)
         seq.blocks = []
         seq.num_cached_blocks = 0
         seq.prefill_left = 0  # recomputed from its admission
-        self._waiting.appendleft(seq)
+        self._queue(seq, preempted=True)
         self.num_preemptions += 1
         log.debug("sim engine: preempted %s (KV cache full)", seq.request.request_id)
 

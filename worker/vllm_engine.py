@@ -211,6 +211,7 @@ class VllmEngine(Engine):
             enable_prefix_caching=cfg.enable_prefix_caching,
             dtype=cfg.dtype,
             enforce_eager=cfg.enforce_eager,
+            scheduling_policy=cfg.scheduling_policy,
             disable_log_stats=False,  # scheduler stats feed our load reports
             # Compact JSON needs a backend that has the option: guidance (llguidance), which also
             # takes the schemas "auto" would hand it when xgrammar cannot.
@@ -301,7 +302,8 @@ class VllmEngine(Engine):
         self._active.add(request.request_id)
         try:
             outputs = self._llm.generate(TokensPrompt(prompt_token_ids=[*prompt_ids, *continued]), params,
-                                         request.request_id, **extra)
+                                         request.request_id, priority=request.priority if self.cfg.scheduling_policy == "priority" else 0,
+                                         **extra)
             with _refusals_as_invalid(structured=request.structured_outputs is not None):
                 async for out in outputs:
                     completion = out.outputs[0]

@@ -148,7 +148,18 @@ def test_openais_informational_fields_are_accepted_and_checked() -> None:
     ))
     assert req.user == "conv-7"  # the session key: OpenAI's cache-locality hint wins over user
     assert convert.chat_request(chat(user="u")).user == "u"
+    assert req.priority == 1  # the flex tier: served after the default one (below)
+    req.ClearField("priority")
     assert req == convert.chat_request(chat(user="u", prompt_cache_key="conv-7"))  # nothing else reaches a worker
+
+
+@pytest.mark.parametrize(("body", "priority"), [
+    ({}, None), ({"service_tier": "priority"}, -1), ({"service_tier": "flex"}, 1), ({"service_tier": "auto"}, None),
+    ({"priority": 7}, 7), ({"priority": 7, "service_tier": "priority"}, 7),  # vLLM's own field wins
+])
+def test_priority_and_the_service_tier_ask_for_a_priority(body: dict, priority: int | None) -> None:
+    req = convert.chat_request(chat(**body))
+    assert (req.priority if req.HasField("priority") else None) == priority
 
 
 @pytest.mark.parametrize(

@@ -395,3 +395,51 @@ async def test_a_continued_stream_goes_on_as_the_undisturbed_one(make_engine: Ma
 def tokenize_text(result: Result, n: int) -> str:
     """The text of a result's first ``n`` tokens (the sim streams one word per token)."""
     return "".join(d.text for d in result.deltas[:n])
+
+
+async def test_with_the_priority_policy_the_most_urgent_waiting_request_runs_next(make_engine: Make) -> None:
+    engine, clock = await make_engine(max_num_seqs=1)
+    first_tokens: list[str] = []
+
+    async def first_token(r: Request) -> None:
+        async for _ in engine.generate(r):
+            first_tokens.append(r.request_id)
+            break
+
+    running = asyncio.create_task(run(engine, clock, req(words("run", 8), max_tokens=20)))
+    await asyncio.sleep(0)  # it is running; the rest wait
+    low = [asyncio.create_task(first_token(Request(request_id=f"low-{i}", prompt=words(f"l{i}", 8), max_tokens=2)))
+           for i in range(3)]
+    await asyncio.sleep(0)
+    urgent = asyncio.create_task(first_token(Request(request_id="urgent", prompt=words("u", 8), max_tokens=2,
+                                                     priority=-1)))
+    await asyncio.gather(running, urgent, *low)
+    assert first_tokens == ["urgent", "low-0", "low-1", "low-2"]  # queued last, served first
+
+
+async def test_fcfs_serves_in_arrival_order_whatever_the_priority(make_engine: Make) -> None:
+    engine, clock = await make_engine(max_num_seqs=1, scheduling_policy="fcfs")
+    order: list[str] = []
+
+    async def first_token(r: Request) -> None:
+        async for _ in engine.generate(r):
+            order.append(r.request_id)
+            break
+
+    running = asyncio.create_task(run(engine, clock, req(words("run", 8), max_tokens=20)))
+    await asyncio.sleep(0)
+    tasks = [asyncio.create_task(first_token(Request(request_id=rid, prompt=words(rid, 8), max_tokens=2,
+                                                     priority=p))) for rid, p in (("a", 0), ("b", -5))]
+    await asyncio.gather(running, *tasks)
+    assert order == ["a", "b"]
+
+
+async def test_with_the_priority_policy_a_full_kv_pool_preempts_the_least_urgent(make_engine: Make) -> None:
+    engine, clock = await make_engine(block_size=4, sim_num_kv_blocks=6)
+    urgent = Request(request_id="urgent", prompt=words("u", 8), max_tokens=12, seed=3, priority=-1)
+    routine = Request(request_id="routine", prompt=words("r", 8), max_tokens=12, seed=3)
+    # The routine request arrives first; the urgent one is the newest, which fcfs would preempt.
+    results = await asyncio.gather(run(engine, clock, routine), run(engine, clock, urgent))
+    assert engine.num_preemptions > 0
+    routine_done, urgent_done = (r.times[-1] for r in results)
+    assert urgent_done < routine_done  # the routine one gave up its blocks and finished later
