@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from meshserve.services import config, openai_errors, validation
+from meshserve.services import config, openai_errors, tenants, validation
 from meshserve.services.config import EnvoyConfig
 
 DESCRIPTOR = Path(__file__).resolve().parent / "envoy" / "meshserve.pb"
@@ -44,9 +44,8 @@ ENVOY_TRACE_BATCH = 512               # spans Envoy buffers before exporting ear
 TENANT_HEADER = "x-meshserve-tenant"  # read by the gateway to isolate cache entries
 HEALTH_PATH = "/health"                 # GET: 200 when a worker can serve, 503 when none can
 API_HEADER = "x-meshserve-api"        # set by the Lua filter: "openai" or "json" (shapes error bodies)
-API_KEYS_ENV = "MESHSERVE_API_KEYS"   # "KEY=TENANT,KEY=TENANT": keys from the environment
+API_KEYS_ENV = tenants.API_KEYS_ENV   # "KEY=TENANT,KEY=TENANT": keys from the environment
 NATIVE_JSON_PREFIX = "/v1/generate"   # our own JSON API; every other /v1/ path speaks OpenAI
-_TENANT_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 
 
 def envoy_binary() -> str:
@@ -104,38 +103,18 @@ def stream_paths(schemas: dict[str, dict[str, list[str]]]) -> dict[str, str]:
     return {p.removesuffix(":stream"): p for p in schemas if p.endswith(":stream") and p.removesuffix(":stream") in schemas}
 
 
-class ApiKeyError(ValueError):
-    """The API key file or variable is malformed (the message names the line)."""
+ApiKeyError = tenants.KeysError  # the keys file or variable is malformed (the message names the line)
 
 
 def parse_api_keys(text: str, source: str) -> dict[str, str]:
-    """``KEY TENANT`` per line ('#' starts a comment) -> {key: tenant}. Messages never show a key."""
-    keys: dict[str, str] = {}
-    for n, raw in enumerate(text.splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        parts = line.split()
-        if len(parts) != 2 or not _TENANT_RE.fullmatch(parts[1]):
-            raise ApiKeyError(f"{source} line {n}: expected 'KEY TENANT' (tenant: letters, digits, _.:-)")
-        if len(parts[0]) < 8:
-            raise ApiKeyError(f"{source} line {n}: key shorter than 8 characters")
-        if parts[0] in keys:
-            raise ApiKeyError(f"{source} line {n}: duplicate key")
-        keys[parts[0]] = parts[1]
-    return keys
+    """``KEY TENANT [settings]`` per line -> {key: tenant} (services.tenants has the format)."""
+    return tenants.parse_keys(text, source).tenants
 
 
 def load_api_keys(cfg: EnvoyConfig, environ: dict[str, str] | os._Environ[str] = os.environ) -> dict[str, str]:
     """Keys from ``cfg.api_keys_file`` and the MESHSERVE_API_KEYS variable, read once at startup.
     Empty means authentication is off."""
-    keys: dict[str, str] = {}
-    if cfg.api_keys_file:
-        keys.update(parse_api_keys(Path(cfg.api_keys_file).read_text(), cfg.api_keys_file))
-    if environ.get(API_KEYS_ENV):
-        text = "\n".join(item.replace("=", " ", 1) for item in environ[API_KEYS_ENV].split(","))
-        keys.update(parse_api_keys(text, API_KEYS_ENV))
-    return keys
+    return tenants.load_keys(cfg.api_keys_file, environ).tenants
 
 
 def _lua_schemas(schemas: dict[str, dict[str, list[str]]], http_edge: bool = False) -> str:

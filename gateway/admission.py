@@ -1,13 +1,16 @@
 """The gateway's first stage: a request is checked and admitted, or refused at once.
 
-Checked: the request itself (services.validation: every field a client sets, the model it names);
-admitted: while fewer than ``max_in_flight`` requests are being served by this gateway; past that
-bound the caller gets RESOURCE_EXHAUSTED with a retry hint rather than a place in a queue."""
+Checked: the request itself (services.validation: every field a client sets, the model it names)
+and against its tenant's settings (services.tenants: the priority it may ask for, its default,
+the most tokens a choice may ask for); admitted: while fewer than ``max_in_flight`` requests are
+being served by this gateway; past that bound the caller gets RESOURCE_EXHAUSTED with a retry
+hint rather than a place in a queue. (Flow control, gateway.flow, orders the requests that wait
+for a place on a saturated fleet.)"""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import grpc
@@ -16,17 +19,21 @@ from meshserve.gateway import metrics
 from meshserve.gateway.errors import invalid, overloaded
 from meshserve.services import validation
 from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.tenants import DEFAULT, TenantSettings
 
 
 class Admission:
-    def __init__(self, model: str, max_in_flight: int) -> None:
+    def __init__(self, model: str, max_in_flight: int, settings: Callable[[str], TenantSettings] = lambda _: DEFAULT
+                 ) -> None:
         self._model = model
         self._max_in_flight = max_in_flight
+        self._settings = settings
         self.in_flight = 0
 
-    def checked(self, request: pb.GenerateRequest) -> pb.GenerateRequest:
+    def checked(self, request: pb.GenerateRequest, tenant: str = "") -> pb.GenerateRequest:
         """A copy of ``request`` the pipeline may change, with an id the worker, the cache and the
-        logs share; GatewayError naming the field when it is not a request this mesh serves."""
+        logs share and its priority (the tenant's default when it asks for none); GatewayError
+        naming the field when it is not a request this mesh serves, or not one its tenant may ask."""
         try:
             validation.validate(request)
         except validation.InvalidRequest as e:
@@ -36,10 +43,21 @@ class Admission:
                           "migrates a stream; clients may not set it", "continue_token_ids")
         if request.model and request.model != self._model:
             raise invalid(grpc.StatusCode.NOT_FOUND, validation.unknown_model(request.model, self._model), "model")
+        own = self._settings(tenant)
+        if request.HasField("priority") and request.priority < own.priority:
+            raise invalid(grpc.StatusCode.INVALID_ARGUMENT, f"'priority' {request.priority} is more urgent than "
+                          f"tenant {tenant or '(anonymous)'} may ask for: {own.priority} or higher", "priority")
+        if own.max_tokens and request.HasField("max_tokens") and request.max_tokens > own.max_tokens:
+            raise invalid(grpc.StatusCode.INVALID_ARGUMENT, f"'max_tokens' is {request.max_tokens}; tenant "
+                          f"{tenant or '(anonymous)'} may ask for at most {own.max_tokens}", "max_tokens")
         req = pb.GenerateRequest()
         req.CopyFrom(request)
         if not req.request_id:
             req.request_id = uuid.uuid4().hex
+        if not req.HasField("priority"):
+            req.priority = own.priority
+        if own.max_tokens and not req.HasField("max_tokens") and validation.max_tokens(req) > own.max_tokens:
+            req.max_tokens = own.max_tokens  # the default, within the tenant's cap
         return req
 
     @contextmanager

@@ -43,6 +43,11 @@ class FleetView:
         self._by_id: dict[str, pb.WorkerState] = {}
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._listeners: list[Callable[[], None]] = []
+
+    def listen(self, callback: Callable[[], None]) -> None:
+        """Calls ``callback`` after each new view."""
+        self._listeners.append(callback)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._follow(), name="fleet view")
@@ -85,6 +90,10 @@ class FleetView:
         """The workers of the view that are healthy and not draining, less those in ``exclude``."""
         return [w for w in self.workers if _serves(w) and w.worker_id not in exclude]
 
+    def sequences(self) -> int:
+        """The sequences the serving workers run at once, in all (their max_num_seqs)."""
+        return sum(w.load.max_num_seqs for w in self.serving_workers())
+
     @property
     def max_model_len(self) -> int | None:
         """The workers' context length, as the first of them that says it (every worker serves
@@ -112,6 +121,8 @@ class FleetView:
         self._viewed = self.live = True
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
+        for callback in self._listeners:
+            callback()
 
     async def _follow(self) -> None:
         backoff = self._backoff_s[0]

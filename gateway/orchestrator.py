@@ -1,6 +1,6 @@
 """The gateway's request pipeline, one stage a module:
 
-    Admission -> ResponseCache -> Coalescer -> WorkerSelector -> StreamSupervisor -> store
+    Admission -> ResponseCache -> Coalescer -> flow control -> WorkerSelector -> StreamSupervisor -> store
 
 Plain async Python over protobuf messages; the servicers in ``gateway.server`` and
 ``gateway.openai_servicer`` only map ``GatewayError`` to a status.
@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
@@ -25,11 +26,12 @@ from meshserve.gateway.coalescer import Coalescer, generate_while
 from meshserve.gateway.errors import GatewayError, invalid
 from meshserve.gateway.fleet import FleetView
 from meshserve.gateway.flights import Flight
+from meshserve.gateway.flow import FlowController
 from meshserve.gateway.relay import add_tool_call_piece
 from meshserve.gateway.response_cache import CacheKey, ResponseCache
 from meshserve.gateway.selector import WorkerSelector
-from meshserve.gateway.stream_supervisor import StreamSupervisor
-from meshserve.services import telemetry, validation
+from meshserve.gateway.stream_supervisor import Place, StreamSupervisor
+from meshserve.services import telemetry, tenants, validation
 from meshserve.services.config import GatewayConfig
 from meshserve.services.gen import meshserve_pb2 as pb
 from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
@@ -52,7 +54,15 @@ class Orchestrator:
         self._clients = clients
         self._clock = clock
         self.fleet = FleetView(clients.watch_fleet)
-        self._admission = Admission(cfg.model, cfg.max_in_flight)
+        self._tenants = tenants.load_keys(cfg.api_keys_file)
+        self._admission = Admission(cfg.model, cfg.max_in_flight, self._tenants.of)
+        self._flow: FlowController | None = None
+        if cfg.flow_control == "on":
+            best = min((s.priority for s in self._tenants.settings.values()), default=tenants.DEFAULT.priority)
+            self._flow = FlowController(self._places, lambda t: self._tenants.of(t).weight,
+                                        min(best, tenants.DEFAULT.priority), cfg.flow_max_queued,
+                                        cfg.flow_max_wait_s, clock)
+            self.fleet.listen(self._flow.pump)
         self._cache = ResponseCache(cfg, clients.cache, clients.entries, clock)
         self._coalescer = Coalescer()
         self._selector = WorkerSelector(clients.picks, self.fleet, clients, cfg.pick_timeout_s, clock)
@@ -75,7 +85,7 @@ class Orchestrator:
         status, detail = grpc.StatusCode.OK, ""
         last: pb.GenerateResponse | None = None
         try:
-            req = self._admission.checked(request)
+            req = self._admission.checked(request, tenant)
             record.request_id = req.request_id
             with self._admission.admitted():
                 async with aclosing(await self._answer(req, tenant, record)) as chunks:
@@ -113,7 +123,8 @@ class Orchestrator:
         if weights is None:
             if shared:
                 metrics.WEIGHTS_UNKNOWN.inc()
-            return self._streams.stream(req, lambda pick: setattr(record, "worker", pick.worker_id))
+            return self._streams.stream(req, lambda pick: setattr(record, "worker", pick.worker_id),
+                                        self._place(req, tenant))
         key = self._cache.key(req, tenant, mode, weights)
         # The mode is part of a flight's key: an "exact" request must not get a "semantic" one's hit.
         flight = f"{key.exact}/{mode}" if self._cfg.coalesce else req.request_id  # else a flight of its own
@@ -127,7 +138,8 @@ class Orchestrator:
         try:
             hit = None if missed else await self._cache.read(key)
             if hit is None:
-                generation = self._streams.stream(req, lambda pick: setattr(flight, "worker", pick.worker_id))
+                generation = self._streams.stream(req, lambda pick: setattr(flight, "worker", pick.worker_id),
+                                                  self._place(req, key.tenant))
                 hit = await generate_while(flight, generation, self._cache.by_meaning(key))
             if hit is not None:
                 flight.cache_kind, flight.cache_age_s, flight.cache_similarity = hit.kind, hit.age_s, hit.similarity
@@ -157,6 +169,17 @@ class Orchestrator:
         if generated_by != key.weights:  # while new weights roll out, another worker's than the fleet's
             key = self._cache.key(req, key.tenant, key.mode, generated_by)
         await self._cache.store(key, flight.chunks, lambda: self._coalescer.landed(flight))
+
+    def _place(self, req: pb.GenerateRequest, tenant: str) -> Place | None:
+        """A place on the fleet for ``req``'s generation (None: flow control off)."""
+        if self._flow is None:
+            return None
+        return self._flow.place(tenant, req.priority, validation.prompt_tokens_estimate(req), validation.max_tokens(req))
+
+    def _places(self) -> int:
+        """Generations this gateway may keep on the fleet: its share of the serving workers'
+        sequences, with headroom (0: none serving, or their sizes not known yet)."""
+        return math.ceil(self.fleet.sequences() * self._cfg.flow_fleet_share * (1 + self._cfg.flow_headroom))
 
     async def complete(self, request: pb.GenerateRequest, tenant: str) -> pb.CompleteResponse:
         """The same pipeline as ``generate``, aggregated into one message."""

@@ -10,6 +10,7 @@ within ``--migration-timeout-s`` of the loss; past that the stream ends with a c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -31,6 +32,12 @@ log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 2  # the first worker, then one other after a failure before any token
 
 Picked = Callable[[pb.PickResponse], None]  # told of each worker the request goes to
+# A place on the fleet (gateway.flow): held while the stream lasts; told the tokens it generated.
+Place = contextlib.AbstractAsyncContextManager[Callable[[int], None]]
+
+
+def _unsettled(tokens: int) -> None:
+    """No place held (flow control off): nothing to settle."""
 
 
 class Selector(Protocol):
@@ -66,30 +73,37 @@ class StreamSupervisor:
         self._cfg = cfg
         self._clock = clock
 
-    async def stream(self, req: pb.GenerateRequest, picked: Picked) -> AsyncIterator[pb.GenerateResponse]:
-        """``req``'s stream, failed over before its first token and migrated after it."""
-        exclude: list[str] = []
-        for attempt in range(1, MAX_ATTEMPTS + 1):
-            pick = await self._selector.pick(req, exclude)
-            picked(pick)
+    async def stream(self, req: pb.GenerateRequest, picked: Picked, place: Place | None = None
+                     ) -> AsyncIterator[pb.GenerateResponse]:
+        """``req``'s stream, failed over before its first token and migrated after it; with a
+        ``place`` (flow control), held from before the first pick to the end, and told the tokens
+        the stream used."""
+        async with place or contextlib.nullcontext(_unsettled) as settle:
             streamed: list[int] = []  # the token ids the client has: what a continuation starts from
-            forwarded = False
             try:
-                async with aclosing(self._from_worker(pick, req, attempt)) as chunks:
-                    async for chunk in chunks:
-                        forwarded = True
-                        streamed.extend(chunk.token_ids)
+                exclude: list[str] = []
+                for attempt in range(1, MAX_ATTEMPTS + 1):
+                    pick = await self._selector.pick(req, exclude)
+                    picked(pick)
+                    forwarded = False
+                    try:
+                        async with aclosing(self._from_worker(pick, req, attempt)) as chunks:
+                            async for chunk in chunks:
+                                forwarded = True
+                                streamed.extend(chunk.token_ids)
+                                yield chunk
+                        return
+                    except WorkerFailed as e:
+                        exclude.append(pick.worker_id)
+                        if forwarded:
+                            lost = e
+                            break
+                        self._failed_before_first_token(req, pick, e, last=attempt == MAX_ATTEMPTS)
+                async with aclosing(self._migrate(req, streamed, pick.worker_id, lost, exclude, picked)) as rest:
+                    async for chunk in rest:
                         yield chunk
-                return
-            except WorkerFailed as e:
-                exclude.append(pick.worker_id)
-                if forwarded:
-                    lost = e
-                    break
-                self._failed_before_first_token(req, pick, e, last=attempt == MAX_ATTEMPTS)
-        async with aclosing(self._migrate(req, streamed, pick.worker_id, lost, exclude, picked)) as rest:
-            async for chunk in rest:
-                yield chunk
+            finally:
+                settle(len(streamed))
 
     @staticmethod
     def _failed_before_first_token(req: pb.GenerateRequest, pick: pb.PickResponse, e: WorkerFailed,

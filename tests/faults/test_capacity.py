@@ -1,7 +1,8 @@
 """Past capacity, every client is told why: 2,000 streams at once through Envoy against a small sim
-fleet (two workers admitting 64 requests each), over gRPC and over the OpenAI edge. Each stream
-completes or is refused with RESOURCE_EXHAUSTED (HTTP 429) and a retry hint; none ends CANCELLED,
-UNKNOWN or with a 5xx; a client that honours the retry hint gets every answer."""
+fleet (two workers running 32 sequences each; the gateway queueing at most 100 for a place on
+it), over gRPC and over the OpenAI edge. Each stream completes or is refused with
+RESOURCE_EXHAUSTED (HTTP 429) and a retry hint; none ends CANCELLED, UNKNOWN or with a 5xx; a
+client that honours the retry hint gets every answer."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 
 from meshserve.commands.launcher import Mesh
 from meshserve.loadgen import runner
-from meshserve.services.config import DEFAULT_MODEL, WorkerConfig
+from meshserve.services.config import DEFAULT_MODEL, GatewayConfig, WorkerConfig
 from meshserve.services.gen import meshserve_pb2 as pb
 from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
 from tests.integration.helpers import mesh_spec
@@ -31,13 +32,13 @@ REFUSED = grpc.StatusCode.RESOURCE_EXHAUSTED
 @pytest.fixture(scope="module")
 def small_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
     spec = mesh_spec(tmp_path_factory.mktemp("faults-capacity"), "sim", workers=2,
-                     worker=WorkerConfig(max_num_seqs=32, max_queue=64))
+                     worker=WorkerConfig(max_num_seqs=32, max_queue=64), gateway=GatewayConfig(flow_max_queued=100))
     with Mesh(spec) as mesh:
         yield mesh
 
 
 def request(i: int) -> pb.GenerateRequest:
-    return pb.GenerateRequest(prompt=f"user {i} asks about the weather", max_tokens=4, temperature=0, cache="off")
+    return pb.GenerateRequest(prompt=f"user {i} asks about the weather", max_tokens=16, temperature=0, cache="off")
 
 
 async def grpc_stream(channel: grpc.aio.Channel, i: int) -> tuple[grpc.StatusCode, dict[str, str]]:
@@ -65,7 +66,7 @@ async def test_2000_grpc_streams_complete_or_are_refused_with_a_retry_hint(small
 
 async def http_stream(session: aiohttp.ClientSession, i: int) -> tuple[int, str | None, bool]:
     """The status, the retry-after header, and whether a 200's stream ended with its finish."""
-    body = {"model": DEFAULT_MODEL, "messages": [{"role": "user", "content": f"user {i} asks"}], "max_tokens": 4,
+    body = {"model": DEFAULT_MODEL, "messages": [{"role": "user", "content": f"user {i} asks"}], "max_tokens": 16,
             "temperature": 0, "stream": True}
     async with session.post("/v1/chat/completions", json=body) as response:
         finished = False
@@ -99,13 +100,13 @@ async def test_2000_openai_streams_complete_or_are_refused_with_429(http_session
 
 
 async def test_a_client_honouring_the_retry_hint_gets_every_answer(small_fleet: Mesh) -> None:
-    channels = runner.open_channels(small_fleet.envoy_address, 5)
+    channels = runner.open_channels(small_fleet.envoy_address, 10)
 
     def opener(i: int) -> runner.OpenStream:
         return lambda: pb_grpc.InferenceStub(channels[i % len(channels)]).Generate(request(i), timeout=TIMEOUT_S)
 
     try:
-        results, _ = await runner.run_requests([(opener(i), 8) for i in range(500)], [0.0] * 500, 500,
+        results, _ = await runner.run_requests([(opener(i), 8) for i in range(1000)], [0.0] * 1000, 1000,
                                                honor_retry_after=True)
     finally:
         await asyncio.gather(*(c.close() for c in channels))

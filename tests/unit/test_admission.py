@@ -10,6 +10,7 @@ from meshserve.gateway.admission import Admission
 from meshserve.gateway.errors import GatewayError
 from meshserve.services import validation
 from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.tenants import TenantSettings
 
 
 def refusal(admission: Admission, request: pb.GenerateRequest) -> GatewayError:
@@ -48,3 +49,17 @@ def test_past_the_bound_a_request_is_refused_at_once_with_a_retry_hint() -> None
     assert admission.in_flight == 0
     with admission.admitted():  # a place freed is a place again
         assert admission.in_flight == 1
+
+
+def test_a_tenant_gets_its_default_priority_and_may_not_ask_for_a_more_urgent_one() -> None:
+    settings = {"batch": TenantSettings(priority=5, max_tokens=100)}
+    admission = Admission("m", 1, lambda t: settings.get(t, TenantSettings()))
+    assert admission.checked(pb.GenerateRequest(prompt="hi"), "batch").priority == 5
+    assert admission.checked(pb.GenerateRequest(prompt="hi", priority=9), "batch").priority == 9  # later is fine
+    assert admission.checked(pb.GenerateRequest(prompt="hi"), "other").priority == 0
+    assert admission.checked(pb.GenerateRequest(prompt="hi"), "batch").max_tokens == 100  # the default, capped
+    for request, param in [(pb.GenerateRequest(prompt="hi", priority=4), "priority"),
+                           (pb.GenerateRequest(prompt="hi", max_tokens=101), "max_tokens")]:
+        with pytest.raises(GatewayError) as e:
+            admission.checked(request, "batch")
+        assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and validation.param_of(e.value.trailers) == param
