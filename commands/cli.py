@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import os
 import sys
+from collections.abc import Mapping
 
 from meshserve.services import config
 
@@ -34,20 +36,22 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    """The whole CLI; ``environ`` fills the services' flags that may come from the environment
+    (config.add_arguments: ``env``)."""
     parser = argparse.ArgumentParser(prog="meshserve", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run one service (what Kubernetes runs)")
     serve_sub = serve.add_subparsers(dest="service", required=True)
     for name, (cls, _) in SERVICES.items():
-        config.add_arguments(serve_sub.add_parser(name, help=(cls.__doc__ or "").strip()), cls)
+        config.add_arguments(serve_sub.add_parser(name, help=(cls.__doc__ or "").strip()), cls, environ=environ)
     for name, (module, help_text) in COMMANDS.items():
         importlib.import_module(module).add_arguments(sub.add_parser(name, help=help_text))
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(os.environ)
     args = parser.parse_args(argv)
     if args.command == "serve":
         cls, module = SERVICES[args.service]

@@ -1,7 +1,9 @@
 """Typed configuration for every meshserve service: defaults live here and nowhere else.
 
 Each service has a dataclass; every field carries its help text, from which the CLI flags are
-derived (``add_arguments`` / ``from_args``). Environment variables are read once, by the CLI.
+derived (``add_arguments`` / ``from_args``). Environment variables are read once, by the CLI: a
+field with an ``env`` name takes its default from that variable (for secrets, which a command line
+would show to anyone who can list the processes).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import dataclasses
 import os
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -45,6 +47,9 @@ ENGINE_PRIORITIES = ("auto", "low", "normal")
 EMBED_RUNTIMES = ("onnx", "onnx-int8", "torch")
 # Where the router finds its workers (RouterConfig.discovery).
 DISCOVERY_MODES = ("static", "kubernetes")
+# The Redis URL (CacheConfig/GatewayConfig.redis_url) when no --redis-url is given: it may carry a
+# password, so Kubernetes passes it from a Secret in the environment, never on the command line.
+REDIS_URL_ENV = "MESHSERVE_REDIS_URL"
 
 
 def default_cache_dir() -> Path:
@@ -238,7 +243,9 @@ class CacheConfig(ServerConfig):
     """The response cache: finished deterministic completions in Redis/Valkey."""
 
     port: int = _f(50053, "gRPC port (0 picks a free port)")
-    redis_url: str = _f("redis://127.0.0.1:6379/0", "Redis/Valkey URL")
+    redis_url: str = _f(
+        "redis://127.0.0.1:6379/0", "Redis/Valkey URL (redis://:PASSWORD@HOST:PORT/DB)", env=REDIS_URL_ENV
+    )
     ttl_seconds: int = _f(3600, "how long a cached completion lives")
     key_prefix: str = _f(CACHE_KEY_PREFIX, "prefix of every cache key")
     max_entry_bytes: int = _f(1 << 20, "largest entry stored; larger completions are not cached (counted)")
@@ -288,7 +295,7 @@ class GatewayConfig(ServerConfig, RoutingConfig):
     redis_url: str = _f(
         "", "the cache's Redis/Valkey URL: the gateway reads and writes exact entries there itself, a hop fewer "
             "per lookup and per store (the cache service indexes them by meaning and answers semantic lookups); "
-            "'' asks the cache service for both")
+            "'' asks the cache service for both", env=REDIS_URL_ENV)
     cache_key_prefix: str = _f(CACHE_KEY_PREFIX, "the cache service's key prefix (its --key-prefix), for --redis-url")
     cache_ttl_seconds: int = _f(3600, "how long an entry the gateway writes lives (the cache's --ttl-seconds)")
     cache_max_entry_bytes: int = _f(
@@ -400,10 +407,11 @@ class EnvoyConfig:
 
 def add_arguments(
     parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = (),
-    only: Callable[[str], bool] = lambda name: True,
+    only: Callable[[str], bool] = lambda name: True, environ: Mapping[str, str] | None = None,
 ) -> None:
     """Adds one ``--flag`` per dataclass field (those ``only`` accepts), with the field's help
-    text and default."""
+    text and default; a field naming an ``env`` variable set in ``environ`` defaults to its value
+    (the flag still wins)."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if f.name in skip or not only(f.name):
@@ -412,7 +420,10 @@ def add_arguments(
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         typ = hints[f.name]
         # argparse expands %-formats in help texts: a literal '%' ("~25% slower") must be doubled.
-        help_text = f"{f.metadata['help']} (default: {default!r})".replace("%", "%%")
+        shown = f"${f.metadata['env']}, else {default!r}" if "env" in f.metadata else repr(default)
+        help_text = f"{f.metadata['help']} (default: {shown})".replace("%", "%%")  # never the variable's value
+        if "env" in f.metadata and environ and f.metadata["env"] in environ:
+            default = environ[f.metadata["env"]]
         kw: dict[str, Any] = {"default": default, "help": help_text}
         if typ is bool:
             kw["action"] = argparse.BooleanOptionalAction

@@ -92,3 +92,24 @@ def test_kubernetes_discovery_needs_its_service_and_no_static_workers(capsys: py
     assert refused.value.code == 2
     err = capsys.readouterr().err
     assert "--discovery kubernetes needs --kubernetes-service" in err and "--workers are static discovery" in err
+
+
+@pytest.mark.parametrize("service", ["cache", "gateway"])
+def test_the_redis_url_may_come_from_the_environment_and_the_flag_wins(
+    service: str, capsys: pytest.CaptureFixture
+) -> None:
+    """A URL with a password is passed in the environment (a Secret on Kubernetes): a command line
+    is visible to anyone who lists the processes, and so is --help."""
+    from meshserve.commands.cli import SERVICES, build_parser
+
+    secret = "redis://:s3cret-password@redis:6379/0"
+    parser = build_parser({config.REDIS_URL_ENV: secret})
+    cls = SERVICES[service][0]
+    assert config.from_args(cls, parser.parse_args(["serve", service])).redis_url == secret
+    flagged = parser.parse_args(["serve", service, "--redis-url", "redis://other:6379/1"])
+    assert config.from_args(cls, flagged).redis_url == "redis://other:6379/1"
+    assert config.from_args(cls, build_parser().parse_args(["serve", service])).redis_url == cls().redis_url
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", service, "--help"])
+    help_text = capsys.readouterr().out
+    assert config.REDIS_URL_ENV in help_text and "s3cret" not in help_text
