@@ -1,8 +1,9 @@
-"""The Helm chart (deploy/helm/meshserve), rendered by Helm's own engine for the default values,
+"""The Helm chart (deploy/helm/meshserve), rendered by Helm's own engine (its Go SDK) and by the
+real helm binary, for the default values (with API keys: the chart refuses to render without),
 the 4-GPU tensor-parallel profile and the router embedded in the gateways: every object
 validates against the Kubernetes schemas (kubernetes-validate; KEDA's ScaledObject against the
-schema of its CRD, from the @kubernetes-models/keda package), and the invariants that break real
-deployments hold."""
+schema of its CRD, from the @kubernetes-models/keda package), and the invariants that
+break real deployments hold."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Any
 import helm_python as helm
 import kubernetes_validate
 import pytest
+import yaml
 
 from meshserve.commands import cli
 from meshserve.deploy import envoy_config as envoy
@@ -65,10 +67,20 @@ def _flag(args: list[str], flag: str) -> str:
     return args[args.index(flag) + 1]
 
 
+def _env(objects: list[dict[str, Any]], container: dict[str, Any], name: str) -> str | None:
+    """The value the container's variable ``name`` takes, read from its Secret where it names one."""
+    for var in container.get("env", []):
+        if var["name"] == name:
+            if "value" in var:
+                return var["value"]
+            ref = var["valueFrom"]["secretKeyRef"]
+            return _named(objects, "Secret", ref["name"])["stringData"][ref["key"]]
+    return None
+
+
 def test_lint_passes_in_strict_mode() -> None:
     for values in chart.PROFILES.values():
-        report = helm.lint(chart.CHART, chart.values_of(values),
-                           strict=True, kube_version=f"v{KUBERNETES_VERSION}")
+        report = helm.lint(chart.CHART, values, strict=True, kube_version=f"v{KUBERNETES_VERSION}")
         errors = [m for m in report["messages"] if m["severity"] >= 2]
         assert not errors and not report["errors"], report
 
@@ -81,7 +93,7 @@ def test_every_object_validates_against_the_kubernetes_schemas(objects: list[dic
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
         kinds.add(obj["kind"])
     assert {"Deployment", "Service", "ConfigMap", "PodDisruptionBudget", "HorizontalPodAutoscaler",
-            "StatefulSet", "Role", "RoleBinding", "ServiceAccount"} <= kinds
+            "StatefulSet", "Role", "RoleBinding", "ServiceAccount", "Secret"} <= kinds
 
 
 def test_the_validator_refuses_what_kubernetes_refuses(objects: list[dict[str, Any]]) -> None:
@@ -256,7 +268,7 @@ def test_draining_fits_in_the_grace_period(objects: list[dict[str, Any]]) -> Non
 
 
 def test_tensor_parallel_workers_get_their_gpus_and_shared_memory() -> None:
-    for values, tp in ((None, 1), (chart.PROFILES["gpu-tp4"], 4)):
+    for values, tp in ((chart.PROFILES["default"], 1), (chart.PROFILES["gpu-tp4"], 4)):
         objects = chart.render(values)
         worker = _named(objects, "Deployment", _name("worker"))
         pod = worker["spec"]["template"]["spec"]
@@ -273,14 +285,10 @@ def test_tensor_parallel_workers_get_their_gpus_and_shared_memory() -> None:
             assert "nvidia.com/gpu" not in c["resources"]["limits"] and c["image"].endswith("-cpu")
 
 
-def test_too_few_gpus_for_the_tensor_parallel_size_is_refused() -> None:
-    with pytest.raises(helm.HelmError, match="worker.gpus"):
-        chart.render({"worker": {"flavor": "gpu", "tensorParallelSize": 4, "gpus": 2}})
-
 
 def test_an_unknown_router_mode_is_refused_with_the_choices() -> None:
     with pytest.raises(helm.HelmError, match="router.mode must be service or embedded, not \"sidecar\""):
-        chart.render({"router": {"mode": "sidecar"}})
+        chart.render({**chart.PROFILES["default"], "router": {"mode": "sidecar"}})
 
 
 def test_keda_scales_workers_on_waiting_requests_without_scale_to_zero(objects: list[dict[str, Any]]) -> None:
@@ -292,18 +300,133 @@ def test_keda_scales_workers_on_waiting_requests_without_scale_to_zero(objects: 
     assert "replicas" not in _named(objects, "Deployment", _name("worker"))["spec"]
 
 
-def test_api_keys_come_from_a_secret_never_a_configmap() -> None:
-    objects = chart.render({"apiKeys": {"keys": {"sk-team-a": "team-a"}}})
-    (secret,) = _of(objects, "Secret")
-    assert secret["stringData"]["api-keys"] == "sk-team-a=team-a"
-    container = _named(objects, "Deployment", _name("envoy"))["spec"]["template"]["spec"]["containers"][0]
-    (env,) = container["env"]
-    assert env["name"] == envoy.API_KEYS_ENV and env["valueFrom"]["secretKeyRef"]["name"] == secret["metadata"]["name"]
-    assert all("sk-team-a" not in json.dumps(cm) for cm in _of(objects, "ConfigMap"))
-
-
 def test_an_external_redis_replaces_the_bundled_one() -> None:
-    objects = chart.render({"redis": {"url": "redis://redis.example:6379/2"}})
+    objects = chart.render({**chart.PROFILES["default"], "redis": {"url": "redis://redis.example:6379/2"}})
     assert not _of(objects, "StatefulSet")
     cache = next(c for w, c in _containers(objects) if w["metadata"]["name"] == _name("cache"))
     assert _flag(cache["args"], "--redis-url") == "redis://redis.example:6379/2"
+
+
+# --- What the chart refuses, by Helm's SDK and by the helm binary alike ----------------------
+
+KEY = next(iter(chart.API_KEYS["keys"]))
+SHORT_KEY = "sk-short-0123456789"  # 19 characters
+
+
+def _with(**values: Any) -> dict[str, Any]:
+    """The default profile (API keys) with ``values`` replacing its top-level keys."""
+    return {**chart.PROFILES["default"], **values}
+
+
+REFUSALS = [  # (id, values, what the message says)
+    ("no-api-keys", {},
+     ("API keys are required: set apiKeys.keys (KEY: TENANT, each key at least 32 characters) or "
+      "apiKeys.existingSecret (a Secret you made), or set allowAnonymous=true")),
+    ("short-key", _with(apiKeys={"keys": {SHORT_KEY: "team-a"}}),
+     'the key of tenant "team-a" has 19 characters; a key needs at least 32'),
+    ("separator-in-key", _with(apiKeys={"keys": {KEY + ",x": "team-a"}}),
+     "the key of tenant \"team-a\" holds a space, ',', '=' or '#'"),
+    ("bad-tenant", _with(apiKeys={"keys": {KEY: "team a"}}), 'tenant "team a" must be 1 to 64 letters'),
+    ("keys-and-secret", _with(apiKeys={"keys": chart.API_KEYS["keys"], "existingSecret": "mine"}),
+     "apiKeys.keys and apiKeys.existingSecret are both set"),
+    ("too-few-gpus", _with(worker={"flavor": "gpu", "tensorParallelSize": 4, "gpus": 2}),
+     "worker.gpus (2) must be at least worker.tensorParallelSize (4)"),
+]
+
+
+@pytest.mark.parametrize("values,message", [r[1:] for r in REFUSALS], ids=[r[0] for r in REFUSALS])
+def test_the_chart_refuses_with_a_message_naming_what_to_set(values: dict[str, Any], message: str) -> None:
+    with pytest.raises(helm.HelmError) as refused:
+        chart.render(values)
+    result = chart.template(values)
+    assert result.returncode == 1 and "Error: " in result.stderr, result.stderr
+    for text in (str(refused.value), result.stderr):
+        assert message in " ".join(text.split()), text
+        assert SHORT_KEY not in text and KEY not in text  # a key is never shown
+
+
+# --- API keys ----------------------------------------------------------------------------------
+
+def _envoy(objects: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Envoy's pod template and its container."""
+    template = _named(objects, "Deployment", _name("envoy"))["spec"]["template"]
+    return template, template["spec"]["containers"][0]
+
+
+def test_api_keys_reach_envoy_from_a_secret_in_the_form_envoy_reads() -> None:
+    keys = {"sk-team-a-" + "a" * 32: "team-a", "sk-team-b-" + "b" * 32: "team-b"}
+    objects = chart.render(_with(apiKeys={"keys": keys}))
+    _, container = _envoy(objects)
+    secret = _named(objects, "Secret", _name("api-keys"))
+    (env,) = container["env"]
+    assert env["name"] == envoy.API_KEYS_ENV
+    assert env["valueFrom"]["secretKeyRef"]["name"] == secret["metadata"]["name"]
+    # Envoy's own loader reads the Secret's value back into the same keys and tenants.
+    environ = {envoy.API_KEYS_ENV: _env(objects, container, envoy.API_KEYS_ENV)}
+    assert envoy.load_api_keys(EnvoyConfig(), environ) == keys
+    for obj in objects:
+        if obj is not secret:
+            assert not any(k in json.dumps(obj) for k in keys), obj["metadata"]["name"]
+
+
+def test_an_existing_secret_is_read_and_none_is_made() -> None:
+    objects = chart.render(_with(apiKeys={"existingSecret": "edge-keys", "secretKey": "keys"}))
+    assert _name("api-keys") not in [s["metadata"]["name"] for s in _of(objects, "Secret")]
+    (env,) = _envoy(objects)[1]["env"]
+    assert env["valueFrom"]["secretKeyRef"] == {"name": "edge-keys", "key": "keys"}
+
+
+def test_anonymous_serving_must_be_asked_for() -> None:
+    objects = chart.render({"allowAnonymous": True})
+    template, container = _envoy(objects)
+    assert "env" not in container and "checksum/api-keys" not in template["metadata"]["annotations"]
+    assert _name("api-keys") not in [s["metadata"]["name"] for s in _of(objects, "Secret")]
+
+
+OTHER_KEY = "sk-chart-test-fedcba9876543210fedc"
+SECRET = {"existingSecret": "keys"}
+ROLLS = [  # (id, before, after, whether Envoy's pods roll)
+    ("new-key", _with(), _with(apiKeys={"keys": {OTHER_KEY: "team-a"}}), True),
+    ("new-tenant", _with(), _with(apiKeys={"keys": {KEY: "team-b"}}), True),
+    ("another-secret", _with(apiKeys=SECRET), _with(apiKeys={"existingSecret": "keys-2"}), True),
+    ("rollout-token", _with(apiKeys=SECRET), _with(apiKeys={**SECRET, "rolloutToken": "2026-12-07"}), True),
+    ("unrelated-value", _with(), _with(gateway={"maxInFlight": 1024}), False),
+]
+
+
+@pytest.mark.parametrize("before,after,rolls", [r[1:] for r in ROLLS], ids=[r[0] for r in ROLLS])
+def test_changed_keys_roll_envoy(before: dict[str, Any], after: dict[str, Any], rolls: bool) -> None:
+    """Envoy reads its keys once, at start: new keys must change its pod template."""
+    first, second = (_envoy(chart.render(values))[0]["metadata"]["annotations"]["checksum/api-keys"]
+                     for values in (before, after))
+    assert (first != second) == rolls
+
+
+# --- The real helm binary ----------------------------------------------------------------------
+
+BINARY_CONFIGS = {**chart.PROFILES, "anonymous": {"allowAnonymous": True},
+                  "existing-secret": _with(apiKeys={"existingSecret": "edge-keys"})}
+
+
+@pytest.mark.parametrize("values", list(BINARY_CONFIGS.values()), ids=list(BINARY_CONFIGS))
+def test_the_helm_binary_lints_strictly_and_renders_what_the_sdk_renders(values: dict[str, Any]) -> None:
+    lint = chart.run_helm("lint", "--strict", str(chart.CHART), f"--kube-version={KUBERNETES_VERSION}",
+                          values=values)
+    assert lint.returncode == 0 and "0 chart(s) failed" in lint.stdout, lint.stdout + lint.stderr
+    rendered = chart.template_objects(values)
+
+    def names(objects: list[dict[str, Any]]) -> list[tuple[str, str]]:
+        return sorted((o["kind"], o["metadata"]["name"]) for o in objects)
+
+    assert names(rendered) == names(chart.render(values))
+    for obj in rendered:
+        if not obj["apiVersion"].startswith("keda.sh/"):
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+def test_lint_only_notes_a_refusal_so_the_refusals_are_checked_by_rendering() -> None:
+    """Helm's lint mode turns `fail` into a note: lint passes the chart's defaults, keys or not.
+    That the chart refuses is checked by rendering (test_the_chart_refuses_...)."""
+    lint = chart.run_helm("lint", "--strict", str(chart.CHART), values={})
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    assert 'msg="funcMap fail" message="API keys are required' in lint.stderr

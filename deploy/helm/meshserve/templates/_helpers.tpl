@@ -167,13 +167,50 @@ spec:
       appProtocol: grpc
 {{- end -}}
 
-{{/* apiKeys.keys as MESHSERVE_API_KEYS reads them: KEY=TENANT,KEY=TENANT. */}}
+{{/* apiKeys.keys as MESHSERVE_API_KEYS reads them: KEY=TENANT,KEY=TENANT. Refuses a key shorter
+than 32 characters (128 bits of a hex key: beyond guessing at any request rate) or one holding a
+separator, and a tenant Envoy would refuse; messages name the tenant, never the key. */}}
 {{- define "meshserve.apiKeys" -}}
 {{- $pairs := list -}}
 {{- range $key, $tenant := .Values.apiKeys.keys -}}
+{{- if not (regexMatch "^[A-Za-z0-9_.:-]{1,64}$" (toString $tenant)) -}}
+{{- fail (printf "apiKeys.keys: tenant %q must be 1 to 64 letters, digits or _ . : -" (toString $tenant)) -}}
+{{- end -}}
+{{- if lt (len $key) 32 -}}
+{{- fail (printf "apiKeys.keys: the key of tenant %q has %d characters; a key needs at least 32 (openssl rand -hex 24 makes one)" $tenant (len $key)) -}}
+{{- end -}}
+{{- if regexMatch "[\\s,=#]" $key -}}
+{{- fail (printf "apiKeys.keys: the key of tenant %q holds a space, ',', '=' or '#', which the key list uses as separators" $tenant) -}}
+{{- end -}}
 {{- $pairs = append $pairs (printf "%s=%s" $key $tenant) -}}
 {{- end -}}
 {{- join "," $pairs -}}
+{{- end -}}
+
+{{/* "true" when Envoy checks API keys. Without keys the render fails, unless allowAnonymous. */}}
+{{- define "meshserve.auth" -}}
+{{- $k := .Values.apiKeys -}}
+{{- if and $k.keys $k.existingSecret -}}
+{{- fail "apiKeys.keys and apiKeys.existingSecret are both set: the chart makes the Secret from the keys, or reads yours; choose one" -}}
+{{- end -}}
+{{- if or $k.keys $k.existingSecret -}}
+true
+{{- else if not .Values.allowAnonymous -}}
+{{- fail "API keys are required: set apiKeys.keys (KEY: TENANT, each key at least 32 characters) or apiKeys.existingSecret (a Secret you made), or set allowAnonymous=true to serve without authentication" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* What rolls Envoy when its keys change (it reads them once, at start): the keys themselves,
+or the existing Secret's data where the render sees the cluster (helm install/upgrade), and
+rolloutToken for renders that do not (helm template, Argo CD). */}}
+{{- define "meshserve.apiKeysChecksum" -}}
+{{- $k := .Values.apiKeys -}}
+{{- $source := include "meshserve.apiKeys" . -}}
+{{- if $k.existingSecret -}}
+{{- $secret := lookup "v1" "Secret" .Release.Namespace $k.existingSecret | default dict -}}
+{{- $source = dig "data" $k.secretKey "" $secret -}}
+{{- end -}}
+{{- printf "%s\n%s\n%s" $k.existingSecret $source $k.rolloutToken | sha256sum -}}
 {{- end -}}
 
 {{/* "true" when every gateway picks in its own process (router.mode: embedded), "" for the router
