@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import helm_python as helm
 import kubernetes_validate
@@ -194,7 +196,12 @@ def test_services_find_each_other_by_the_names_and_ports_the_chart_gives(objects
         assert _flag(gateway, "--router") == f"{_name('router')}:{port_of(_name('router'))}"
         router = _args(containers[_name("router")])
     assert _flag(gateway, "--cache") == f"{_name('cache')}:{port_of(_name('cache'))}"
-    assert _flag(_args(containers[_name("cache")]), "--redis-url") == f"redis://{_name('redis')}:{port_of(_name('redis'))}/0"
+    # The Redis URL, password and all, reaches the cache and the gateways from a Secret.
+    for component in ("cache", "gateway"):
+        url = urlsplit(_env(objects, containers[_name(component)], config.REDIS_URL_ENV))
+        where = (url.hostname, url.port, url.path)
+        assert where == (_name("redis"), port_of(_name("redis")), "/0"), component
+        assert "--redis-url" not in _args(containers[_name(component)])
     assert _flag(router, "--discovery") == "kubernetes"
     assert _flag(router, "--kubernetes-service") == _name("worker")
     worker_service = services[_name("worker")]
@@ -301,10 +308,11 @@ def test_keda_scales_workers_on_waiting_requests_without_scale_to_zero(objects: 
 
 
 def test_an_external_redis_replaces_the_bundled_one() -> None:
-    objects = chart.render({**chart.PROFILES["default"], "redis": {"url": "redis://redis.example:6379/2"}})
+    objects = chart.render({**chart.PROFILES["default"], "redis": {"url": "redis://:pw@redis.example:6379/2"}})
     assert not _of(objects, "StatefulSet")
     cache = next(c for w, c in _containers(objects) if w["metadata"]["name"] == _name("cache"))
-    assert _flag(cache["args"], "--redis-url") == "redis://redis.example:6379/2"
+    assert _env(objects, cache, config.REDIS_URL_ENV) == "redis://:pw@redis.example:6379/2"
+    assert set(_named(objects, "Secret", _name("redis"))["stringData"]) == {"url"}
 
 
 # --- What the chart refuses, by Helm's SDK and by the helm binary alike ----------------------
@@ -329,6 +337,8 @@ REFUSALS = [  # (id, values, what the message says)
     ("bad-tenant", _with(apiKeys={"keys": {KEY: "team a"}}), 'tenant "team a" must be 1 to 64 letters'),
     ("keys-and-secret", _with(apiKeys={"keys": chart.API_KEYS["keys"], "existingSecret": "mine"}),
      "apiKeys.keys and apiKeys.existingSecret are both set"),
+    ("short-redis-password", _with(redis={"bundled": {"password": "hunter2"}}),
+     "redis.bundled.password must be at least 16 characters"),
     ("too-few-gpus", _with(worker={"flavor": "gpu", "tensorParallelSize": 4, "gpus": 2}),
      "worker.gpus (2) must be at least worker.tensorParallelSize (4)"),
 ]
@@ -400,6 +410,49 @@ def test_changed_keys_roll_envoy(before: dict[str, Any], after: dict[str, Any], 
     first, second = (_envoy(chart.render(values))[0]["metadata"]["annotations"]["checksum/api-keys"]
                      for values in (before, after))
     assert (first != second) == rolls
+
+
+# --- The bundled Valkey's password -------------------------------------------------------------
+
+def _pod_annotations(objects: list[dict[str, Any]], kind: str, component: str) -> dict[str, str]:
+    return _named(objects, kind, _name(component))["spec"]["template"]["metadata"]["annotations"]
+
+
+@pytest.mark.parametrize("password", ["", "a-given-password-0123"], ids=["generated", "given"])
+def test_valkey_is_protected_by_a_password_no_command_line_shows(password: str) -> None:
+    objects = chart.render(_with(redis={"bundled": {"password": password}}))
+    secret = _named(objects, "Secret", _name("redis"))["stringData"]
+    generated = secret["password"]
+    assert generated == password if password else re.fullmatch(r"[A-Za-z0-9]{32}", generated)
+    assert secret["valkey.conf"] == f"requirepass {generated}\n"
+    assert urlsplit(secret["url"]).password == generated
+    pod = _named(objects, "StatefulSet", _name("redis"))["spec"]["template"]["spec"]
+    (valkey,) = pod["containers"]
+    args = valkey["args"]
+    assert _flag(args, "--protected-mode") == "yes"
+    # Valkey reads the password from the Secret's config line, mounted as its config file.
+    (mount,) = [m for m in valkey["volumeMounts"] if m["name"] == "auth"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "auth"]
+    assert volume["secret"]["secretName"] == _name("redis")
+    (item,) = volume["secret"]["items"]
+    assert args[0] == f"{mount['mountPath']}/{item['path']}" and item["key"] == "valkey.conf"
+    for w, c in _containers(objects):
+        command_line = json.dumps([c.get("command"), c.get("args"), c.get("env")])
+        assert generated not in command_line, w["metadata"]["name"]
+    # The clients' pods carry the same checksum of the URL: one password, wherever it is read.
+    clients = {_pod_annotations(objects, "Deployment", c)["checksum/redis"] for c in ("cache", "gateway")}
+    assert len(clients) == 1
+
+
+def test_a_new_password_rolls_valkey_and_its_clients() -> None:
+    """Valkey reads its config, and the cache and the gateways their URL, at start."""
+    def checksums(password: str) -> list[str]:
+        objects = chart.render(_with(redis={"bundled": {"password": password}}))
+        return [_pod_annotations(objects, "StatefulSet", "redis")["checksum/password"],
+                *(_pod_annotations(objects, "Deployment", c)["checksum/redis"] for c in ("cache", "gateway"))]
+
+    first, second = checksums("first-password-0123"), checksums("second-password-012")
+    assert all(a != b for a, b in zip(first, second, strict=True))
 
 
 # --- The real helm binary ----------------------------------------------------------------------

@@ -49,12 +49,38 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
 {{- end -}}
 {{- end -}}
 
+{{/* The bundled Valkey's password: redis.bundled.password, else the one the release's Secret
+already holds (lookup: an upgrade keeps it), else 32 random characters. Computed once per render
+and kept in the values, so that every template that includes it sees the same one. */}}
+{{- define "meshserve.redisPassword" -}}
+{{- $r := .Values.redis.bundled -}}
+{{- if not $r.password -}}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace (include "meshserve.name" (dict "root" . "component" "redis")) -}}
+{{- $kept := dig "data" "password" "" ($existing | default dict) -}}
+{{- $_ := set $r "password" (ternary ($kept | b64dec) (randAlphaNum 32) (ne $kept "")) -}}
+{{- else if not (regexMatch "^[A-Za-z0-9._~-]{16,}$" $r.password) -}}
+{{- fail "redis.bundled.password must be at least 16 characters of letters, digits and . _ ~ - (it goes into a URL and Valkey's config unquoted)" -}}
+{{- end -}}
+{{- $r.password -}}
+{{- end -}}
+
+{{/* The Redis URL the cache and the gateways read: in the release's Redis Secret (redis.yaml),
+from which their MESHSERVE_REDIS_URL comes. */}}
 {{- define "meshserve.redisUrl" -}}
 {{- if .Values.redis.url -}}
 {{- .Values.redis.url -}}
 {{- else -}}
-{{- printf "redis://%s/0" (include "meshserve.address" (dict "root" . "component" "redis")) -}}
+{{- printf "redis://:%s@%s/0" (include "meshserve.redisPassword" .) (include "meshserve.address" (dict "root" . "component" "redis")) -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The container env that carries the Redis URL: a Secret, never the command line. */}}
+{{- define "meshserve.redisEnv" -}}
+- name: MESHSERVE_REDIS_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "meshserve.name" (dict "root" . "component" "redis") }}
+      key: url
 {{- end -}}
 
 {{/* The flags every meshserve service takes (ServerConfig). */}}
