@@ -455,6 +455,27 @@ def test_a_new_password_rolls_valkey_and_its_clients() -> None:
     assert all(a != b for a, b in zip(first, second, strict=True))
 
 
+# --- KEDA only where the cluster serves it -----------------------------------------------------
+
+@pytest.mark.parametrize("api_versions,keda", [((chart.KEDA_API,), True), ((), False)],
+                         ids=["keda", "no-keda"])
+@pytest.mark.parametrize("renderer", ["sdk", "binary"])
+def test_a_scaled_object_only_where_the_cluster_serves_kedas_api(
+    renderer: str, api_versions: tuple[str, ...], keda: bool
+) -> None:
+    render = chart.render if renderer == "sdk" else chart.template_objects
+    objects = render(_with(worker={"replicas": 3}), api_versions=api_versions)
+    assert bool(_of(objects, "ScaledObject")) == keda
+    worker = _named(objects, "Deployment", _name("worker"))["spec"]
+    assert worker.get("replicas") == (None if keda else 3)  # without KEDA the chart's count stands
+
+
+def test_no_scaled_object_when_worker_autoscaling_is_off() -> None:
+    objects = chart.render(_with(autoscaling={"workers": {"enabled": False}}))
+    assert not _of(objects, "ScaledObject")
+    assert _named(objects, "Deployment", _name("worker"))["spec"]["replicas"] == 1
+
+
 # --- The real helm binary ----------------------------------------------------------------------
 
 BINARY_CONFIGS = {**chart.PROFILES, "anonymous": {"allowAnonymous": True},

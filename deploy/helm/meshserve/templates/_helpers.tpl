@@ -83,6 +83,11 @@ from which their MESHSERVE_REDIS_URL comes. */}}
       key: url
 {{- end -}}
 
+{{/* "true" when KEDA scales the workers: asked for, and the cluster serves KEDA's API. */}}
+{{- define "meshserve.kedaScalesWorkers" -}}
+{{- if and .Values.autoscaling.workers.enabled (.Capabilities.APIVersions.Has "keda.sh/v1alpha1") }}true{{ end -}}
+{{- end -}}
+
 {{/* The flags every meshserve service takes (ServerConfig). */}}
 {{- define "meshserve.serverArgs" -}}
 - --host
