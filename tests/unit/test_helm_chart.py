@@ -7,6 +7,7 @@ break real deployments hold."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -474,6 +475,50 @@ def test_no_scaled_object_when_worker_autoscaling_is_off() -> None:
     objects = chart.render(_with(autoscaling={"workers": {"enabled": False}}))
     assert not _of(objects, "ScaledObject")
     assert _named(objects, "Deployment", _name("worker"))["spec"]["replicas"] == 1
+
+
+# --- Where pods run ----------------------------------------------------------------------------
+
+SCHEDULED = {  # component -> where its values live
+    "envoy": ("envoy",), "gateway": ("gateway",), "router": ("router",), "cache": ("cache",),
+    "worker": ("worker",), "redis": ("redis", "bundled"), "otel-collector": ("tracing", "collector"),
+}
+PLACEMENT = ("nodeSelector", "tolerations", "affinity")
+
+
+def _placements(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each workload's nodeSelector, tolerations and affinity (those set), by component."""
+    return {w["metadata"]["labels"]["app.kubernetes.io/component"]:
+            {k: v for k, v in w["spec"]["template"]["spec"].items() if k in PLACEMENT}
+            for w in objects if w["kind"] in WORKLOADS}
+
+
+def test_only_gpu_workers_are_placed_on_gpu_nodes() -> None:
+    assert not any(_placements(chart.render(chart.PROFILES["default"])).values())
+    gpu = _placements(chart.render(chart.PROFILES["gpu-tp4"]))
+    assert {c for c, p in gpu.items() if p} == {"worker"}
+    assert gpu["worker"]["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+
+
+@pytest.mark.parametrize("component", list(SCHEDULED))
+def test_each_component_is_placed_by_its_own_values(component: str) -> None:
+    zone = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+    placement = {
+        "nodeSelector": {"pool": component}, "tolerations": [{"key": "pool", "operator": "Exists"}],
+        "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 1, "preference": zone}]}},
+    }
+    values = _with(tracing={"collector": {"enabled": True}})
+    target = values
+    for key in SCHEDULED[component]:
+        target = target.setdefault(key, {})
+    target.update(copy.deepcopy(placement))
+    objects = chart.render(values)
+    assert {c: p for c, p in _placements(objects).items() if p} == {component: placement}
+    for obj in objects:
+        if obj["kind"] in WORKLOADS:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
 
 
 # --- The real helm binary ----------------------------------------------------------------------

@@ -110,7 +110,8 @@ prometheus.io/port: {{ include "meshserve.metricsPort" . | quote }}
 prometheus.io/path: /metrics
 {{- end -}}
 
-{{/* Pod spec parts every component shares. */}}
+{{/* Pod spec parts every component shares; .values: the component's own values (where its
+pods may run: nodeSelector, tolerations, affinity). */}}
 {{- define "meshserve.podCommon" -}}
 securityContext:
   {{- toYaml .root.Values.podSecurityContext | nindent 2 }}
@@ -118,12 +119,16 @@ securityContext:
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .root.Values.nodeSelector }}
+{{- with .values.nodeSelector }}
 nodeSelector:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .root.Values.tolerations }}
+{{- with .values.tolerations }}
 tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.affinity }}
+affinity:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- if .root.Values.topologySpread }}
