@@ -2,18 +2,21 @@
 real helm binary, for the default values (with API keys: the chart refuses to render without),
 the 4-GPU tensor-parallel profile and the router embedded in the gateways: every object
 validates against the Kubernetes schemas (kubernetes-validate; KEDA's ScaledObject against the
-schema of its CRD, from the @kubernetes-models/keda package), and the invariants that
-break real deployments hold."""
+schema of its CRD, from the @kubernetes-models/keda package), values are checked by the chart's
+values.schema.json, and the invariants that break real deployments hold."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import re
 import shlex
 import shutil
 import subprocess
+import typing
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -293,12 +296,6 @@ def test_tensor_parallel_workers_get_their_gpus_and_shared_memory() -> None:
             assert "nvidia.com/gpu" not in c["resources"]["limits"] and c["image"].endswith("-cpu")
 
 
-
-def test_an_unknown_router_mode_is_refused_with_the_choices() -> None:
-    with pytest.raises(helm.HelmError, match="router.mode must be service or embedded, not \"sidecar\""):
-        chart.render({**chart.PROFILES["default"], "router": {"mode": "sidecar"}})
-
-
 def test_keda_scales_workers_on_waiting_requests_without_scale_to_zero(objects: list[dict[str, Any]]) -> None:
     (scaled,) = _of(objects, "ScaledObject")
     assert scaled["spec"]["minReplicaCount"] >= 1 and "idleReplicaCount" not in scaled["spec"]
@@ -340,6 +337,14 @@ REFUSALS = [  # (id, values, what the message says)
      "apiKeys.keys and apiKeys.existingSecret are both set"),
     ("short-redis-password", _with(redis={"bundled": {"password": "hunter2"}}),
      "redis.bundled.password must be at least 16 characters"),
+    ("wrong-type", _with(gateway={"replicas": "two"}),
+     "at '/gateway/replicas': got string, want integer"),
+    ("misspelt-key", _with(gateway={"replica": 2}),
+     "at '/gateway': additional properties 'replica' not allowed"),
+    ("global-tolerations", _with(tolerations=[]), "additional properties 'tolerations' not allowed"),
+    ("unknown-router-mode", _with(router={"mode": "sidecar"}),
+     "at '/router/mode': value must be one of 'service', 'embedded'"),
+    ("unknown-routing", _with(router={"routing": "fastest"}), "at '/router/routing': value must be one of"),
     ("too-few-gpus", _with(worker={"flavor": "gpu", "tensorParallelSize": 4, "gpus": 2}),
      "worker.gpus (2) must be at least worker.tensorParallelSize (4)"),
 ]
@@ -519,6 +524,48 @@ def test_each_component_is_placed_by_its_own_values(component: str) -> None:
     for obj in objects:
         if obj["kind"] in WORKLOADS:
             kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+# --- values.schema.json ------------------------------------------------------------------------
+
+SCHEMA = json.loads((chart.CHART / "values.schema.json").read_text())
+VALUES = yaml.safe_load((chart.CHART / "values.yaml").read_text())
+
+
+def _closed_objects(schema: dict[str, Any], values: Any, path: str = "") -> Iterator[tuple[str, dict, Any]]:
+    """Every object the schema closes (additionalProperties: false), with the values at its path."""
+    if schema.get("type") == "object" and schema.get("additionalProperties") is False:
+        yield path, schema, values
+        for key, sub in schema["properties"].items():
+            if isinstance(values, dict) and key in values:
+                yield from _closed_objects(sub, values[key], f"{path}.{key}")
+
+
+def test_the_schema_describes_exactly_the_values_the_chart_has() -> None:
+    """A value the schema does not know is refused (a typo fails the install): the schema must
+    name every value of values.yaml, and no value values.yaml lacks."""
+    seen = set()
+    for path, schema, values in _closed_objects(SCHEMA, VALUES):
+        if path != ".envoy.settings":  # EnvoyConfig's fields, below: values.yaml sets a few
+            assert set(schema["properties"]) == set(values), path or "(top)"
+        seen.add(path)
+    assert {"", ".gateway.autoscaling", ".redis.bundled", ".tracing.collector", ".envoy.settings"} <= seen
+
+
+def test_the_schemas_choices_are_the_services_own() -> None:
+    props = SCHEMA["properties"]
+    assert props["router"]["properties"]["routing"]["enum"] == list(config.ROUTING_POLICIES)
+    assert props["worker"]["properties"]["engine"]["enum"] == list(config.WORKER_ENGINES)
+    # envoy.settings: EnvoyConfig's fields, but those the chart sets itself (and the key file:
+    # the keys come from a Secret), each with its type.
+    settings = props["envoy"]["properties"]["settings"]["properties"]
+    chart_set = {"listen_host", "listen_port", "stats_port", "gateways", "http_gateways",
+                 "gateway_max_in_flight", "otlp_endpoint", "trace_sampling_ratio", "api_keys_file"}
+    json_type = {int: "integer", float: "number", str: "string"}
+    hints = typing.get_type_hints(EnvoyConfig)
+    fields = {f.name: json_type[hints[f.name]] for f in dataclasses.fields(EnvoyConfig)
+              if f.name not in chart_set}
+    assert {name: s["type"] for name, s in settings.items()} == fields
 
 
 # --- The real helm binary ----------------------------------------------------------------------
