@@ -3,12 +3,14 @@ real helm binary, for the default values (with API keys: the chart refuses to re
 the 4-GPU tensor-parallel profile and the router embedded in the gateways: every object
 validates against the Kubernetes schemas (kubernetes-validate; KEDA's ScaledObject against the
 schema of its CRD, from the @kubernetes-models/keda package), values are checked by the chart's
-values.schema.json, and the invariants that break real deployments hold."""
+values.schema.json, the NetworkPolicies admit exactly the calls the services make, and the
+invariants that break real deployments hold."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import ipaddress
 import json
 import os
 import re
@@ -17,6 +19,7 @@ import shutil
 import subprocess
 import typing
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -99,7 +102,7 @@ def test_every_object_validates_against_the_kubernetes_schemas(objects: list[dic
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
         kinds.add(obj["kind"])
     assert {"Deployment", "Service", "ConfigMap", "PodDisruptionBudget", "HorizontalPodAutoscaler",
-            "StatefulSet", "Role", "RoleBinding", "ServiceAccount", "Secret"} <= kinds
+            "StatefulSet", "Role", "RoleBinding", "ServiceAccount", "Secret", "NetworkPolicy"} <= kinds
 
 
 def test_the_validator_refuses_what_kubernetes_refuses(objects: list[dict[str, Any]]) -> None:
@@ -568,9 +571,185 @@ def test_the_schemas_choices_are_the_services_own() -> None:
     assert {name: s["type"] for name, s in settings.items()} == fields
 
 
+# --- NetworkPolicies ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Peer:
+    """One end of a connection: a pod (its labels, its namespace) or an address outside the cluster."""
+
+    name: str
+    labels: dict[str, str] = field(default_factory=dict, hash=False)
+    namespace: str | None = None
+    ip: str | None = None
+
+
+CLIENT = Peer("clients", {"app": "curl"}, "elsewhere")
+PROMETHEUS = Peer("prometheus", {"app": "prometheus"}, "monitoring")
+RESOLVER = Peer("dns", {"k8s-app": "kube-dns"}, "kube-system")
+OUTSIDE = Peer("outside", ip="203.0.113.7")  # the API server, an external Redis or trace endpoint
+RELEASE_LABELS = {"app.kubernetes.io/name": "meshserve", "app.kubernetes.io/instance": chart.RELEASE}
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    assert set(selector) <= {"matchLabels"}, selector  # the evaluator knows no matchExpressions
+    return selector.get("matchLabels", {}).items() <= labels.items()
+
+
+def _peer_matches(peer: dict[str, Any], namespace: str, other: Peer) -> bool:
+    if "ipBlock" in peer:
+        cidr = ipaddress.ip_network(peer["ipBlock"]["cidr"])
+        return other.ip is not None and ipaddress.ip_address(other.ip) in cidr
+    if other.namespace is None:
+        return False
+    if "namespaceSelector" in peer:
+        in_namespace = _selects(peer["namespaceSelector"], {"kubernetes.io/metadata.name": other.namespace})
+    else:
+        in_namespace = other.namespace == namespace
+    return in_namespace and _selects(peer.get("podSelector", {}), other.labels)
+
+
+def _admits(policies: list[dict[str, Any]], pod: Peer, other: Peer, port: int, protocol: str,
+            direction: str) -> bool:
+    """Whether the policies selecting ``pod`` let ``direction`` traffic with ``other`` on ``port``
+    (Kubernetes' semantics: a pod no policy selects for that direction is open; else any rule of
+    any policy selecting it must match)."""
+    if pod.namespace != chart.NAMESPACE:
+        return True  # outside the release: no policy of ours
+    key, peers_key = ("ingress", "from") if direction == "Ingress" else ("egress", "to")
+    selecting = [p["spec"] for p in policies
+                 if direction in p["spec"]["policyTypes"] and _selects(p["spec"]["podSelector"], pod.labels)]
+    for spec in selecting:
+        for rule in spec.get(key, []):
+            ports = rule.get("ports", [])
+            if ports and not any(p["port"] == port and p.get("protocol", "TCP") == protocol for p in ports):
+                continue
+            peers = rule.get(peers_key, [])
+            if peers and not any(_peer_matches(p, chart.NAMESPACE, other) for p in peers):
+                continue
+            return True
+    return not selecting
+
+
+def _connects(policies: list[dict[str, Any]], src: Peer, dst: Peer, port: int, protocol: str = "TCP") -> bool:
+    return (_admits(policies, src, dst, port, protocol, "Egress")
+            and _admits(policies, dst, src, port, protocol, "Ingress"))
+
+
+def _component(workload: dict[str, Any]) -> str:
+    return workload["metadata"]["labels"]["app.kubernetes.io/component"]
+
+
+def _pods(objects: list[dict[str, Any]]) -> dict[str, Peer]:
+    return {_component(w): Peer(_component(w), w["spec"]["template"]["metadata"]["labels"], chart.NAMESPACE)
+            for w in objects if w["kind"] in WORKLOADS}
+
+
+def _calls(objects: list[dict[str, Any]]) -> set[tuple[str, str, int]]:
+    """(caller, callee, port) of every call the mesh makes, read from the services' own
+    configuration: their flags, environment, Envoy's settings, the collector's exporters and the
+    Services' ports."""
+    component_of = {w["metadata"]["name"]: _component(w) for w in objects if w["kind"] in WORKLOADS}
+    (worker_port,) = [p["port"] for p in _named(objects, "Service", _name("worker"))["spec"]["ports"]]
+    calls: set[tuple[str, str, int]] = set()
+
+    def call(caller: str, address: str) -> None:
+        host, _, port = address.rpartition(":")
+        calls.add((caller, component_of.get(host, "outside"), int(port)))
+
+    for w, c in _containers(objects):
+        caller = component_of[w["metadata"]["name"]]
+        args = _args(c)
+        for flag in ("--router", "--cache", "--otlp-endpoint"):
+            if flag in args and ":" in _flag(args, flag):
+                call(caller, _flag(args, flag))
+        redis = _env(objects, c, config.REDIS_URL_ENV)
+        if redis:
+            call(caller, urlsplit(redis).netloc.rpartition("@")[2])
+        if caller == "gateway":  # the streams come from the workers
+            calls.add((caller, "worker", worker_port))
+        if "--discovery" in args:  # it finds the workers through the API server, and asks them for load
+            calls |= {(caller, "worker", worker_port), (caller, "outside", 443)}
+        annotations = w["spec"]["template"]["metadata"].get("annotations", {})
+        if "prometheus.io/port" in annotations:
+            calls.add(("prometheus", caller, int(annotations["prometheus.io/port"])))
+    settings = yaml.safe_load(_named(objects, "ConfigMap", _name("envoy"))["data"]["envoy-settings.yaml"])
+    for address in settings["gateways"] + settings["http_gateways"] + [settings["otlp_endpoint"]]:
+        if address:
+            call("envoy", address)
+    collectors = [c for c in _of(objects, "ConfigMap") if c["metadata"]["name"] == _name("otel-collector")]
+    for collector in collectors:
+        for exporter in yaml.safe_load(collector["data"]["collector.yaml"])["exporters"].values():
+            call("otel-collector", exporter["endpoint"])
+    _, envoy_container = _envoy(objects)
+    (port,) = [p["containerPort"] for p in envoy_container["ports"] if p["name"] == "http"]
+    calls.add(("clients", "envoy", port))
+    return calls
+
+
+NETWORKS = {
+    **chart.PROFILES,  # gpu-tp4 runs the OpenTelemetry Collector
+    "external-redis": _with(redis={"url": "redis://:pw@redis.example:6380/2"}),
+    "no-cache-no-http-edge": _with(gateway={"cache": False, "httpPort": 0}),
+    "external-traces": _with(tracing={"otlpEndpoint": "otel.example:4318"}),
+}
+
+
+@pytest.mark.parametrize("values", list(NETWORKS.values()), ids=list(NETWORKS))
+def test_network_policies_admit_exactly_the_calls_the_services_make(values: dict[str, Any]) -> None:
+    objects = chart.render(values)
+    policies, pods, calls = _of(objects, "NetworkPolicy"), _pods(objects), _calls(objects)
+    assert ("gateway", "worker", 50061) in calls and ("envoy", "gateway", 50051) in calls  # the reading works
+    # Every port each pod declares or is called on, from every pod of the release and from outside.
+    ports = {_component(w): {p["containerPort"] for c in w["spec"]["template"]["spec"]["containers"]
+                             for p in c["ports"]}
+             for w in objects if w["kind"] in WORKLOADS}
+    for _, callee, port in calls:
+        ports.get(callee, set()).add(port)
+    # Envoy's listener takes clients from anywhere (networkPolicy.ingress.from: any): a scraper too.
+    (public,) = [(callee, port) for caller, callee, port in calls if caller == "clients"]
+    for src in [*pods.values(), CLIENT, PROMETHEUS]:
+        for dst in pods.values():
+            for port in ports[dst.name]:
+                from_outside = src.namespace != chart.NAMESPACE and (dst.name, port) == public
+                wanted = (src.name, dst.name, port) in calls or from_outside
+                assert _connects(policies, src, dst, port) == wanted, (src.name, dst.name, port)
+    # Out of the cluster: only the calls above (the API server, an external Redis or trace
+    # endpoint, the collector's exporters).
+    for src in pods.values():
+        for port in (80, 443, 4317, 4318, 6379, 6380, 9000):
+            wanted = (src.name, "outside", port) in calls
+            assert _admits(policies, src, OUTSIDE, port, "TCP", "Egress") == wanted, (src.name, port)
+        for protocol in ("UDP", "TCP"):  # every pod resolves names
+            assert _connects(policies, src, RESOLVER, 53, protocol)
+    # A pod of the release that no component's policy names is shut in and out (the default deny)...
+    newcomer = Peer("newcomer", {**RELEASE_LABELS, "app.kubernetes.io/component": "new"}, chart.NAMESPACE)
+    assert not _connects(policies, CLIENT, newcomer, 8080) and not _connects(policies, newcomer, OUTSIDE, 443)
+    # ... and the namespace's other pods see none of the release's policies.
+    assert _connects(policies, CLIENT, Peer("other", {"app": "other"}, chart.NAMESPACE), 8080)
+
+
+def test_envoys_callers_and_the_scrapers_are_configurable() -> None:
+    def namespace(name: str) -> dict[str, Any]:
+        return {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": name}}}
+
+    scraper = {"podSelector": {"matchLabels": {"app": "prometheus"}}, **namespace("observability")}
+    objects = chart.render(_with(networkPolicy={"ingress": {"from": [namespace("ingress")]},
+                                                "metrics": {"from": [scraper]}}))
+    policies, pods = _of(objects, "NetworkPolicy"), _pods(objects)
+    assert _connects(policies, Peer("ingress", {"app": "nginx"}, "ingress"), pods["envoy"], 8080)
+    assert not _connects(policies, CLIENT, pods["envoy"], 8080)
+    assert not _connects(policies, PROMETHEUS, pods["worker"], 9110)
+    observability = Peer("prometheus", {"app": "prometheus"}, "observability")
+    assert _connects(policies, observability, pods["worker"], 9110)
+
+
+def test_network_policies_can_be_left_to_the_cluster() -> None:
+    assert not _of(chart.render(_with(networkPolicy={"enabled": False})), "NetworkPolicy")
+
+
 # --- The real helm binary ----------------------------------------------------------------------
 
-BINARY_CONFIGS = {**chart.PROFILES, "anonymous": {"allowAnonymous": True},
+BINARY_CONFIGS = {**NETWORKS, "anonymous": {"allowAnonymous": True},
                   "existing-secret": _with(apiKeys={"existingSecret": "edge-keys"})}
 
 
