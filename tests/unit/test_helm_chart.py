@@ -32,7 +32,7 @@ import yaml
 from meshserve.commands import cli
 from meshserve.deploy import envoy_config as envoy
 from meshserve.services import config
-from meshserve.services.config import EnvoyConfig
+from meshserve.services.config import EnvoyConfig, GatewayConfig
 from tests import chart
 
 KUBERNETES_VERSION = "1.31.0"
@@ -279,6 +279,22 @@ def test_draining_fits_in_the_grace_period(objects: list[dict[str, Any]]) -> Non
     for w, c in _containers(objects):
         if "--grace-seconds" in c.get("args", []):
             assert w["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > float(_flag(c["args"], "--grace-seconds"))
+
+
+@pytest.mark.parametrize(("gateway", "share"), [
+    ({"autoscaling": {"enabled": False}, "replicas": 4}, 0.25),
+    ({"autoscaling": {"enabled": True, "minReplicas": 2}, "replicas": 4}, 0.5),
+    ({"flowControl": {"enabled": False}}, None),
+])
+def test_each_gateway_queues_for_its_share_of_the_fleet(gateway: dict[str, Any], share: float | None) -> None:
+    """Flow control is on by default; each gateway keeps busy 1/N of the fleet's sequences, N the
+    gateways there are (at least: the autoscaler's minimum)."""
+    objects = chart.render({"apiKeys": chart.API_KEYS, "gateway": gateway})
+    parsed = config.from_args(GatewayConfig, cli.build_parser().parse_args(
+        _args(_named(objects, "Deployment", _name("gateway"))["spec"]["template"]["spec"]["containers"][0])))
+    assert parsed.flow_control == ("off" if share is None else "on")
+    if share is not None:
+        assert parsed.flow_fleet_share == pytest.approx(share)
 
 
 def test_tensor_parallel_workers_get_their_gpus_and_shared_memory() -> None:
