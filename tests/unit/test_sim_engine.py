@@ -397,22 +397,23 @@ def tokenize_text(result: Result, n: int) -> str:
     return "".join(d.text for d in result.deltas[:n])
 
 
+async def first_token(engine: SimEngine, r: Request, order: list[str]) -> None:
+    """Appends ``r``'s id to ``order`` when its first token comes."""
+    async for _ in engine.generate(r):
+        order.append(r.request_id)
+        break
+
+
 async def test_with_the_priority_policy_the_most_urgent_waiting_request_runs_next(make_engine: Make) -> None:
     engine, clock = await make_engine(max_num_seqs=1)
     first_tokens: list[str] = []
-
-    async def first_token(r: Request) -> None:
-        async for _ in engine.generate(r):
-            first_tokens.append(r.request_id)
-            break
-
     running = asyncio.create_task(run(engine, clock, req(words("run", 8), max_tokens=20)))
     await asyncio.sleep(0)  # it is running; the rest wait
-    low = [asyncio.create_task(first_token(Request(request_id=f"low-{i}", prompt=words(f"l{i}", 8), max_tokens=2)))
-           for i in range(3)]
+    low = [asyncio.create_task(first_token(engine, Request(request_id=f"low-{i}", prompt=words(f"l{i}", 8),
+                                                           max_tokens=2), first_tokens)) for i in range(3)]
     await asyncio.sleep(0)
-    urgent = asyncio.create_task(first_token(Request(request_id="urgent", prompt=words("u", 8), max_tokens=2,
-                                                     priority=-1)))
+    urgent = asyncio.create_task(first_token(engine, Request(request_id="urgent", prompt=words("u", 8), max_tokens=2,
+                                                             priority=-1), first_tokens))
     await asyncio.gather(running, urgent, *low)
     assert first_tokens == ["urgent", "low-0", "low-1", "low-2"]  # queued last, served first
 
@@ -420,16 +421,10 @@ async def test_with_the_priority_policy_the_most_urgent_waiting_request_runs_nex
 async def test_fcfs_serves_in_arrival_order_whatever_the_priority(make_engine: Make) -> None:
     engine, clock = await make_engine(max_num_seqs=1, scheduling_policy="fcfs")
     order: list[str] = []
-
-    async def first_token(r: Request) -> None:
-        async for _ in engine.generate(r):
-            order.append(r.request_id)
-            break
-
     running = asyncio.create_task(run(engine, clock, req(words("run", 8), max_tokens=20)))
     await asyncio.sleep(0)
-    tasks = [asyncio.create_task(first_token(Request(request_id=rid, prompt=words(rid, 8), max_tokens=2,
-                                                     priority=p))) for rid, p in (("a", 0), ("b", -5))]
+    tasks = [asyncio.create_task(first_token(engine, Request(request_id=rid, prompt=words(rid, 8), max_tokens=2,
+                                                             priority=p), order)) for rid, p in (("a", 0), ("b", -5))]
     await asyncio.gather(running, *tasks)
     assert order == ["a", "b"]
 
