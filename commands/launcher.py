@@ -92,6 +92,9 @@ class MeshSpec:
     trace_sampling_ratio: float = 1.0
     ready_timeout_s: float = 600.0
     stop_timeout_s: float = 30.0
+    # TLS at the edge with a certificate authority made for this mesh (run_dir/tls/ca.pem), unless
+    # envoy.tls_cert names a certificate.
+    tls_self_signed: bool = False
     # Restart a process that exits (`meshserve up` does). None: it stays down, as tests that
     # kill one expect.
     supervise: RestartPolicy | None = None
@@ -217,6 +220,15 @@ class Mesh:
                                else f"{spec.router.host}:{spec.router.port}")
         self.cache_address = f"{spec.cache.host}:{spec.cache.port}"
         self.envoy_address = f"{spec.envoy.listen_host}:{spec.envoy.listen_port}"
+        self.envoy_tls = spec.envoy
+        if spec.tls_self_signed and not spec.envoy.tls_cert:
+            from meshserve.deploy import tls
+
+            pair = tls.make_server_pair(self.run_dir / "tls", list(dict.fromkeys(
+                ["localhost", "127.0.0.1", "::1", spec.envoy.listen_host])))
+            self.envoy_tls = dataclasses.replace(spec.envoy, tls_cert=str(pair.cert), tls_key=str(pair.key))
+        self.tls_ca = str(self.run_dir / "tls" / "ca.pem") if spec.tls_self_signed and not spec.envoy.tls_cert else ""
+        self.scheme = "https" if self.envoy_tls.tls_cert else "http"
         self.traces_address = f"{spec.traces.host}:{spec.traces.port}"
         # Where every service and Envoy export spans ('' = nowhere).
         self.otlp_endpoint = (spec.otlp_endpoint or self.traces_address) if spec.tracing else ""
@@ -426,7 +438,7 @@ class Mesh:
 
         gateways = self.gateway_addresses
         # Envoy refuses what the gateways would refuse anyway, before it reaches them.
-        cfg = dataclasses.replace(self.spec.envoy, gateways=gateways, http_gateways=self.gateway_http_addresses,
+        cfg = dataclasses.replace(self.envoy_tls, gateways=gateways, http_gateways=self.gateway_http_addresses,
                                   otlp_endpoint=self.otlp_endpoint,
                                   trace_sampling_ratio=self.spec.trace_sampling_ratio,
                                   gateway_max_in_flight=self.spec.gateway.max_in_flight * len(gateways))
@@ -480,7 +492,8 @@ class Mesh:
 
     def describe(self) -> str:
         rows = [
-            ("Envoy (gRPC + HTTP/JSON)", self.envoy_address),
+            ("Envoy (gRPC + HTTP/JSON)", f"{self.scheme}://{self.envoy_address}"),
+            *((("TLS: clients trust", self.tls_ca),) if self.tls_ca else ()),
             ("Envoy admin", self.admin_url),
             *((self._gateway_name(i), a) for i, a in enumerate(self.gateway_addresses)),
             ("router", self.router_address if self.spec.router_mode != EMBEDDED_ROUTER
@@ -494,12 +507,13 @@ class Mesh:
         ]
         width = max(len(r[0]) for r in rows)
         lines = [f"  {name:<{width}}  {where}" for name, where in rows]
+        curl = f"curl --cacert {self.tls_ca}" if self.tls_ca else "curl"
         example = (
-            f"curl -N http://{self.envoy_address}/v1/generate/stream "
+            f"{curl} -N {self.scheme}://{self.envoy_address}/v1/generate/stream "
             """-d '{"prompt": "The quick brown fox", "max_tokens": 32, "temperature": 0}'"""
         )
         openai = (
-            f"curl http://{self.envoy_address}/v1/chat/completions "
+            f"{curl} {self.scheme}://{self.envoy_address}/v1/chat/completions "
             """-d '{"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 16}'"""
         )
         traces = (
@@ -537,7 +551,7 @@ CACHE_FLAGS = ("ttl_seconds", "key_prefix", "max_entry_bytes", "semantic", "sema
 GATEWAY_FLAGS = ("coalesce", "cache_mode", "cache_timeout_s", "stall_timeout_s", "migrations",
                  "migration_timeout_s", "pick_timeout_s", "flow_control", "flow_headroom", "flow_max_queued",
                  "flow_max_wait_s")
-ENVOY_FLAGS = ("admin_port", "api_keys_file")
+ENVOY_FLAGS = ("admin_port", "api_keys_file", "tls_cert", "tls_key", "tls_client_ca")
 SHARED_FLAGS = ("trace_sampling_ratio",)  # every service's and Envoy's: MeshSpec's
 UP_FIELDS: dict[type, tuple[str, ...]] = {
     WorkerConfig: WORKER_FLAGS, RouterConfig: ROUTER_FLAGS, CacheConfig: CACHE_FLAGS,
@@ -560,6 +574,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"{sim_speed.metadata['help']}, one value per worker (the last repeats): "
                              "1 1 1 0.5 makes the fourth of four workers 2x slower")
     parser.add_argument("--workers", type=int, default=MeshSpec.workers, help="number of workers")
+    parser.add_argument("--tls-self-signed", action="store_true",
+                        help="serve TLS at the edge with a certificate authority made for this mesh, in the run "
+                             "directory (clients trust RUN_DIR/tls/ca.pem); for local use: give --tls-cert and "
+                             "--tls-key otherwise")
     parser.add_argument("--gateways", type=config.at_least(int, 1), default=MeshSpec.gateways,
                         help="number of gateways, behind Envoy (gateway i on --gateway-port + "
                              f"{GATEWAY_PORT_STEP} * i): more cores for the relay, and a gateway lost loses "
@@ -636,6 +654,7 @@ def spec_from_args(args: argparse.Namespace) -> MeshSpec:
         otlp_endpoint=args.otlp_endpoint,
         trace_sampling_ratio=args.trace_sampling_ratio,
         supervise=RestartPolicy(),
+        tls_self_signed=args.tls_self_signed,
     )
 
 

@@ -393,6 +393,33 @@ def _routes(cfg: EnvoyConfig) -> list[dict[str, Any]]:
     ]
 
 
+def _tls_socket(cfg: EnvoyConfig) -> dict[str, Any] | None:
+    """The listener's TLS (None: plain text): the certificate, ALPN for gRPC's HTTP/2 and for
+    HTTP/1.1 clients, and the client CA when clients must prove who they are."""
+    if not (cfg.tls_cert or cfg.tls_key or cfg.tls_client_ca):
+        return None
+    if not (cfg.tls_cert and cfg.tls_key):
+        raise ValueError("TLS needs both a certificate (--tls-cert) and its key (--tls-key)"
+                         + ("; --tls-client-ca asks clients for certificates over TLS" if cfg.tls_client_ca else ""))
+    for flag, path in (("--tls-cert", cfg.tls_cert), ("--tls-key", cfg.tls_key), ("--tls-client-ca", cfg.tls_client_ca)):
+        if path and not os.path.isfile(path):
+            raise ValueError(f"{flag}: no such file {path!r}")
+    context: dict[str, Any] = {
+        "common_tls_context": {
+            "alpn_protocols": ["h2", "http/1.1"],
+            "tls_params": {"tls_minimum_protocol_version": "TLSv1_2"},
+            "tls_certificates": [{"certificate_chain": {"filename": os.path.abspath(cfg.tls_cert)},
+                                  "private_key": {"filename": os.path.abspath(cfg.tls_key)}}],
+        }
+    }
+    if cfg.tls_client_ca:
+        context["require_client_certificate"] = True
+        context["common_tls_context"]["validation_context"] = {
+            "trusted_ca": {"filename": os.path.abspath(cfg.tls_client_ca)}}
+    return {"name": "envoy.transport_sockets.tls", "typed_config": _typed(
+        "envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext", **context)}
+
+
 def _access_log() -> list[dict[str, Any]]:
     fmt = {
         "time": "%START_TIME%",
@@ -649,6 +676,9 @@ def build_config(
             ],
         }
     ]
+    tls = _tls_socket(cfg)
+    if tls:
+        listeners[0]["filter_chains"][0]["transport_socket"] = tls
     if cfg.stats_port:
         listeners.append(_stats_listener(cfg))
         clusters.append(_admin_cluster(cfg))

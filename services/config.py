@@ -398,6 +398,11 @@ class EnvoyConfig:
     api_keys_file: str = _f(
         "", "bearer API keys, one 'KEY TENANT' per line ('#' comments); empty (and no MESHSERVE_API_KEYS): no auth"
     )
+    tls_cert: str = _f("", "a PEM certificate chain: the listener serves TLS with it (HTTPS, gRPC over TLS; HTTP/2 "
+                           "or HTTP/1.1 by ALPN), and plain connections are refused; empty: plain text")
+    tls_key: str = _f("", "the PEM private key of --tls-cert")
+    tls_client_ca: str = _f("", "PEM CA certificates: with TLS, every client must present a certificate one of "
+                                "them signed (mutual TLS at the edge); empty: no client certificate asked")
     rate_limit_requests: int = _f(0, "global rate limit: requests per window for all clients together (0: off)")
     rate_limit_per_key_requests: int = _f(0, "per-API-key (tenant) rate limit: requests per window (0: off)")
     rate_limit_window_s: float = _f(1.0, "the rate-limit window (token bucket refill interval), seconds")

@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 import helm_python as helm
 import kubernetes_validate
 import pytest
+import trustme
 import yaml
 
 from meshserve.commands import cli
@@ -273,6 +274,33 @@ def test_envoy_config_from_the_configmap_agrees_with_the_chart(objects: list[dic
     assert _flag(_args(container), "--settings").endswith("/envoy-settings.yaml")
     prestop = container["lifecycle"]["preStop"]["exec"]["command"]
     assert prestop[:2] == ["meshserve", "envoy-config"] and "--drain" in prestop, shlex.join(prestop)
+
+
+def test_envoy_serves_tls_from_the_secret_it_mounts(tmp_path: Path) -> None:
+    """envoy.tls.secretName: the settings name files where the pod mounts that Secret, and Envoy
+    accepts the config they make (the Secret's files stood in for by a CA the test makes)."""
+    objects = chart.render({"apiKeys": chart.API_KEYS,
+                            "envoy": {"tls": {"secretName": "edge-tls", "requireClientCertificate": True}}})
+    settings = yaml.safe_load(_named(objects, "ConfigMap", _name("envoy"))["data"]["envoy-settings.yaml"])
+    pod = _named(objects, "Deployment", _name("envoy"))["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v.get("secret", {}).get("secretName") == "edge-tls"]
+    (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == volume["name"]]
+    files = {settings[f"tls_{k}"] for k in ("cert", "key", "client_ca")}
+    assert files == {f"{mount['mountPath']}/{name}" for name in ("tls.crt", "tls.key", "ca.crt")}
+    ca = trustme.CA()
+    server = ca.issue_cert("meshserve.example")
+    server.cert_chain_pems[0].write_to_path(str(tmp_path / "tls.crt"))
+    server.private_key_pem.write_to_path(str(tmp_path / "tls.key"))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.crt"))
+    local = {k: str(tmp_path / Path(v).name) if k.startswith("tls_") else v for k, v in settings.items()}
+    (tmp_path / "settings.yaml").write_text(yaml.safe_dump(local))
+    cfg = envoy.settings(EnvoyConfig(), tmp_path / "settings.yaml")
+    envoy.validate(envoy.write_config(cfg, tmp_path / "envoy.yaml", api_keys={}))
+
+
+def test_client_certificates_need_the_tls_secret() -> None:
+    with pytest.raises(Exception, match="requireClientCertificate needs envoy.tls.secretName"):
+        chart.render({"apiKeys": chart.API_KEYS, "envoy": {"tls": {"requireClientCertificate": True}}})
 
 
 def test_draining_fits_in_the_grace_period(objects: list[dict[str, Any]]) -> None:
