@@ -2,8 +2,9 @@
 
 A generation takes one of the gateway's places on the fleet before it is sent to a worker: as
 many as the serving workers run sequences (their ``max_num_seqs``, from the fleet view), times
-this gateway's share of the fleet (``--flow-fleet-share``: 1/N of N gateways) and a little
-headroom, so an engine's batch stays full between one request's end and the next one's arrival.
+this gateway's share of the fleet (``--flow-fleet-share``: 1/N of N gateways), and a little
+headroom (``--flow-headroom``), so an engine's batch stays full between one request's end and the
+next one's arrival.
 While every place is taken, requests wait here in priority bands (lower value first) and, within
 a band, in one queue per tenant, served by weighted fair queuing over tokens (start-time fair
 queuing: each request's start tag is its tenant's previous finish tag, or the band's virtual
@@ -11,9 +12,10 @@ time if that is later, and its finish tag adds prompt + max_tokens over the tena
 queue head with the lowest start tag goes first). A tenant that asks for long answers therefore
 does not crowd out one that asks short questions, and an idle tenant does not bank credit.
 
-When the keys file gives some tenant a more urgent priority than others', a few places (3%, at
-least one) are kept from the less urgent bands, so an urgent request finds a running slot at
-once instead of waiting for one to free.
+When the keys file gives some tenant a more urgent priority than others', the less urgent bands
+get neither the headroom nor a few of the running places (3%, at least one): the engines keep
+those sequences free, so an urgent request starts at once instead of waiting for a running one
+to end (vLLM's priority scheduling preempts for KV blocks, not for a batch slot).
 
 Waiting is bounded: past ``--flow-max-queued`` queued requests, or when a request's estimated
 wait (the requests ahead of it in dispatch order over the recent dispatch rate) is longer than
@@ -85,12 +87,15 @@ class _Band:
 
 
 class FlowController:
-    """``places()``: how many generations this gateway may have on the fleet (0: not known);
+    """``places()``: the fleet's sequences this gateway may keep running (0: not known);
+    ``headroom`` the fraction more the most urgent band may hold, waiting in the engines;
     ``weight(tenant)`` its share; ``best_priority`` the most urgent priority any tenant has."""
 
     def __init__(self, places: Callable[[], int], weight: Callable[[str], float], best_priority: int,
-                 max_queued: int, max_wait_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+                 max_queued: int, max_wait_s: float, clock: Callable[[], float] = time.monotonic,
+                 headroom: float = 0.0) -> None:
         self._places = places
+        self._headroom = headroom
         self._weight = weight
         self._best_priority = best_priority
         self._max_queued = max_queued
@@ -145,11 +150,15 @@ class FlowController:
 
     def _room(self, priority: int) -> bool:
         places = self._places()
-        PLACES.set(places)
         if places <= 0:
+            PLACES.set(0)
             return True  # the fleet's size is not known (yet): nothing is held back
-        reserve = max(1, math.ceil(places * 0.03)) if priority > self._best_priority and places > 1 else 0
-        return self.dispatched < places - reserve
+        most = math.ceil(places * (1 + self._headroom))
+        PLACES.set(most)
+        if priority <= self._best_priority:
+            return self.dispatched < most
+        # Less urgent than some tenant: running sequences only, a few kept free for the urgent.
+        return self.dispatched < places - (max(1, math.ceil(places * 0.03)) if places > 1 else 0)
 
     def _dispatch(self, band: _Band, start: float) -> None:
         band.clock = max(band.clock, start)

@@ -61,7 +61,7 @@ class Orchestrator:
             best = min((s.priority for s in self._tenants.settings.values()), default=tenants.DEFAULT.priority)
             self._flow = FlowController(self._places, lambda t: self._tenants.of(t).weight,
                                         min(best, tenants.DEFAULT.priority), cfg.flow_max_queued,
-                                        cfg.flow_max_wait_s, clock)
+                                        cfg.flow_max_wait_s, clock, cfg.flow_headroom)
             self.fleet.listen(self._flow.pump)
         self._cache = ResponseCache(cfg, clients.cache, clients.entries, clock)
         self._coalescer = Coalescer()
@@ -177,9 +177,9 @@ class Orchestrator:
         return self._flow.place(tenant, req.priority, validation.prompt_tokens_estimate(req), validation.max_tokens(req))
 
     def _places(self) -> int:
-        """Generations this gateway may keep on the fleet: its share of the serving workers'
-        sequences, with headroom (0: none serving, or their sizes not known yet)."""
-        return math.ceil(self.fleet.sequences() * self._cfg.flow_fleet_share * (1 + self._cfg.flow_headroom))
+        """Generations this gateway may keep running on the fleet: its share of the serving
+        workers' sequences (0: none serving, or their sizes not known yet)."""
+        return math.ceil(self.fleet.sequences() * self._cfg.flow_fleet_share)
 
     async def complete(self, request: pb.GenerateRequest, tenant: str) -> pb.CompleteResponse:
         """The same pipeline as ``generate``, aggregated into one message."""

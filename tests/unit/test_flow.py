@@ -26,9 +26,9 @@ class Fleet:
 
 
 def controller(fleet: Fleet, clock: Clock, weights: dict[str, float] | None = None, best_priority: int = 0,
-               max_queued: int = 100, max_wait_s: float = 60.0) -> FlowController:
+               max_queued: int = 100, max_wait_s: float = 60.0, headroom: float = 0.0) -> FlowController:
     return FlowController(lambda: fleet.places, lambda t: (weights or {}).get(t, 1.0), best_priority, max_queued,
-                          max_wait_s, clock)
+                          max_wait_s, clock, headroom)
 
 
 async def hold(flow: FlowController, order: list[str], name: str, tenant: str, priority: int = 0,
@@ -135,6 +135,19 @@ async def test_a_more_urgent_band_goes_first_and_finds_a_place_kept_for_it() -> 
     assert order == ["urgent"]  # at once, in the kept place
     await one_by_one(flow, busy, release)
     await asyncio.gather(routine, urgent)
+
+
+@pytest.mark.parametrize(("best_priority", "routine_places"), [(0, 12), (-1, 9)])
+async def test_headroom_goes_to_the_most_urgent_band_only(best_priority: int, routine_places: int) -> None:
+    """Of 10 running sequences with 20% headroom: with one band, it holds 12 (two wait in the
+    engines, so a batch stays full); below a more urgent band, 9 (none waiting, one running
+    sequence kept free, so an urgent request starts at once)."""
+    fleet, clock = Fleet(), Clock()
+    fleet.places = 10
+    flow = controller(fleet, clock, best_priority=best_priority, headroom=0.2)
+    release, busy = await saturate(flow, 20)
+    assert (flow.dispatched, flow.queued) == (routine_places, 20 - routine_places)
+    await one_by_one(flow, busy, release)
 
 
 async def test_a_full_queue_refuses_at_once_with_a_retry_hint() -> None:
