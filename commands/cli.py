@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plot": ("meshserve.commands.plot", "plot saved bench results side by side (TTFT/ITL CDFs, throughput, in flight)"),
     "compare": ("meshserve.commands.compare", "tabulate saved bench results' headline figures and ratios to the first"),
     "make-model": ("meshserve.worker.tiny_model", "build the project's tiny LLaMA model and tokenizer"),
+    "make-adapter": ("meshserve.worker.tiny_adapter", "build a small LoRA adapter for the tiny model (PEFT format)"),
     "envoy-config": ("meshserve.deploy.envoy_config", "print the generated Envoy config (or write it and run Envoy on it)"),
     "health": ("meshserve.commands.health_cmd", "ask a service's gRPC health service whether it serves (exit 0 if so)"),
     "trace": ("meshserve.commands.trace_cmd", "print one trace from the local trace receiver as a waterfall"),
