@@ -50,6 +50,8 @@ DISCOVERY_MODES = ("static", "kubernetes")
 # The Redis URL (CacheConfig/GatewayConfig.redis_url) when no --redis-url is given: it may carry a
 # password, so Kubernetes passes it from a Secret in the environment, never on the command line.
 REDIS_URL_ENV = "MESHSERVE_REDIS_URL"
+# The LoRA ranks vLLM sizes its adapter slots for (WorkerConfig.max_lora_rank; its MaxLoRARanks).
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 def default_cache_dir() -> Path:
@@ -132,6 +134,18 @@ class WorkerConfig(ServerConfig):
         "gateway, Envoy) run first, 'normal' leaves it, 'auto': low on machines with 4 or fewer CPUs",
         choices=ENGINE_PRIORITIES,
     )
+    enable_lora: bool = _f(False, "serve LoRA adapters on top of the model (vLLM's --enable-lora)")
+    max_loras: int = _f(
+        1, "LoRA: adapter slots, the most adapters in one running batch (vLLM's --max-loras)", minimum=1)
+    max_lora_rank: int = _f(
+        16, "LoRA: the largest adapter rank the slots hold (vLLM's --max-lora-rank)", choices=LORA_RANKS)
+    max_cpu_loras: int = _f(
+        0, "LoRA: the most adapters kept loaded in CPU memory, at least --max-loras (vLLM's --max-cpu-loras; "
+           "0: --max-loras)", minimum=0)
+    lora_modules: list[str] = _f(
+        [], "LoRA: the adapters served, each name=path (a PEFT folder; `meshserve make-adapter` makes small ones "
+            "for the tiny model); a request whose model is a name gets its adapter (vLLM's --lora-modules)",
+        nargs="*")
     max_queue: int = _f(1024, "most requests admitted to the worker at once; beyond: RESOURCE_EXHAUSTED")
     stream_interval: int = _f(
         1, "tokens per streamed chunk after the first (vLLM's stream_interval); a request may ask for "
@@ -156,6 +170,37 @@ class WorkerConfig(ServerConfig):
     sim_speed: float = _f(
         1.0, "sim: speed of the simulated accelerator (0.5: every step takes twice as long)", minimum=0.01,
     )
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.lora_modules and not self.enable_lora:
+            problems.append("--lora-modules needs --enable-lora")
+        try:
+            self.adapters()
+        except ValueError as e:
+            problems.append(str(e))
+        if self.max_cpu_loras and self.max_cpu_loras < self.max_loras:
+            problems.append(f"--max-cpu-loras ({self.max_cpu_loras}) must be at least --max-loras ({self.max_loras})")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def adapters(self) -> dict[str, str]:
+        """The LoRA adapters of --lora-modules, name -> path, in their order; ValueError naming an
+        entry that is not name=path, or a name given twice."""
+        adapters: dict[str, str] = {}
+        for entry in self.lora_modules:
+            name, sep, path = entry.partition("=")
+            if not sep or not name.strip() or not path.strip():
+                raise ValueError(f"--lora-modules takes name=path entries, not {entry!r}")
+            if name in adapters:
+                raise ValueError(f"--lora-modules names the adapter {name!r} twice")
+            adapters[name] = path
+        return adapters
+
+    @property
+    def cpu_loras(self) -> int:
+        """Adapters kept loaded in CPU memory (--max-cpu-loras, else --max-loras)."""
+        return self.max_cpu_loras or self.max_loras
 
 
 @dataclass

@@ -5,10 +5,11 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from meshserve.services.config import WorkerConfig
 from meshserve.services.prompts import OPEN_TURN, TemplateCall
 from meshserve.services.validation import (
     DEFAULT_MAX_TOKENS,
@@ -57,6 +58,7 @@ class Request:
     template_call: TemplateCall = OPEN_TURN         # the assistant's turn opened, or the final message left open
     parse_tool_calls: bool = False                  # tool_choice "auto": find the calls in the output
     priority: int = 0                               # vLLM's: lower is scheduled first
+    adapter: str | None = None                      # the LoRA adapter it runs on (its name); None: the base model
 
     def non_default(self, *names: str) -> list[str]:
         """Those of the fields ``names`` this request sets to other than their default."""
@@ -159,6 +161,23 @@ class Load:
 
 
 @dataclass(frozen=True)
+class LoraInfo:
+    """The LoRA adapters an engine serves and its slots for them (vLLM's LoRA settings)."""
+
+    adapters: Mapping[str, str]   # name -> path, as --lora-modules gives them
+    max_loras: int                # adapters in one running batch at most (slots)
+    max_lora_rank: int
+    max_cpu_loras: int            # adapters kept loaded in CPU memory
+
+    @classmethod
+    def of(cls, cfg: WorkerConfig) -> LoraInfo | None:
+        """A worker's LoRA settings; None when it serves none (--enable-lora off)."""
+        if not cfg.enable_lora:
+            return None
+        return cls(cfg.adapters(), cfg.max_loras, cfg.max_lora_rank, cfg.cpu_loras)
+
+
+@dataclass(frozen=True)
 class EngineInfo:
     engine: str
     model: str
@@ -170,9 +189,26 @@ class EngineInfo:
     tool_call_parser: str = ""  # vLLM's tool parser for tool_choice "auto"; "" none
     reasoning_parser: str = ""  # vLLM's reasoning parser for chat answers; "" none
     weights_id: str = ""  # what its answers depend on beyond the model's name (worker.weights)
+    lora: LoraInfo | None = None  # its LoRA adapters and slots; None: LoRA off
+
+    def adapter(self, model: str) -> str | None:
+        """The adapter a request naming ``model`` runs on (None: the base model, named or not);
+        UnknownModel when this engine serves no model or adapter of that name."""
+        if self.lora is not None and model in self.lora.adapters:
+            return model
+        if not model or model == self.model:
+            return None
+        adapters = sorted(self.lora.adapters) if self.lora is not None else []
+        raise UnknownModel(f"the model {model!r} does not exist on this worker: it serves {self.model!r}"
+                           + (f" and the adapters {', '.join(map(repr, adapters))}" if adapters else ""),
+                           param="model")
 
 
 _DEFAULT_REQUEST = Request(request_id="")
+
+
+class UnknownModel(InvalidRequest):
+    """The request names a model or adapter the engine does not serve (NOT_FOUND)."""
 
 
 class PromptTooLong(InvalidRequest):

@@ -23,7 +23,7 @@ from meshserve.services.gen import meshserve_pb2 as pb
 from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
 from meshserve.services.prompts import TemplateCall, chat_turns
 from meshserve.services.request_record import RequestRecord, Timings
-from meshserve.worker.engine import Chunker, Delta, Engine, Request
+from meshserve.worker.engine import Chunker, Delta, Engine, LoraInfo, Request, UnknownModel
 from meshserve.worker.kv_events import KvBatch, KvCacheView, KvWatcher
 from meshserve.worker.session import Session
 
@@ -54,6 +54,8 @@ def make_engine(cfg: WorkerConfig) -> Engine:
                              ("--reasoning-parser", "reasoning", cfg.reasoning_parser)):
         if name and cfg.engine != "vllm":
             raise ValueError(f"{flag} is vLLM's: the {cfg.engine!r} engine has no {kind} parsers")
+    if cfg.enable_lora and cfg.engine == "transformers":
+        raise ValueError("--enable-lora: the 'transformers' engine serves no LoRA adapters (the vllm and sim engines do)")
     return getattr(importlib.import_module(module), cls)(cfg)
 
 
@@ -136,8 +138,9 @@ class WorkerMetrics:
             self.generation_tokens.inc(tokens)
 
 
-def to_engine_request(req: pb.GenerateRequest, min_stream_interval: int = 1) -> Request:
-    """The engine's view of ``req``; its stream interval is at least the worker's (as vLLM's)."""
+def to_engine_request(req: pb.GenerateRequest, min_stream_interval: int = 1, adapter: str | None = None) -> Request:
+    """The engine's view of ``req``, on the LoRA ``adapter`` (None: the base model); its stream
+    interval is at least the worker's (as vLLM's)."""
     return Request(
         request_id=req.request_id or uuid.uuid4().hex,
         prompt=req.prompt or None,
@@ -168,7 +171,16 @@ def to_engine_request(req: pb.GenerateRequest, min_stream_interval: int = 1) -> 
         template_call=TemplateCall(validation.add_generation_prompt(req), req.continue_final_message),
         parse_tool_calls=req.parse_tool_calls,
         priority=req.priority,
+        adapter=adapter,
     )
+
+
+def lora_to_pb(lora: LoraInfo | None) -> pb.LoraConfig | None:
+    """The engine's LoRA settings as WorkerInfo.lora (None: LoRA off, the field unset)."""
+    if lora is None:
+        return None
+    return pb.LoraConfig(adapters=[pb.LoraAdapter(name=name, path=path) for name, path in lora.adapters.items()],
+                         max_loras=lora.max_loras, max_lora_rank=lora.max_lora_rank, max_cpu_loras=lora.max_cpu_loras)
 
 
 def structured_outputs(req: pb.GenerateRequest) -> dict[str, Any] | None:
@@ -219,6 +231,9 @@ class WorkerServicer(pb_grpc.WorkerServicer):
         try:
             validation.validate(request, max_model_len=self.engine.info.max_model_len)
             self._check_tool_parsing(request)
+            adapter = self.engine.info.adapter(request.model)
+        except UnknownModel as e:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(e), validation.param_metadata(e.param))
         except validation.InvalidRequest as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e), validation.param_metadata(e.param))
         if self.draining:
@@ -229,11 +244,13 @@ class WorkerServicer(pb_grpc.WorkerServicer):
                 f"worker {self.worker_id} is full ({self.in_flight} requests, max_queue "
                 f"{self.cfg.max_queue}); retry later or elsewhere",
             )
-        req = to_engine_request(request, self.cfg.stream_interval)
+        req = to_engine_request(request, self.cfg.stream_interval, adapter)
         self._in_flight_changed(+1)
         try:
             async for chunk in self._stream(req):
                 yield chunk
+        except UnknownModel as e:  # an adapter the engine lost (or never had)
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(e), validation.param_metadata(e.param))
         except validation.InvalidRequest as e:  # found by the engine (prompt too long, token ids, ...)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e), validation.param_metadata(e.param))
         except (asyncio.CancelledError, GeneratorExit, grpc.aio.AbortError):
@@ -397,6 +414,7 @@ class WorkerServicer(pb_grpc.WorkerServicer):
             block_size=info.block_size, max_num_seqs=info.max_num_seqs,
             tokenizer=info.tokenizer, kv_events=self.engine.kv_cache is not None,
             tool_call_parser=info.tool_call_parser, weights_id=info.weights_id, reasoning_parser=info.reasoning_parser,
+            lora=lora_to_pb(info.lora),
         )
 
     async def Tokenize(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:

@@ -52,6 +52,12 @@ distribution (every word equally likely). Fields that only change which word is 
 effect: they do not change how long a step takes. A ``structured_outputs`` constraint is refused
 (INVALID_ARGUMENT naming it): the simulator cannot make its words match a schema.
 
+LoRA adapters (``--enable-lora``, ``--lora-modules``, ``--max-loras``) are modelled by their slots
+alone: a request on an adapter draws its own words, its blocks hash apart from the base model's
+and other adapters' (as vLLM's do), and it joins the running batch only while its adapter runs
+already or fewer than ``max_loras`` adapters do; until then it waits and the requests behind it
+go on, as in vLLM's scheduler. Loading an adapter and a batch of several adapters cost no time.
+
 Time is injected (``clock``, ``sleep``) so tests run the simulation on a fake clock.
 """
 
@@ -82,9 +88,11 @@ from meshserve.worker.engine import (
     EngineInfo,
     Load,
     LoadSignal,
+    LoraInfo,
     PromptTooLong,
     Request,
     TokenLogprob,
+    UnknownModel,
     refuse_unsupported,
 )
 from meshserve.worker.kv_events import KvCacheView
@@ -223,6 +231,12 @@ class _Collector:
         return delta
 
 
+def _root_hash(adapter: str | None) -> int:
+    """The parent of a prompt's first block: an adapter's blocks are its own, never the base
+    model's or another adapter's (vLLM folds the adapter into its block hashes likewise)."""
+    return ROOT_HASH if adapter is None else block_hash(ROOT_HASH, [sim_token_id(adapter)])
+
+
 @dataclass(eq=False)
 class _Seq:
     """One request inside the simulator."""
@@ -275,6 +289,7 @@ class SimEngine(Engine):
             max_num_seqs=cfg.max_num_seqs,
             tokenizer=SIM_TOKENIZER,
             weights_id=cfg.weights_id,  # none of its own: its answers depend on no files
+            lora=LoraInfo.of(cfg),
         )
         if 0 < cfg.sim_max_num_batched_tokens < cfg.max_num_seqs:
             raise ValueError(
@@ -376,9 +391,13 @@ class SimEngine(Engine):
             )
         if math.ceil(total / self._block_size) > self._pool.num_blocks:
             raise PromptTooLong(f"prompt + max_tokens ({total} tokens) exceeds the KV cache", param="max_tokens")
+        if request.adapter is not None and (self.info.lora is None or request.adapter not in self.info.lora.adapters):
+            raise UnknownModel(f"the LoRA adapter {request.adapter!r} is not loaded in this engine", param="model")
         if request.temperature == 0 or request.seed is not None:
             seed = "greedy" if request.temperature == 0 else str(request.seed)
-            rng = random.Random(f"{self._cfg.sim_seed}\0{seed}\0{prompt}")
+            # An adapter's words are its own (a base model's stream is drawn as it always was).
+            adapter = "" if request.adapter is None else f"{request.adapter}\0"
+            rng = random.Random(f"{self._cfg.sim_seed}\0{seed}\0{adapter}{prompt}")
         else:
             rng = random.Random()
         seq = _Seq(request=request, prompt_ids=prompt_ids, rng=rng)
@@ -503,8 +522,14 @@ class SimEngine(Engine):
             if seq.prefill_left and budget > 0:
                 prefill(seq)
         # Admit waiting requests in the queue's order (not in a step that had to preempt, like vLLM).
+        # One on an adapter that finds every adapter slot taken by others waits, and those behind
+        # it go on (vLLM's scheduler skips it likewise).
+        skipped: list[_Seq] = []
         while not preempted and budget > 0 and self._waiting and len(self._running) < self._cfg.max_num_seqs:
             seq = self._waiting[0]
+            if not self._adapter_fits(seq):
+                skipped.append(self._waiting.popleft())
+                continue
             self._hash_full_blocks(seq)
             # At least one token must be computed to produce the next one.
             hits: list[int] = []
@@ -524,6 +549,7 @@ class SimEngine(Engine):
             seq.prefill_left = seq.num_tokens - cached
             self._running.append(seq)
             prefill(seq)
+        self._waiting.extendleft(reversed(skipped))
         cfg = self._cfg
         ms = (
             prefill_tokens * cfg.sim_prefill_ms_per_token
@@ -531,6 +557,15 @@ class SimEngine(Engine):
             + cfg.sim_itl_per_seq_ms * len(batch)
         ) / cfg.sim_speed
         return batch, ms / 1000.0
+
+    def _adapter_fits(self, seq: _Seq) -> bool:
+        """Whether ``seq`` may join the running batch: its adapter (if any) has a slot, that is,
+        it is running already or fewer than --max-loras adapters are."""
+        adapter = seq.request.adapter
+        if adapter is None or self.info.lora is None:
+            return True
+        running = {s.request.adapter for s in self._running} - {None}
+        return adapter in running or len(running) < self.info.lora.max_loras
 
     def _victim(self) -> _Seq:
         """The running request to preempt: the newest (fcfs), or the one with the highest
@@ -619,7 +654,7 @@ class SimEngine(Engine):
         bs = self._block_size
         while len(seq.block_hashes) < seq.num_tokens // bs:
             i = len(seq.block_hashes)
-            parent = seq.block_hashes[-1] if seq.block_hashes else ROOT_HASH
+            parent = seq.block_hashes[-1] if seq.block_hashes else _root_hash(seq.request.adapter)
             seq.block_hashes.append(block_hash(parent, seq.tokens(i * bs, (i + 1) * bs)))
 
     def _cache_computed_blocks(self, seq: _Seq, computed: int | None = None) -> None:

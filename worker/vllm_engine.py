@@ -21,9 +21,11 @@ from meshserve.worker.engine import (
     EngineInfo,
     Load,
     LoadSignal,
+    LoraInfo,
     PromptTooLong,
     Request,
     TokenLogprob,
+    UnknownModel,
     merge_tool_calls,
 )
 from meshserve.worker.kv_events import KvCacheView
@@ -151,6 +153,7 @@ class VllmEngine(Engine):
         self._kv_events: Any = None  # VllmKvEvents while the engine publishes KV events
         # --reasoning-parser: vLLM's combined parser classes, without and with tool calls
         self._parsers: dict[bool, Any] = {}
+        self._lora_requests: dict[str, Any] = {}  # adapter name -> vLLM's LoRARequest
         self.info = EngineInfo(
             engine="vllm",
             model=cfg.model or DEFAULT_MODEL,
@@ -195,6 +198,9 @@ class VllmEngine(Engine):
                 os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
         if cfg.reasoning_parser:  # the engine's structured outputs wait for the thinking to end
             extra["reasoning_parser"] = cfg.reasoning_parser
+        if cfg.enable_lora:
+            extra.update(enable_lora=True, max_loras=cfg.max_loras, max_lora_rank=cfg.max_lora_rank,
+                         max_cpu_loras=cfg.cpu_loras)
         if cfg.kv_events and cfg.enable_prefix_caching:
             from meshserve.worker.vllm_kv_events import VllmKvEvents
 
@@ -245,10 +251,29 @@ class VllmEngine(Engine):
             tool_call_parser=cfg.tool_call_parser,
             reasoning_parser=cfg.reasoning_parser,
             weights_id=await weights_id(cfg, self._model_path),
+            lora=LoraInfo.of(cfg),
         )
+        await self._add_adapters(cfg.adapters())
         if self._kv_events is not None:
             self.kv_cache.block_size = self.info.block_size
             self._kv_events.start()
+
+    async def _add_adapters(self, adapters: dict[str, str]) -> None:
+        """Loads every adapter of --lora-modules into the engine, as `vllm serve` does at start: one
+        that cannot be loaded (no such folder, a rank above --max-lora-rank) stops the worker now,
+        with vLLM's reason, not its first request."""
+        from vllm.lora.request import LoRARequest
+
+        for lora_id, (name, path) in enumerate(adapters.items(), start=1):
+            request = LoRARequest(lora_name=name, lora_int_id=lora_id, lora_path=path)
+            try:
+                await self._llm.add_lora(request)
+            except Exception as e:
+                await self.close()
+                raise ValueError(f"LoRA adapter {name!r} ({path}) cannot be loaded: {e}") from None
+            self._lora_requests[name] = request
+        if adapters:
+            log.info("LoRA adapters: %s", ", ".join(f"{n}={p}" for n, p in adapters.items()))
 
     def _make_stat_logger(self, vllm_config: Any, engine_index: int) -> Any:
         return _make_load_logger(self, vllm_config, engine_index)
@@ -297,12 +322,18 @@ class VllmEngine(Engine):
         # if it has none); a migrated stream never asks (the parser's state stayed behind).
         tools = ToolCallStream(self.cfg.tool_call_parser, self._tokenizer, request.tools or []) \
             if request.parse_tool_calls and parsed is None else None
+        lora = None
+        if request.adapter is not None:
+            lora = self._lora_requests.get(request.adapter)
+            if lora is None:
+                raise UnknownModel(f"the LoRA adapter {request.adapter!r} is not loaded in this engine", param="model")
         completion_tokens = len(continued)
         finished = False
         self._active.add(request.request_id)
         try:
             outputs = self._llm.generate(TokensPrompt(prompt_token_ids=[*prompt_ids, *continued]), params,
                                          request.request_id, priority=request.priority if self.cfg.scheduling_policy == "priority" else 0,
+                                         lora_request=lora,
                                          **extra)
             with _refusals_as_invalid(structured=request.structured_outputs is not None):
                 async for out in outputs:

@@ -779,7 +779,7 @@ class HealthStatus(_message.Message):
     def __init__(self, status: _Optional[str] = ..., workers: _Optional[int] = ...) -> None: ...
 
 class Model(_message.Message):
-    __slots__ = ("id", "object", "created", "owned_by", "root", "max_model_len", "permission")
+    __slots__ = ("id", "object", "created", "owned_by", "root", "max_model_len", "permission", "parent")
     ID_FIELD_NUMBER: _ClassVar[int]
     OBJECT_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
@@ -787,6 +787,7 @@ class Model(_message.Message):
     ROOT_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     PERMISSION_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
     id: str
     object: str
     created: int
@@ -794,7 +795,8 @@ class Model(_message.Message):
     root: str
     max_model_len: int
     permission: _containers.RepeatedCompositeFieldContainer[ModelPermission]
-    def __init__(self, id: _Optional[str] = ..., object: _Optional[str] = ..., created: _Optional[int] = ..., owned_by: _Optional[str] = ..., root: _Optional[str] = ..., max_model_len: _Optional[int] = ..., permission: _Optional[_Iterable[_Union[ModelPermission, _Mapping]]] = ...) -> None: ...
+    parent: str
+    def __init__(self, id: _Optional[str] = ..., object: _Optional[str] = ..., created: _Optional[int] = ..., owned_by: _Optional[str] = ..., root: _Optional[str] = ..., max_model_len: _Optional[int] = ..., permission: _Optional[_Iterable[_Union[ModelPermission, _Mapping]]] = ..., parent: _Optional[str] = ...) -> None: ...
 
 class ModelPermission(_message.Message):
     __slots__ = ("id", "object", "created", "allow_create_engine", "allow_sampling", "allow_logprobs", "allow_search_indices", "allow_view", "allow_fine_tuning", "organization", "is_blocking")
@@ -911,7 +913,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("worker_id", "engine", "model", "tensor_parallel_size", "max_model_len", "block_size", "max_num_seqs", "tokenizer", "kv_events", "tool_call_parser", "weights_id", "reasoning_parser")
+    __slots__ = ("worker_id", "engine", "model", "tensor_parallel_size", "max_model_len", "block_size", "max_num_seqs", "tokenizer", "kv_events", "tool_call_parser", "weights_id", "reasoning_parser", "lora")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -924,6 +926,7 @@ class WorkerInfo(_message.Message):
     TOOL_CALL_PARSER_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_ID_FIELD_NUMBER: _ClassVar[int]
     REASONING_PARSER_FIELD_NUMBER: _ClassVar[int]
+    LORA_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     engine: str
     model: str
@@ -936,7 +939,28 @@ class WorkerInfo(_message.Message):
     tool_call_parser: str
     weights_id: str
     reasoning_parser: str
-    def __init__(self, worker_id: _Optional[str] = ..., engine: _Optional[str] = ..., model: _Optional[str] = ..., tensor_parallel_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., block_size: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., tokenizer: _Optional[str] = ..., kv_events: _Optional[bool] = ..., tool_call_parser: _Optional[str] = ..., weights_id: _Optional[str] = ..., reasoning_parser: _Optional[str] = ...) -> None: ...
+    lora: LoraConfig
+    def __init__(self, worker_id: _Optional[str] = ..., engine: _Optional[str] = ..., model: _Optional[str] = ..., tensor_parallel_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., block_size: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., tokenizer: _Optional[str] = ..., kv_events: _Optional[bool] = ..., tool_call_parser: _Optional[str] = ..., weights_id: _Optional[str] = ..., reasoning_parser: _Optional[str] = ..., lora: _Optional[_Union[LoraConfig, _Mapping]] = ...) -> None: ...
+
+class LoraAdapter(_message.Message):
+    __slots__ = ("name", "path")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    path: str
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ...) -> None: ...
+
+class LoraConfig(_message.Message):
+    __slots__ = ("adapters", "max_loras", "max_lora_rank", "max_cpu_loras")
+    ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    MAX_LORAS_FIELD_NUMBER: _ClassVar[int]
+    MAX_LORA_RANK_FIELD_NUMBER: _ClassVar[int]
+    MAX_CPU_LORAS_FIELD_NUMBER: _ClassVar[int]
+    adapters: _containers.RepeatedCompositeFieldContainer[LoraAdapter]
+    max_loras: int
+    max_lora_rank: int
+    max_cpu_loras: int
+    def __init__(self, adapters: _Optional[_Iterable[_Union[LoraAdapter, _Mapping]]] = ..., max_loras: _Optional[int] = ..., max_lora_rank: _Optional[int] = ..., max_cpu_loras: _Optional[int] = ...) -> None: ...
 
 class WatchKvEventsRequest(_message.Message):
     __slots__ = ()
@@ -996,7 +1020,7 @@ class SessionError(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., param: _Optional[str] = ...) -> None: ...
 
 class PickRequest(_message.Message):
-    __slots__ = ("request_id", "prompt", "exclude", "pick_id", "trace_context", "messages", "session_key", "deadline_unix_ms")
+    __slots__ = ("request_id", "prompt", "exclude", "pick_id", "trace_context", "messages", "session_key", "deadline_unix_ms", "adapter")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -1012,6 +1036,7 @@ class PickRequest(_message.Message):
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     SESSION_KEY_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt: str
     exclude: _containers.RepeatedScalarFieldContainer[str]
@@ -1020,7 +1045,8 @@ class PickRequest(_message.Message):
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     session_key: str
     deadline_unix_ms: int
-    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., exclude: _Optional[_Iterable[str]] = ..., pick_id: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., session_key: _Optional[str] = ..., deadline_unix_ms: _Optional[int] = ...) -> None: ...
+    adapter: str
+    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., exclude: _Optional[_Iterable[str]] = ..., pick_id: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., session_key: _Optional[str] = ..., deadline_unix_ms: _Optional[int] = ..., adapter: _Optional[str] = ...) -> None: ...
 
 class PickResponse(_message.Message):
     __slots__ = ("worker_id", "address", "reason", "pick_id", "error_code", "error_message", "predicted_cached_tokens")
@@ -1057,7 +1083,7 @@ class ListWorkersRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerState(_message.Message):
-    __slots__ = ("worker_id", "address", "healthy", "load", "assigned_unreported", "weights_id", "max_model_len")
+    __slots__ = ("worker_id", "address", "healthy", "load", "assigned_unreported", "weights_id", "max_model_len", "model", "lora")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     HEALTHY_FIELD_NUMBER: _ClassVar[int]
@@ -1065,6 +1091,8 @@ class WorkerState(_message.Message):
     ASSIGNED_UNREPORTED_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    LORA_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     healthy: bool
@@ -1072,7 +1100,9 @@ class WorkerState(_message.Message):
     assigned_unreported: int
     weights_id: str
     max_model_len: int
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., healthy: _Optional[bool] = ..., load: _Optional[_Union[LoadReport, _Mapping]] = ..., assigned_unreported: _Optional[int] = ..., weights_id: _Optional[str] = ..., max_model_len: _Optional[int] = ...) -> None: ...
+    model: str
+    lora: LoraConfig
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., healthy: _Optional[bool] = ..., load: _Optional[_Union[LoadReport, _Mapping]] = ..., assigned_unreported: _Optional[int] = ..., weights_id: _Optional[str] = ..., max_model_len: _Optional[int] = ..., model: _Optional[str] = ..., lora: _Optional[_Union[LoraConfig, _Mapping]] = ...) -> None: ...
 
 class ListWorkersResponse(_message.Message):
     __slots__ = ("workers",)

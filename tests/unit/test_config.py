@@ -113,3 +113,40 @@ def test_the_redis_url_may_come_from_the_environment_and_the_flag_wins(
         parser.parse_args(["serve", service, "--help"])
     help_text = capsys.readouterr().out
     assert config.REDIS_URL_ENV in help_text and "s3cret" not in help_text
+
+
+def test_lora_flags_are_vllms_and_round_trip() -> None:
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser, config.WorkerConfig)
+    args = parser.parse_args(["--enable-lora", "--max-loras", "2", "--max-lora-rank", "8", "--max-cpu-loras", "4",
+                              "--lora-modules", "a=/adapters/a", "b=/adapters/b"])
+    cfg = config.from_args(config.WorkerConfig, args)
+    assert (cfg.enable_lora, cfg.max_loras, cfg.max_lora_rank, cfg.cpu_loras) == (True, 2, 8, 4)
+    assert cfg.adapters() == {"a": "/adapters/a", "b": "/adapters/b"}
+    assert config.from_args(config.WorkerConfig, parser.parse_args(config.to_argv(cfg))) == cfg
+    assert config.WorkerConfig(enable_lora=True, max_loras=3).cpu_loras == 3  # vLLM's default: --max-loras
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--lora-modules", "a=/x"], "--lora-modules needs --enable-lora"),
+    (["--enable-lora", "--lora-modules", "a"], "name=path entries, not 'a'"),
+    (["--enable-lora", "--lora-modules", "=/x"], "name=path entries, not '=/x'"),
+    (["--enable-lora", "--lora-modules", "a=/x", "a=/y"], "names the adapter 'a' twice"),
+    (["--enable-lora", "--max-loras", "4", "--max-cpu-loras", "2"], "--max-cpu-loras (2) must be at least --max-loras (4)"),
+])
+def test_lora_settings_that_cannot_be_served_are_refused(argv: list[str], message: str,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    from meshserve.commands.cli import main
+
+    with pytest.raises(SystemExit) as refused:
+        main(["serve", "worker", "--engine", "sim", *argv])
+    assert refused.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_lora_rank_vllm_does_not_size_slots_for_is_refused(capsys: pytest.CaptureFixture) -> None:
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser, config.WorkerConfig)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--max-lora-rank", "12"])
+    assert "invalid choice: 12" in capsys.readouterr().err

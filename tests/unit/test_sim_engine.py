@@ -438,3 +438,45 @@ async def test_with_the_priority_policy_a_full_kv_pool_preempts_the_least_urgent
     assert engine.num_preemptions > 0
     routine_done, urgent_done = (r.times[-1] for r in results)
     assert urgent_done < routine_done  # the routine one gave up its blocks and finished later
+
+
+LORA = {"enable_lora": True, "lora_modules": ["a=/adapters/a", "b=/adapters/b", "c=/adapters/c"]}
+
+
+async def test_each_adapter_answers_as_itself_and_the_base_model_as_before(make_engine: Make) -> None:
+    engine, clock = await make_engine(**LORA)
+    plain, _ = await make_engine()
+    prompt = words("p", 40)
+    base = await run(plain, clock, req(prompt, max_tokens=12, temperature=0.0))
+    texts = [(await run(engine, clock, req(prompt, max_tokens=12, temperature=0.0, adapter=a))).text
+             for a in (None, "a", "b", "a")]
+    assert texts[0] == base.text  # LoRA on changes nothing for the base model
+    assert len({texts[0], texts[1], texts[2]}) == 3 and texts[3] == texts[1]
+
+
+async def test_an_adapters_blocks_are_its_own(make_engine: Make) -> None:
+    engine, clock = await make_engine(**LORA)
+    prompt = words("q", 64)
+    await run(engine, clock, req(prompt, max_tokens=2, temperature=0.0, adapter="a"))
+    others = [await run(engine, clock, req(prompt, max_tokens=2, temperature=0.0, adapter=a)) for a in (None, "b")]
+    again = await run(engine, clock, req(prompt, max_tokens=2, temperature=0.0, adapter="a"))
+    assert [r.last.cached_prompt_tokens for r in others] == [0, 0]
+    assert again.last.cached_prompt_tokens == 48  # its own three full blocks (the last token is computed)
+
+
+async def test_requests_on_more_adapters_than_slots_wait_for_one(make_engine: Make) -> None:
+    """Two slots, requests on three adapters: the third adapter's waits while the other two run,
+    and a base-model request behind it goes on."""
+    engine, clock = await make_engine(**LORA, max_loras=2)
+    results = await asyncio.gather(*(run(engine, clock, req(words(f"{a}{i}", 16), 8, adapter=a))
+                                     for i, a in enumerate(["a", "b", "c", None])))
+    assert results[0].loads[0].num_running == 3 and results[0].loads[0].num_waiting == 1
+    first_two_done = max(r.times[-1] for r in results[:2])
+    assert results[2].times[0] > first_two_done
+    assert results[3].times[0] < first_two_done
+
+
+async def test_an_adapter_the_engine_does_not_hold_is_refused(make_engine: Make) -> None:
+    engine, clock = await make_engine(**LORA)
+    with pytest.raises(InvalidRequest, match="'z' is not loaded"):
+        await run(engine, clock, req(words("r", 8), adapter="z"))

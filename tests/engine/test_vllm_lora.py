@@ -1,0 +1,109 @@
+"""LoRA adapters on the real vLLM engine: a worker started with two adapters made by `meshserve
+make-adapter` answers a request naming one as vLLM's own offline ``LLM`` does with that adapter's
+``LoRARequest`` (greedy, token for token), and not as the base model does."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from meshserve.services.config import WorkerConfig
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.server import Running, insecure_channel
+from meshserve.worker.server import WorkerServicer, start_worker
+
+pytestmark = pytest.mark.engine
+
+TIMEOUT = 120.0
+MAX_TOKENS = 24
+PROMPTS = ["The capital of France is", "Once upon a time there was a grey cat"]
+ENGINE = dict(dtype="float32", max_model_len=512, kv_cache_memory_bytes=64 * 2**20, enforce_eager=True)
+
+# vLLM's offline engine, in a process of its own (its engine core in that process): each prompt's
+# greedy token ids on the base model and on each adapter.
+OFFLINE = """
+import json, sys
+from vllm import LLM, SamplingParams
+from vllm.lora.request import LoRARequest
+model, adapters, prompts, max_tokens, engine = json.loads(sys.argv[1])
+llm = LLM(model=model, enable_lora=True, max_loras=len(adapters), max_lora_rank=8, **engine)
+params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+out = {}
+for i, name in enumerate(["", *adapters], start=0):
+    lora = LoRARequest(name, i, adapters[name]) if name else None
+    out[name] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, lora_request=lora, use_tqdm=False)]
+print(json.dumps(out))
+"""
+
+
+def make_adapter(name: str) -> str:
+    """The folder `meshserve make-adapter NAME` prints on its last line."""
+    out = subprocess.run([sys.executable, "-m", "meshserve.commands.cli", "make-adapter", name],
+                         capture_output=True, text=True, check=True, timeout=TIMEOUT)
+    return out.stdout.splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def adapters() -> dict[str, str]:
+    return {name: make_adapter(name) for name in ("alpha", "beta")}
+
+
+@pytest.fixture(scope="module")
+def offline(tiny_model: Path, adapters: dict[str, str]) -> dict[str, list[list[int]]]:
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    args = json.dumps([str(tiny_model), adapters, PROMPTS, MAX_TOKENS, ENGINE])
+    out = subprocess.run([sys.executable, "-c", OFFLINE, args], capture_output=True, text=True, env=env,
+                         timeout=TIMEOUT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+async def worker(tiny_model: Path, adapters: dict[str, str]) -> AsyncIterator[tuple[Running, WorkerServicer]]:
+    cfg = WorkerConfig(host="127.0.0.1", port=0, metrics_port=-1, engine="vllm", model=str(tiny_model),
+                       grace_seconds=5.0, enable_lora=True, max_loras=2, max_lora_rank=8,
+                       lora_modules=[f"{name}={path}" for name, path in adapters.items()], **ENGINE)
+    running, servicer = await start_worker(cfg)
+    yield running, servicer
+    await running.shutdown()
+
+
+async def greedy(stub: pb_grpc.WorkerStub, prompt: str, model: str) -> list[int]:
+    request = pb.GenerateRequest(prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True, model=model)
+    return [t async for c in stub.Generate(request, timeout=TIMEOUT) for t in c.token_ids]
+
+
+async def test_each_adapter_answers_as_vllm_offline_does_with_it(
+    stub: pb_grpc.WorkerStub, offline: dict[str, list[list[int]]]
+) -> None:
+    for i, prompt in enumerate(PROMPTS):
+        ours = {name: await greedy(stub, prompt, name) for name in ("", "alpha", "beta")}
+        assert ours == {name: offline[name][i] for name in ours}, prompt
+        assert len({tuple(tokens) for tokens in ours.values()}) == 3, "an adapter answered as the base model"
+
+
+async def test_the_worker_says_which_adapters_it_serves(stub: pb_grpc.WorkerStub, adapters: dict[str, str]) -> None:
+    info = await stub.Info(pb.InfoRequest(), timeout=TIMEOUT)
+    assert {a.name: a.path for a in info.lora.adapters} == adapters
+    assert (info.lora.max_loras, info.lora.max_lora_rank, info.lora.max_cpu_loras) == (2, 8, 2)
+
+
+async def test_an_adapter_it_does_not_serve_is_not_found(stub: pb_grpc.WorkerStub) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await greedy(stub, PROMPTS[0], "gamma")
+    assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "'gamma'" in (refused.value.details() or "")
+
+
+@pytest.fixture
+async def stub(worker: tuple[Running, WorkerServicer]) -> AsyncIterator[pb_grpc.WorkerStub]:
+    async with insecure_channel(f"127.0.0.1:{worker[0].port}") as channel:
+        yield pb_grpc.WorkerStub(channel)
