@@ -1,6 +1,7 @@
 """The gateway's first stage: a request is checked and admitted, or refused at once.
 
-Checked: the request itself (services.validation: every field a client sets, the model it names)
+Checked: the request itself (services.validation: every field a client sets, the model it names:
+the served one or a LoRA adapter the fleet serves)
 and against its tenant's settings (services.tenants: the priority it may ask for, its default,
 the most tokens a choice may ask for); admitted: while fewer than ``max_in_flight`` requests are
 being served by this gateway; past that bound the caller gets RESOURCE_EXHAUSTED with a retry
@@ -10,7 +11,7 @@ for a place on a saturated fleet.)"""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 
 import grpc
@@ -23,16 +24,18 @@ from meshserve.services.tenants import DEFAULT, TenantSettings
 
 
 class Admission:
-    def __init__(self, model: str, max_in_flight: int, settings: Callable[[str], TenantSettings] = lambda _: DEFAULT
-                 ) -> None:
+    def __init__(self, model: str, max_in_flight: int, settings: Callable[[str], TenantSettings] = lambda _: DEFAULT,
+                 adapters: Callable[[], Collection[str]] = tuple) -> None:
         self._model = model
+        self._adapters = adapters  # the LoRA adapters the fleet serves now
         self._max_in_flight = max_in_flight
         self._settings = settings
         self.in_flight = 0
 
     def checked(self, request: pb.GenerateRequest, tenant: str = "") -> pb.GenerateRequest:
         """A copy of ``request`` the pipeline may change, with an id the worker, the cache and the
-        logs share and its priority (the tenant's default when it asks for none); GatewayError
+        logs share, its priority (the tenant's default when it asks for none) and as its model
+        only a LoRA adapter's name (the base model's is cleared); GatewayError
         naming the field when it is not a request this mesh serves, or not one its tenant may ask."""
         try:
             validation.validate(request)
@@ -41,8 +44,9 @@ class Admission:
         if request.continue_token_ids:
             raise invalid(grpc.StatusCode.INVALID_ARGUMENT, "'continue_token_ids' is set by the gateway when it "
                           "migrates a stream; clients may not set it", "continue_token_ids")
-        if request.model and request.model != self._model:
-            raise invalid(grpc.StatusCode.NOT_FOUND, validation.unknown_model(request.model, self._model), "model")
+        if request.model and request.model != self._model and request.model not in (adapters := self._adapters()):
+            raise invalid(grpc.StatusCode.NOT_FOUND, validation.unknown_model(request.model, self._model, adapters),
+                          "model")
         own = self._settings(tenant)
         if request.HasField("priority") and request.priority < own.priority:
             raise invalid(grpc.StatusCode.INVALID_ARGUMENT, f"'priority' {request.priority} is more urgent than "
@@ -52,6 +56,8 @@ class Admission:
                           f"{tenant or '(anonymous)'} may ask for at most {own.max_tokens}", "max_tokens")
         req = pb.GenerateRequest()
         req.CopyFrom(request)
+        if req.model == self._model:  # the base model: every worker serves it, under whatever name
+            req.ClearField("model")
         if not req.request_id:
             req.request_id = uuid.uuid4().hex
         if not req.HasField("priority"):

@@ -6,7 +6,8 @@ and its context length. What the gateway asks of the fleet is answered from it:
   so after new weights are rolled out under the same name no request gets the old ones' answers;
 - whether the fleet is one worker: a request then has nowhere else to go and is sent there
   without waiting for a pick;
-- the workers a request may go to while the router is away, and a worker for tokenizing.
+- the workers a request may go to while the router is away, and a worker for tokenizing;
+- the LoRA adapters the fleet serves: the names a request's model may give besides the base model.
 
 While the router's stream is down the last view stays; it is reopened with capped backoff."""
 
@@ -41,6 +42,7 @@ class FleetView:
         self._viewed = False  # a view has come, ever
         self._serving: str | None = None
         self._by_id: dict[str, pb.WorkerState] = {}
+        self._adapters: dict[str, str] = {}
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._listeners: list[Callable[[], None]] = []
@@ -79,16 +81,23 @@ class FleetView:
         state = self._by_id.get(worker_id)
         return None if state is None else state.weights_id
 
-    def sole(self) -> pb.WorkerState | None:
-        """The fleet's only worker when the view has one, healthy and not draining (a pick has
-        nothing to choose); None otherwise, or before the first view."""
-        if len(self.workers) == 1 and _serves(self.workers[0]):
+    def sole(self, adapter: str = "") -> pb.WorkerState | None:
+        """The fleet's only worker when the view has one, healthy, not draining and serving the
+        LoRA ``adapter`` ("": the base model) (a pick has nothing to choose); None otherwise, or
+        before the first view."""
+        if len(self.workers) == 1 and _serves(self.workers[0]) and holds(self.workers[0], adapter):
             return self.workers[0]
         return None
 
-    def serving_workers(self, exclude: Sequence[str] = ()) -> list[pb.WorkerState]:
-        """The workers of the view that are healthy and not draining, less those in ``exclude``."""
-        return [w for w in self.workers if _serves(w) and w.worker_id not in exclude]
+    def serving_workers(self, exclude: Sequence[str] = (), adapter: str = "") -> list[pb.WorkerState]:
+        """The workers of the view that are healthy, not draining and serve the LoRA ``adapter``
+        ("": the base model), less those in ``exclude``."""
+        return [w for w in self.workers if _serves(w) and w.worker_id not in exclude and holds(w, adapter)]
+
+    def adapters(self) -> dict[str, str]:
+        """The LoRA adapters the fleet's workers serve (whether they can take a request now or
+        not), name -> path, in the order the view first lists them."""
+        return self._adapters
 
     def sequences(self) -> int:
         """The sequences the serving workers run at once, in all (their max_num_seqs)."""
@@ -111,6 +120,11 @@ class FleetView:
     def _apply(self, update: pb.FleetUpdate) -> None:
         self.workers = tuple(update.workers)
         self._by_id = {w.worker_id: w for w in self.workers}
+        adapters: dict[str, str] = {}
+        for worker in self.workers:
+            for adapter in worker.lora.adapters:
+                adapters.setdefault(adapter.name, adapter.path)
+        self._adapters = adapters
         counts = Counter(w.weights_id for w in self.workers if w.healthy)
         serving = max(sorted(counts), key=counts.__getitem__) if counts else None  # a tie: the first
         if serving is not None:  # none healthy for a moment: the weights the fleet served still key the cache
@@ -142,3 +156,8 @@ class FleetView:
 
 def _serves(worker: pb.WorkerState) -> bool:
     return worker.healthy and not worker.load.draining
+
+
+def holds(worker: pb.WorkerState, adapter: str) -> bool:
+    """Whether ``worker`` serves the LoRA ``adapter`` ("": the base model, which every worker does)."""
+    return not adapter or any(a.name == adapter for a in worker.lora.adapters)

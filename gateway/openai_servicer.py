@@ -56,15 +56,15 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
         req = await self._convert(convert.chat_request, request, context)
         response_id, reqs = self._choices(req, request)
         resps = await self._complete(reqs, context, _limit_name(request))
-        return convert.chat_completion(resps, response_id, req.HasField("logprobs"), self._model, int(self._clock()),
-                                       convert.tool_choice(request), await self._fingerprint())
+        return convert.chat_completion(resps, response_id, req.HasField("logprobs"), _answered_by(request, self._model),
+                                       int(self._clock()), convert.tool_choice(request), await self._fingerprint())
 
     async def Completions(self, request: pb.CompletionRequest, context: grpc.aio.ServicerContext) -> pb.Completion:
         req = await self._convert(convert.completion_request, request, context)
         response_id, reqs = self._choices(req, request)
         resps = await self._complete(reqs, context)
         echo = req.prompt if request.echo else ""
-        return convert.completion(resps, response_id, req.HasField("logprobs"), echo, self._model,
+        return convert.completion(resps, response_id, req.HasField("logprobs"), echo, _answered_by(request, self._model),
                                   int(self._clock()), await self._fingerprint())
 
     async def StreamChatCompletions(
@@ -74,8 +74,9 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
         response_id, reqs = self._choices(req, request)
         created, logprobs = int(self._clock()), req.HasField("logprobs")
         fingerprint = await self._fingerprint()
+        model = _answered_by(request, self._model)
         head = {"id": f"chatcmpl-{response_id}", "object": "chat.completion.chunk", "created": created,
-                "model": self._model, "system_fingerprint": fingerprint}
+                "model": model, "system_fingerprint": fingerprint}
         tools = convert.tool_choice(request)
         started: set[int] = set()
         held: dict[int, list[str]] = {}  # a "required" call's text so far, by choice: sent when complete
@@ -88,7 +89,7 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
                 parts = held.setdefault(index, [])
                 so_far = "".join(parts) if c.finish_reason else ""
                 parts.append(c.text)
-            return convert.chat_chunk(c, index, first, response_id, logprobs, self._model, created, tools, so_far,
+            return convert.chat_chunk(c, index, first, response_id, logprobs, model, created, tools, so_far,
                                       fingerprint)
 
         def usage(u: pb.Usage) -> pb.ChatCompletionChunk:
@@ -108,14 +109,15 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
         response_id, reqs = self._choices(req, request)
         created, logprobs = int(self._clock()), req.HasField("logprobs")
         fingerprint = await self._fingerprint()
-        head = {"id": f"cmpl-{response_id}", "object": "text_completion", "created": created, "model": self._model,
+        model = _answered_by(request, self._model)
+        head = {"id": f"cmpl-{response_id}", "object": "text_completion", "created": created, "model": model,
                 "system_fingerprint": fingerprint}
         sent: dict[int, int] = {}  # choice -> characters of its text sent so far
 
         def chunk(index: int, c: pb.GenerateResponse) -> pb.Completion:
             echo = req.prompt if request.echo and index not in sent else ""
             out = convert.completion_chunk(c, index, echo, sent.get(index, 0), response_id, logprobs,
-                                           self._model, created, fingerprint)
+                                           model, created, fingerprint)
             sent[index] = sent.get(index, 0) + len(echo) + len(c.text)
             return out
 
@@ -130,12 +132,17 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
             yield out
 
     async def ListModels(self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext) -> pb.ModelList:
-        return pb.ModelList(object="list", data=[await self._model_card()])
+        adapters = await self._orch.adapters()
+        return pb.ModelList(object="list", data=[await self._model_card(),
+                                                 *(self._adapter_card(n, p) for n, p in adapters.items())])
 
     async def RetrieveModel(self, request: pb.RetrieveModelRequest, context: grpc.aio.ServicerContext) -> pb.Model:
-        if request.model != self._model:
-            await context.abort(grpc.StatusCode.NOT_FOUND, unknown_model(request.model, self._model))
-        return await self._model_card()
+        if request.model == self._model:
+            return await self._model_card()
+        adapters = await self._orch.adapters()
+        if request.model not in adapters:
+            await context.abort(grpc.StatusCode.NOT_FOUND, unknown_model(request.model, self._model, adapters))
+        return self._adapter_card(request.model, adapters[request.model])
 
     async def Health(self, request: pb.HealthRequest, context: grpc.aio.ServicerContext) -> pb.HealthStatus:
         workers, why = await self._orch.serving_workers()
@@ -154,13 +161,20 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
     # -- helpers ------------------------------------------------------------------------------
 
     async def _model_card(self) -> pb.Model:
-        card = pb.Model(id=self._model, object="model", created=self._started, owned_by=OWNED_BY, root=self._model,
-                        permission=[pb.ModelPermission(
-                            id=f"modelperm-{self._started}", object="model_permission", created=self._started,
-                            allow_sampling=True, allow_logprobs=True, allow_view=True, organization="*")])
+        card = self._card(self._model, root=self._model)
         if (context_len := await self._orch.max_model_len()) is not None:
             card.max_model_len = context_len
         return card
+
+    def _adapter_card(self, name: str, path: str) -> pb.Model:
+        """A LoRA adapter's card, as vLLM's: its folder as root, the base model as its parent."""
+        return self._card(name, root=path, parent=self._model)
+
+    def _card(self, model: str, **fields: str) -> pb.Model:
+        return pb.Model(id=model, object="model", created=self._started, owned_by=OWNED_BY, **fields,
+                        permission=[pb.ModelPermission(
+                            id=f"modelperm-{self._started}", object="model_permission", created=self._started,
+                            allow_sampling=True, allow_logprobs=True, allow_view=True, organization="*")])
 
     async def _fingerprint(self) -> str:
         """This answer's ``system_fingerprint``: the weights the fleet serves (listed off the path)."""
@@ -176,8 +190,8 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
 
     async def _on_a_worker(self, model: str, call: Callable[[], Awaitable[T]], context: grpc.aio.ServicerContext) -> T:
         """``call`` (a worker's answer) for a request naming ``model``, or the status it failed with."""
-        if model and model != self._model:
-            await context.abort(grpc.StatusCode.NOT_FOUND, unknown_model(model, self._model),
+        if model and model != self._model and model not in (adapters := await self._orch.adapters()):
+            await context.abort(grpc.StatusCode.NOT_FOUND, unknown_model(model, self._model, adapters),
                                 _trailers(param_metadata("model")))
         try:
             return await call()
@@ -247,6 +261,12 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
                 return
         if usage is not None:
             yield usage(convert.total_usage([usages[i] for i in sorted(usages)]))
+
+
+def _answered_by(request: pb.ChatCompletionRequest | pb.CompletionRequest, model: str) -> str:
+    """The ``model`` of an answer: the LoRA adapter the request named, else the served ``model``
+    (as vLLM's server names it)."""
+    return request.model or model
 
 
 def _limit_name(request: pb.ChatCompletionRequest) -> str:

@@ -55,7 +55,7 @@ class Orchestrator:
         self._clock = clock
         self.fleet = FleetView(clients.watch_fleet)
         self._tenants = tenants.load_keys(cfg.api_keys_file)
-        self._admission = Admission(cfg.model, cfg.max_in_flight, self._tenants.of)
+        self._admission = Admission(cfg.model, cfg.max_in_flight, self._tenants.of, self.fleet.adapters)
         self._flow: FlowController | None = None
         if cfg.flow_control == "on":
             best = min((s.priority for s in self._tenants.settings.values()), default=tenants.DEFAULT.priority)
@@ -85,6 +85,8 @@ class Orchestrator:
         status, detail = grpc.StatusCode.OK, ""
         last: pb.GenerateResponse | None = None
         try:
+            if request.model and request.model != self._cfg.model and request.model not in self.fleet.adapters():
+                await self.fleet.first_view()  # a gateway's first requests: the adapters it names may be there
             req = self._admission.checked(request, tenant)
             record.request_id = req.request_id
             with self._admission.admitted():
@@ -219,6 +221,11 @@ class Orchestrator:
         """How many workers could take a request now, and why none can when it is 0."""
         await self.fleet.first_view()
         return self._selector.serving()
+
+    async def adapters(self) -> dict[str, str]:
+        """The LoRA adapters the fleet serves, name -> path (after the fleet view's first view)."""
+        await self.fleet.first_view()
+        return self.fleet.adapters()
 
     async def max_model_len(self) -> int | None:
         """The workers' context length (None while the fleet view has no worker that says it)."""

@@ -1,5 +1,8 @@
 """The gateway's worker-selection stage: which worker a request goes to.
 
+Every way below picks among the workers that serve the request's LoRA adapter: its ``model``
+after admission (an adapter's name; empty for the base model, which every worker serves).
+
 - The router's pick (the router service over one long-lived stream, or the router's code in this
   process with ``--router embedded``): KV-aware scoring over the live fleet.
 - The fleet's only worker, at once, when the fleet view has one that this gateway has not seen
@@ -57,7 +60,7 @@ class WorkerSelector:
 
     async def pick(self, req: pb.GenerateRequest, exclude: Sequence[str] = ()) -> pb.PickResponse:
         """The worker for ``req``, none of ``exclude``; GatewayError when no worker can take it."""
-        sole = self._fleet.sole()
+        sole = self._fleet.sole(req.model)
         if not exclude and sole is not None and not self._clients.failed(sole.address):
             metrics.SOLE_WORKER_PICKS.inc()
             return pb.PickResponse(worker_id=sole.worker_id, address=sole.address, reason=SOLE_WORKER)
@@ -75,7 +78,7 @@ class WorkerSelector:
     def any_worker(self) -> str:
         """The address of a worker to ask what any worker can answer (tokenizing: every worker
         has the model's tokenizer); GatewayError UNAVAILABLE when none serves."""
-        candidates = self._reachable(())
+        candidates = self._reachable((), "")
         if not candidates:
             raise GatewayError(grpc.StatusCode.UNAVAILABLE, "no worker can serve")
         return candidates[0].address
@@ -85,17 +88,17 @@ class WorkerSelector:
         if self._fleet.live:
             return (len(self._fleet.serving_workers()),
                     f"the router has {len(self._fleet.workers)} workers, none healthy and undrained")
-        return len(self._reachable(())), "router unavailable and no worker reachable without it"
+        return len(self._reachable((), "")), "router unavailable and no worker reachable without it"
 
     async def close(self) -> None:
         for told in self._told:
             told.cancel()
         await asyncio.gather(*self._told, return_exceptions=True)
 
-    def _reachable(self, exclude: Sequence[str]) -> list[pb.WorkerState]:
-        """The fleet view's serving workers less ``exclude`` and those this gateway saw fail, the
-        fewest of its requests first."""
-        return sorted((w for w in self._fleet.serving_workers(exclude) if not self._clients.failed(w.address)),
+    def _reachable(self, exclude: Sequence[str], adapter: str) -> list[pb.WorkerState]:
+        """The fleet view's serving workers that serve ``adapter`` ("": the base model), less
+        ``exclude`` and those this gateway saw fail, the fewest of its requests first."""
+        return sorted((w for w in self._fleet.serving_workers(exclude, adapter) if not self._clients.failed(w.address)),
                       key=lambda w: self._clients.in_flight(w.address))
 
     async def _ask_router(self, req: pb.GenerateRequest, exclude: Sequence[str], waited: bool = True
@@ -108,7 +111,7 @@ class WorkerSelector:
                 asked = time.perf_counter()
                 pick = await self._picks.pick(
                     pb.PickRequest(request_id=req.request_id, prompt=req.prompt, messages=req.messages,
-                                   exclude=exclude, session_key=req.user,
+                                   exclude=exclude, session_key=req.user, adapter=req.model,
                                    trace_context=dict(telemetry.outgoing_metadata()),
                                    deadline_unix_ms=int((time.time() + self._timeout_s) * 1000)),
                     self._timeout_s)
@@ -120,19 +123,19 @@ class WorkerSelector:
             if not waited:  # the request went on without it; a router that is away shows on the next wait
                 log.debug("request %s: the router's pick, not waited for, failed: %s", req.request_id, e.detail)
                 return None
-            return self._without_router(e, exclude)
+            return self._without_router(e, exclude, req.model)
         if not self._router_ok:
             log.info("router is answering in time again")
             self._router_ok = True
         return pick
 
-    def _without_router(self, e: PickFailed, exclude: Sequence[str]) -> pb.PickResponse:
+    def _without_router(self, e: PickFailed, exclude: Sequence[str], adapter: str) -> pb.PickResponse:
         """A router that is away or late: the request goes to a worker the fleet view shows. One
         that refused (no worker fits) is a refusal still."""
         late = e.code == grpc.StatusCode.DEADLINE_EXCEEDED  # no answer in time, or dropped by a router behind
         if not late and (isinstance(e, PickRefused) or e.code != grpc.StatusCode.UNAVAILABLE):
             raise GatewayError(e.code, f"router: {e.detail}") from None
-        candidates = self._reachable(exclude)
+        candidates = self._reachable(exclude, adapter)
         if not candidates:
             raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"router unavailable: {e.detail}") from None
         if self._clock() - self._warned_at >= PICK_FAILURE_LOG_S:

@@ -1,7 +1,7 @@
 """The fleet as the router sees it, pushed to every gateway (Router/WatchFleet): each watcher gets
 the whole view when it starts watching, again at once when the fleet's shape changes (a worker
-joins or leaves, connects or disconnects, turns healthy or stale, drains, changes weights), and
-otherwise at most every ``load_interval_s`` while the workers' load changes."""
+joins or leaves, connects or disconnects, turns healthy or stale, drains, changes weights, model
+or adapters), and otherwise at most every ``load_interval_s`` while the workers' load changes."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 import prometheus_client
 
 from meshserve.router.state import WorkerTable, WorkerView
-from meshserve.router.watcher import load_to_pb
+from meshserve.router.watcher import load_to_pb, lora_to_pb
 from meshserve.services.gen import meshserve_pb2 as pb
 
 WATCHERS = prometheus_client.Gauge("meshserve_router_fleet_watchers", "Streams the fleet view is pushed on")
@@ -29,7 +29,9 @@ CHECK_S = 0.25
 def worker_state(view: WorkerView, healthy: bool) -> pb.WorkerState:
     state = pb.WorkerState(worker_id=view.worker_id, address=view.address, healthy=healthy,
                            assigned_unreported=view.assigned_unreported, weights_id=view.weights_id,
-                           max_model_len=view.max_model_len)
+                           max_model_len=view.max_model_len, model=view.model)
+    if view.lora is not None:
+        state.lora.CopyFrom(lora_to_pb(view.lora))
     if view.load is not None:
         state.load.CopyFrom(load_to_pb(view.worker_id, view.load))
     return state
@@ -38,7 +40,7 @@ def worker_state(view: WorkerView, healthy: bool) -> pb.WorkerState:
 def _shape(workers: Sequence[tuple[WorkerView, bool]]) -> tuple[tuple[object, ...], ...]:
     """What a gateway must learn of at once: everything about the workers but their load."""
     return tuple((v.worker_id, v.address, healthy, v.load is not None and v.load.draining, v.weights_id,
-                  v.max_model_len) for v, healthy in workers)
+                  v.max_model_len, v.model, v.lora) for v, healthy in workers)
 
 
 class FleetFeed:

@@ -31,6 +31,7 @@ class PickContext:
     prompt: str = ""                        # the prompt, or the chat messages as "role: content" lines
     first_user: str = ""                    # a chat's first user message ("" for a plain prompt)
     exclude: frozenset[str] = frozenset()   # worker ids that already failed this request
+    adapter: str = ""                       # the LoRA adapter it runs on ("": the base model)
     session_key: str = ""                   # same key, same worker (session affinity)
     # The prompt's full-block hash chain and, by worker address, how many leading blocks of it
     # each worker holds (from the KV index the policy reads); None when the router has no view.
@@ -61,6 +62,10 @@ class Filter(abc.ABC):
     def keep(self, ctx: PickContext, fleet: Fleet, mask: np.ndarray) -> np.ndarray:
         """The rows of ``mask`` (bool, one per worker) that pass; a new array."""
 
+    def why_empty(self, ctx: PickContext) -> str:
+        """The NoWorker message when no worker passes."""
+        return self.empty_reason
+
 
 class Scorer(abc.ABC):
     """Rates each candidate from 0 (worst) to 1 (best) for this request."""
@@ -80,6 +85,21 @@ class Picker(abc.ABC):
 
 
 # -- filters ---------------------------------------------------------------------------------
+
+
+class AdapterFilter(Filter):
+    """Workers that serve the request's LoRA adapter (every worker serves the base model)."""
+
+    def keep(self, ctx: PickContext, fleet: Fleet, mask: np.ndarray) -> np.ndarray:
+        if not ctx.adapter:
+            return mask
+        kept = mask.copy()
+        for row in mask.nonzero()[0]:
+            kept[row] = fleet.views[row].serves(ctx.adapter)
+        return kept
+
+    def why_empty(self, ctx: PickContext) -> str:
+        return f"no worker serves the LoRA adapter {ctx.adapter!r}"
 
 
 class HealthyFilter(Filter):
@@ -341,7 +361,7 @@ class Policy:
         for f in self.filters:
             mask = f.keep(ctx, fleet, mask)
             if not np.count_nonzero(mask):
-                raise NoWorker(f.empty_reason)
+                raise NoWorker(f.why_empty(ctx))
         rows = mask.nonzero()[0]
         totals = np.zeros(len(rows))
         parts = []
@@ -356,7 +376,7 @@ class Policy:
 
 
 def _eligible(stale_after_s: float) -> list[Filter]:
-    return [HealthyFilter(stale_after_s), NotDrainingFilter(), ExcludeFilter()]
+    return [AdapterFilter(), HealthyFilter(stale_after_s), NotDrainingFilter(), ExcludeFilter()]
 
 
 @dataclass(frozen=True)

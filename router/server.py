@@ -135,6 +135,11 @@ class Router:
             # One worker to choose from: the prompt's blocks would change nothing. Not worked out
             # (no tokenizing, not even the text hash), no cached tokens predicted.
             known.update(block_hashes=(), cached_blocks={})
+        elif view and ctx.adapter:
+            # An adapter's blocks are its own in the engine (vLLM hashes the adapter into them), and
+            # the router's chain is the base model's: it would credit a worker with blocks it holds
+            # for another model. The prefix view leaves adapter requests out.
+            known.update(block_hashes=(), cached_blocks={})
         elif view and self.prefix.ready:
             hashes = self.prefix.chain(ctx.prompt if not messages else "", messages)
             known.update(block_hashes=hashes, cached_blocks=self._cached(view, hashes, now, fleet.rows))
@@ -274,6 +279,7 @@ class RouterServicer(pb_grpc.RouterServicer):
             first_user=next((m["content"] for m in messages if m["role"] == "user"), ""),
             exclude=frozenset(request.exclude),
             session_key=request.session_key,
+            adapter=request.adapter,
         )
         try:
             pick = self._router.pick(ctx, messages or None)

@@ -30,6 +30,19 @@ class WorkerLoad:
     requests_received: int = 0
 
 
+@dataclass(frozen=True)
+class LoraSlots:
+    """The LoRA adapters a worker serves and its slots for them (``WorkerInfo.lora``)."""
+
+    adapters: tuple[tuple[str, str], ...] = ()  # (name, path), in the worker's order
+    max_loras: int = 0
+    max_lora_rank: int = 0
+    max_cpu_loras: int = 0
+
+    def serves(self, adapter: str) -> bool:
+        return any(name == adapter for name, _ in self.adapters)
+
+
 class WorkerView(NamedTuple):
     """One worker as the policies see it at the moment of a pick (a tuple: a router with
     hundreds of workers reads one per worker per pick). Views are made by ``WorkerView.of``
@@ -46,14 +59,20 @@ class WorkerView(NamedTuple):
     outstanding: int = 0
     weights_id: str = ""                 # WorkerInfo.weights_id, from its connection
     max_model_len: int = 0               # WorkerInfo.max_model_len, from its connection
+    model: str = ""                      # WorkerInfo.model: the base model it serves
+    lora: LoraSlots | None = None        # WorkerInfo.lora: its adapters and slots (None: LoRA off)
 
     @classmethod
     def of(cls, worker_id: str, address: str, connected: bool = False, load: WorkerLoad | None = None,
            reported_at: float | None = None, assigned_unreported: int = 0, weights_id: str = "",
-           max_model_len: int = 0) -> WorkerView:
+           max_model_len: int = 0, model: str = "", lora: LoraSlots | None = None) -> WorkerView:
         engine = 0 if load is None else max(load.num_running + load.num_waiting, load.num_in_flight)
         return cls(worker_id, address, connected, load, reported_at, assigned_unreported,
-                   engine + assigned_unreported, weights_id, max_model_len)
+                   engine + assigned_unreported, weights_id, max_model_len, model, lora)
+
+    def serves(self, adapter: str) -> bool:
+        """Whether it serves the LoRA adapter ``adapter`` ("": the base model, which every worker does)."""
+        return not adapter or (self.lora is not None and self.lora.serves(adapter))
 
     def is_healthy(self, stale_after_s: float, now: float) -> bool:
         """Connected, and its last report is fresh at clock time ``now``."""
@@ -224,11 +243,12 @@ class WorkerTable:
         for e in changed:
             self._refresh(e)
 
-    def on_connected(self, address: str, worker_id: str, weights_id: str = "", max_model_len: int = 0) -> None:
+    def on_connected(self, address: str, worker_id: str, weights_id: str = "", max_model_len: int = 0,
+                     model: str = "", lora: LoraSlots | None = None) -> None:
         entry = self._workers[address]
         entry.received = None  # the next report starts the count on this stream
         self._refresh(entry, worker_id=worker_id or address, connected=True, weights_id=weights_id,
-                      max_model_len=max_model_len)
+                      max_model_len=max_model_len, model=model, lora=lora)
         self._changed()
 
     def on_report(self, address: str, load: WorkerLoad) -> None:
@@ -260,7 +280,7 @@ class WorkerTable:
         """Remakes the worker's view with ``changed`` fields and its current unsettled picks."""
         v = entry.view._replace(**changed)
         entry.view = WorkerView.of(v.worker_id, v.address, v.connected, v.load, v.reported_at, len(entry.picks),
-                                   v.weights_id, v.max_model_len)
+                                   v.weights_id, v.max_model_len, v.model, v.lora)
         self._views[entry.index] = entry.view
         self._columns.set(entry.index, entry.view)
 

@@ -14,7 +14,7 @@ import grpc
 
 from meshserve.router.kv_index import KvIndex
 from meshserve.router.prefix import PromptBlocks
-from meshserve.router.state import WorkerLoad, WorkerTable
+from meshserve.router.state import LoraSlots, WorkerLoad, WorkerTable
 from meshserve.services.config import RoutingConfig
 from meshserve.services.gen import meshserve_pb2 as pb
 from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
@@ -53,6 +53,20 @@ def _is_flood(events: pb.KvEvents) -> bool:
 
 def load_to_pb(worker_id: str, load: WorkerLoad) -> pb.LoadReport:
     return pb.LoadReport(worker_id=worker_id, **dataclasses.asdict(load))
+
+
+def lora_from_pb(info: pb.WorkerInfo) -> LoraSlots | None:
+    """The worker's LoRA adapters and slots as a value (None: LoRA off)."""
+    if not info.HasField("lora"):
+        return None
+    lora = info.lora
+    return LoraSlots(tuple((a.name, a.path) for a in lora.adapters), lora.max_loras, lora.max_lora_rank,
+                     lora.max_cpu_loras)
+
+
+def lora_to_pb(lora: LoraSlots) -> pb.LoraConfig:
+    return pb.LoraConfig(adapters=[pb.LoraAdapter(name=name, path=path) for name, path in lora.adapters],
+                         max_loras=lora.max_loras, max_lora_rank=lora.max_lora_rank, max_cpu_loras=lora.max_cpu_loras)
 
 
 class Watcher:
@@ -199,7 +213,7 @@ class Watcher:
             if first:
                 first = False
                 self._table.on_connected(address, info.worker_id or report.worker_id, info.weights_id,
-                                         info.max_model_len)
+                                         info.max_model_len, info.model, lora_from_pb(info))
                 log.info("worker %s (%s) connected: %s engine", info.worker_id, address, info.engine)
             self._table.on_report(address, load_from_pb(report))
             yield report

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Collection
 
 from meshserve.services.gen import meshserve_pb2 as pb
 
@@ -48,10 +49,12 @@ class InvalidRequest(ValueError):
         self.param = param
 
 
-def unknown_model(asked: str, served: str) -> str:
-    """The message for a request naming a model this mesh does not serve (NOT_FOUND: HTTP 404,
-    as OpenAI's and vLLM's servers answer)."""
-    return f"the model {asked!r} does not exist; this mesh serves {served!r}"
+def unknown_model(asked: str, served: str, adapters: Collection[str] = ()) -> str:
+    """The message for a request naming a model this mesh does not serve, neither its model
+    ``served`` nor one of its LoRA ``adapters`` (NOT_FOUND: HTTP 404, as OpenAI's and vLLM's
+    servers answer)."""
+    also = f" and the LoRA adapters {', '.join(map(repr, sorted(adapters)))}" if adapters else ""
+    return f"the model {asked!r} does not exist; this mesh serves {served!r}{also}"
 
 
 def param_metadata(param: str | None) -> tuple[tuple[str, str], ...]:

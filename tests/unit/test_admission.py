@@ -63,3 +63,15 @@ def test_a_tenant_gets_its_default_priority_and_may_not_ask_for_a_more_urgent_on
         with pytest.raises(GatewayError) as e:
             admission.checked(request, "batch")
         assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and validation.param_of(e.value.trailers) == param
+
+
+def test_a_lora_adapter_the_fleet_serves_is_admitted_and_the_base_models_name_cleared() -> None:
+    adapters = {"support": "/a/support"}
+    admission = Admission("m", 1, adapters=lambda: adapters)
+    assert admission.checked(pb.GenerateRequest(prompt="hi", model="support")).model == "support"
+    assert admission.checked(pb.GenerateRequest(prompt="hi", model="m")).model == ""  # every worker serves it
+    e = refusal(admission, pb.GenerateRequest(prompt="hi", model="legal"))
+    assert e.code == grpc.StatusCode.NOT_FOUND and validation.param_of(e.trailers) == "model"
+    assert e.message == "the model 'legal' does not exist; this mesh serves 'm' and the LoRA adapters 'support'"
+    adapters["legal"] = "/a/legal"  # the fleet's view is read at each request
+    assert admission.checked(pb.GenerateRequest(prompt="hi", model="legal")).model == "legal"

@@ -78,3 +78,20 @@ async def test_a_worker_that_stops_reporting_is_pushed_as_unhealthy() -> None:
         assert healthy(await next_view(updates)) == {"a": True}
         clock.now += STALE_AFTER_S + 0.1  # no report since: stale, with no event to say so
         assert healthy(await next_view(updates)) == {"a": False}
+
+
+async def test_a_workers_model_and_adapters_are_in_the_view_and_a_change_of_them_is_pushed_at_once() -> None:
+    from meshserve.router.state import LoraSlots
+
+    clock = Clock()
+    table = WorkerTable(["a:1"], clock=clock)
+    table.on_connected("a:1", "a", model="base")
+    table.on_report("a:1", WorkerLoad())
+    async with aclosing(feed_of(table, clock).updates()) as updates:
+        first = (await next_view(updates)).workers[0]
+        assert first.model == "base" and not first.HasField("lora")
+        table.on_connected("a:1", "a", model="base", lora=LoraSlots((("support", "/a/support"),), 2, 8, 4))
+        table.on_report("a:1", WorkerLoad())
+        lora = (await next_view(updates)).workers[0].lora  # the load is the same: the adapters are news
+        assert [(a.name, a.path) for a in lora.adapters] == [("support", "/a/support")]
+        assert (lora.max_loras, lora.max_lora_rank, lora.max_cpu_loras) == (2, 8, 4)

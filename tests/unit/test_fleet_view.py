@@ -168,3 +168,27 @@ async def test_the_serving_workers_and_the_context_length_come_from_the_view(rou
         assert view.max_model_len == 4096
     finally:
         await view.close()
+
+
+def holding(state: pb.WorkerState, *adapters: str) -> pb.WorkerState:
+    state.lora.CopyFrom(pb.LoraConfig(adapters=[pb.LoraAdapter(name=a, path=f"/{state.worker_id}/{a}")
+                                                for a in adapters], max_loras=1))
+    return state
+
+
+async def test_the_adapters_come_from_every_worker_of_the_view_and_choose_the_workers(router: Router) -> None:
+    router.push(worker("a"), holding(worker("b"), "x", "y"), holding(worker("c", healthy=False), "y", "z"))
+    view = await started(router)
+    try:
+        await seen(view, 3)
+        # Every worker's, serving now or not (one that is not is a refusal to come, not an unknown name).
+        assert view.adapters() == {"x": "/b/x", "y": "/b/y", "z": "/c/z"}
+        assert [w.worker_id for w in view.serving_workers(adapter="y")] == ["b"]
+        assert [w.worker_id for w in view.serving_workers(adapter="z")] == []
+        assert [w.worker_id for w in view.serving_workers()] == ["a", "b"]
+        router.push(holding(worker("b"), "x"))
+        await seen(view, 1)
+        assert view.sole("x").worker_id == "b" and view.sole().worker_id == "b"
+        assert view.sole("y") is None
+    finally:
+        await view.close()

@@ -11,6 +11,7 @@ import pytest
 
 from meshserve.router.policies import (
     POLICIES,
+    AdapterFilter,
     BoundedLoadFilter,
     ExcludeFilter,
     Filter,
@@ -28,9 +29,10 @@ from meshserve.router.policies import (
     RoundRobinPicker,
     Scorer,
     SessionAffinityScorer,
+    Tuning,
     build_policy,
 )
-from meshserve.router.state import Fleet, WorkerLoad, WorkerTable, WorkerView
+from meshserve.router.state import Fleet, LoraSlots, WorkerLoad, WorkerTable, WorkerView
 
 
 def w(
@@ -49,6 +51,11 @@ def w(
     )
     # Reports ``age`` seconds old at the default pick time (PickContext.now = 0).
     return WorkerView.of(worker_id, f"{worker_id}:1", connected, load, None if age is None else -age, assigned)
+
+
+def serving(view: WorkerView, *adapters: str) -> WorkerView:
+    """``view`` with the LoRA ``adapters`` (two slots)."""
+    return view._replace(lora=LoraSlots(tuple((a, f"/adapters/{a}") for a in adapters), max_loras=2))
 
 
 def kept(filter_: Filter, ctx: PickContext, workers: list[WorkerView]) -> list[str]:
@@ -85,10 +92,23 @@ def picked(picker: Picker, scored: list[float], seed: int) -> str:
         (BoundedLoadFilter(0.25), PickContext(), [w("a", 6), w("b", 4), w("c", 2)], ["b", "c"]),
         (BoundedLoadFilter(0.25), PickContext(), [w("a", 4), w("b", 4), w("c", 4)], ["a", "b", "c"]),
         (BoundedLoadFilter(0.25), PickContext(), [w("a", 3, assigned=3), w("b", 1)], ["b"]),
+        (AdapterFilter(), PickContext(adapter="x"), [w("a"), serving(w("b"), "x", "y"), serving(w("c"), "y")], ["b"]),
+        (AdapterFilter(), PickContext(), [w("a"), serving(w("b"), "x")], ["a", "b"]),  # the base model: any
+        (AdapterFilter(), PickContext(adapter="z"), [w("a"), serving(w("b"), "x")], []),
     ],
 )
 def test_filters(filter_: Filter, ctx: PickContext, workers: list[WorkerView], kept_ids: list[str]) -> None:
     assert kept(filter_, ctx, workers) == kept_ids
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_every_policy_picks_among_the_workers_that_serve_the_adapter(name: str) -> None:
+    policy = POLICIES[name](Tuning())
+    workers = [w("a"), serving(w("b", 5), "x"), w("c")]
+    assert {policy.pick(PickContext(adapter="x", prompt=f"p{i}"), workers, random.Random(i)).worker.worker_id
+            for i in range(10)} == {"b"}
+    with pytest.raises(NoWorker, match="no worker serves the LoRA adapter 'z'"):
+        policy.pick(PickContext(adapter="z"), workers, random.Random(0))
 
 
 @pytest.mark.parametrize(

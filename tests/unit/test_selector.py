@@ -162,3 +162,32 @@ async def test_a_late_pick_goes_to_the_fleet_view_at_once(parts: tuple[Picks, Se
     deadline = picks.asked[0].deadline_unix_ms / 1000
     assert time.time() < deadline <= time.time() + 0.5  # the router is told when the gateway stops waiting
     await fleet.close()
+
+
+async def test_a_request_on_an_adapter_goes_only_to_a_worker_that_serves_it(parts: tuple[Picks, Sessions]) -> None:
+    picks, sessions = parts
+    lora = pb.LoraConfig(adapters=[pb.LoraAdapter(name="support", path="/a/support")], max_loras=1)
+    update = pb.FleetUpdate(workers=[pb.WorkerState(worker_id="a", address="a:1", healthy=True),
+                                     pb.WorkerState(worker_id="b", address="b:1", healthy=True, lora=lora)])
+
+    async def watch() -> AsyncIterator[pb.FleetUpdate]:
+        yield update
+        await asyncio.Event().wait()
+
+    fleet = FleetView(watch)
+    fleet.start()
+    await fleet.first_view()
+    selector = WorkerSelector(picks, fleet, sessions)
+    try:
+        await selector.pick(pb.GenerateRequest(request_id="r", prompt="hi", model="support"))
+        assert picks.asked[-1].adapter == "support"  # the router is told which
+        picks.failure = PickFailed(grpc.StatusCode.UNAVAILABLE, "router away")
+        sessions.busy = {"b:1": 5}  # busier, but the only one that serves it
+        assert (await selector.pick(pb.GenerateRequest(request_id="r", prompt="hi", model="support"))).worker_id == "b"
+        assert (await selector.pick(pb.GenerateRequest(request_id="r", prompt="hi"))).worker_id == "a"
+        with pytest.raises(GatewayError) as refused:
+            await selector.pick(pb.GenerateRequest(request_id="r", prompt="hi", model="support"), exclude=["b"])
+        assert refused.value.code == grpc.StatusCode.UNAVAILABLE
+    finally:
+        await selector.close()
+        await fleet.close()
