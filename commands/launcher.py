@@ -502,6 +502,8 @@ class Mesh:
             ("redis", self.redis_url),
             ("traces (OTLP/gRPC)", self.otlp_endpoint or "off"),
             *((f"worker-{i} ({self.spec.engine})", a) for i, a in enumerate(self.worker_addresses)),
+            *((("LoRA adapters (model names)", ", ".join(self.spec.worker.adapters())),)
+              if self.spec.worker.lora_modules else ()),
             *((f"{name} metrics", url) for name, url in self.metrics.items()),
             ("logs", str(self.run_dir)),
         ]
@@ -540,6 +542,7 @@ WORKER_FLAGS = ("engine", "model", "tensor_parallel_size", "max_model_len", "max
                 "enable_prefix_caching", "kv_cache_memory_bytes", "gpu_memory_utilization", "swap_space_gib",
                 "max_queue", "enforce_eager", "scheduling_policy", "compact_json",
                 "kv_events", "tool_call_parser", "reasoning_parser",
+                "enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras", "lora_modules",
                 "engine_core_cpus", "engine_priority", "stream_interval", "sim_prefill_ms_per_token",
                 "sim_itl_base_ms", "sim_itl_per_seq_ms", "sim_num_kv_blocks", "sim_max_num_batched_tokens",
                 "sim_seed", "weights_id")  # not sim_speed: one per worker (--sim-speed)
@@ -663,7 +666,12 @@ def main(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    mesh = Mesh(spec_from_args(args))
+    try:
+        spec = spec_from_args(args)
+    except ValueError as e:  # settings that contradict each other (a config's __post_init__)
+        print(f"meshserve up: {e}", file=sys.stderr)
+        return 2
+    mesh = Mesh(spec)
     print(f"starting meshserve ({args.engine} engine, {args.workers} worker(s)); logs in {mesh.run_dir}", flush=True)
     try:
         mesh.start()

@@ -150,3 +150,17 @@ def test_a_lora_rank_vllm_does_not_size_slots_for_is_refused(capsys: pytest.Capt
     with pytest.raises(SystemExit):
         parser.parse_args(["--max-lora-rank", "12"])
     assert "invalid choice: 12" in capsys.readouterr().err
+
+
+def test_up_passes_the_lora_settings_to_the_workers_on_the_default_engine(capsys: pytest.CaptureFixture) -> None:
+    from meshserve.commands.cli import build_parser, main
+    from meshserve.commands.launcher import spec_from_args
+
+    args = build_parser().parse_args(["up", "--enable-lora", "--max-loras", "2", "--lora-modules", "a=/x", "b=/y"])
+    spec = spec_from_args(args)
+    assert spec.engine == "vllm"
+    assert (spec.worker.enable_lora, spec.worker.max_loras, spec.worker.adapters()) == (True, 2, {"a": "/x", "b": "/y"})
+    argv = config.to_argv(spec.worker)  # what each worker process is started with
+    assert argv[argv.index("--lora-modules") + 1:][:2] == ["a=/x", "b=/y"] and "--enable-lora" in argv
+    assert main(["up", "--lora-modules", "a=/x"]) == 2  # refused before anything starts
+    assert "--lora-modules needs --enable-lora" in capsys.readouterr().err

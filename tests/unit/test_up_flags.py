@@ -110,10 +110,20 @@ def test_up_without_flags_starts_every_service_with_its_configs_defaults() -> No
     assert {k: getattr(spec, k) for k in own} == {k: getattr(launcher.MeshSpec(), k) for k in own}
 
 
+# Other values a field takes only in a form of its own, or only beside the others' other values.
+OTHER_VALUES: dict[str, object] = {
+    "lora_modules": ["a=/adapters/a", "b=/adapters/b"],  # name=path entries
+    "max_cpu_loras": 8,  # at least max_loras' other value
+}
+
+
 def _other_value(cls: type, name: str) -> tuple[list[str], object]:
     """Flags that set field ``name`` to a value other than its default, and that value."""
     f = config.field_of(cls, name)
     flag = "--" + name.replace("_", "-")
+    if name in OTHER_VALUES:
+        value = OTHER_VALUES[name]
+        return [flag, *map(str, value if isinstance(value, list) else [value])], value
     if isinstance(f.default, bool):
         return [flag if not f.default else "--no-" + flag[2:]], not f.default
     if "choices" in f.metadata:
