@@ -128,8 +128,7 @@ class Orchestrator:
             return self._streams.stream(req, lambda pick: setattr(record, "worker", pick.worker_id),
                                         self._place(req, tenant))
         key = self._cache.key(req, tenant, mode, weights)
-        # The mode is part of a flight's key: an "exact" request must not get a "semantic" one's hit.
-        flight = f"{key.exact}/{mode}" if self._cfg.coalesce else req.request_id  # else a flight of its own
+        flight = key.flight if self._cfg.coalesce else req.request_id  # else a flight of its own
         read = functools.partial(self._cache.read, key) if self._cache.reads_entries else None
         return self._coalescer.answer(req, flight, read, functools.partial(self._fly, req=req, key=key))
 

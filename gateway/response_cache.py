@@ -45,6 +45,12 @@ class CacheKey:
     mode: str
     weights: str
 
+    @property
+    def flight(self) -> str:
+        """The key identical requests in flight share one generation under (the coalescer's): the
+        exact entry's, and the mode, so an "exact" request never gets a "semantic" one's hit."""
+        return f"{self.exact}/{self.mode}"
+
 
 class _Backend:
     """A breaker, and the warning its calls are failing logged once, not per request."""

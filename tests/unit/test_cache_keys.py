@@ -195,3 +195,10 @@ def test_include_reasoning_false_has_a_key_of_its_own_and_unset_or_true_share_on
     kept = pb.GenerateRequest(messages=chat.messages, temperature=0, include_reasoning=True)
     dropped = pb.GenerateRequest(messages=chat.messages, temperature=0, include_reasoning=False)
     assert exact_key(chat, "t") == exact_key(kept, "t") != exact_key(dropped, "t")
+
+
+def test_a_lora_adapters_name_is_in_the_key() -> None:
+    """A request naming an adapter and one naming the base model (or another adapter) are
+    answered by other weights: three entries."""
+    keys = {exact_key(_with(model=model), "t") for model in ("m", "support", "legal")}
+    assert len(keys) == 3

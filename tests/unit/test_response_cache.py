@@ -77,3 +77,25 @@ async def test_without_the_redis_url_the_service_answers_and_its_failure_is_a_mi
     c = cache(None, DeadService())
     assert not c.reads_entries and c.by_meaning(c.key(REQUEST, "t", "semantic", "")) is None
     assert await c.read(c.key(REQUEST, "t", "exact", "")) is None
+
+
+def test_each_model_and_adapter_has_its_own_entry_scope_and_flight() -> None:
+    """What answered is in every key: the exact entry's, the scope a semantic hit must share and
+    the flight identical requests in flight share; the base model named or not is one model."""
+    from meshserve.cache_service.semantic import scope_of
+
+    c = cache(None, DeadService())
+
+    def on(model: str, mode: str = "semantic") -> pb.GenerateRequest:
+        req = pb.GenerateRequest()
+        req.CopyFrom(REQUEST)
+        req.model = model
+        return c.key(req, "t", mode, "w1")
+
+    served = GatewayConfig().model
+    keys = [on(m) for m in ("", served, "support", "legal")]
+    assert keys[0].exact == keys[1].exact and keys[0].flight == keys[1].flight
+    assert len({k.exact for k in keys[1:]}) == len({k.flight for k in keys[1:]}) == 3
+    assert len({scope_of(k.request, k.tenant)[0] for k in keys[1:]}) == 3  # type: ignore[index]
+    assert on("support").request.model == "support@w1"  # the adapter, on the base model's weights
+    assert on("support", "exact").flight != on("support").flight

@@ -1,0 +1,103 @@
+"""LoRA adapters through the whole mesh, started by the launcher as `meshserve up --enable-lora
+--max-loras 2 --lora-modules ...` starts it (two sim workers, router, gateway with its HTTP edge,
+cache, Valkey, Envoy): answers are keyed by the adapter that gave them (the workers' own counters
+and Redis's keys say how many generations and entries there were), an unknown adapter is a 404 in
+OpenAI's shape naming it, and the model list shows each adapter with its parent."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+import redis
+
+from meshserve.commands.launcher import Mesh
+from meshserve.services.cache_keys import exact_key
+from meshserve.services.config import DEFAULT_MODEL, CacheConfig, GatewayConfig, WorkerConfig
+from meshserve.services.gen import meshserve_pb2 as pb
+from tests.conftest import free_port
+from tests.integration.helpers import generate, mesh_spec, metric_sum, scrape, text, wait_until
+
+pytestmark = pytest.mark.integration
+
+ADAPTERS = {"support": "/adapters/support", "legal": "/adapters/legal"}
+MODELS = ["support", "legal", DEFAULT_MODEL]
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
+    lora = WorkerConfig(enable_lora=True, max_loras=2, lora_modules=[f"{n}={p}" for n, p in ADAPTERS.items()],
+                        sim_itl_base_ms=1.0)
+    spec = mesh_spec(tmp_path_factory.mktemp("adapters-mesh"), "sim", workers=2, worker=lora,
+                     gateway=GatewayConfig(http_port=free_port()))
+    with Mesh(spec) as m:
+        yield m
+
+
+def generations(mesh: Mesh) -> float:
+    """Requests the workers finished generating, by their own counters."""
+    return sum(metric_sum(scrape(url), "meshserve_worker_requests_total", finish_reason="length")
+               for name, url in mesh.metrics.items() if name.startswith("worker-"))
+
+
+def entries(mesh: Mesh) -> set[str]:
+    """The exact cache entries in Redis now."""
+    client = redis.Redis.from_url(mesh.redis_url, socket_timeout=5)
+    try:
+        return {k.decode() for k in client.scan_iter(match=f"{CacheConfig.key_prefix}exact:*", count=1000)}
+    finally:
+        client.close()
+
+
+def request(prompt: str, model: str) -> dict[str, object]:
+    return dict(prompt=prompt, max_tokens=6, temperature=0, model=model)
+
+
+async def test_the_same_prompt_to_two_adapters_is_two_generations_and_two_entries(mesh: Mesh) -> None:
+    prompt = "Where is my parcel right now?"
+    generated, stored = generations(mesh), entries(mesh)
+    # At once: were the flights keyed without the model, the three would share one generation.
+    first = await asyncio.gather(*(generate(mesh.envoy_address, **request(prompt, m)) for m in MODELS))
+    # A worker counts a request once its stream is done, a moment after its last chunk went out.
+    await wait_until(lambda: generations(mesh) >= generated + 3, 10, "the workers to count three generations")
+    assert generations(mesh) == generated + 3
+    assert len({text(chunks) for chunks in first}) == 3  # each model answered as itself
+    keys = {exact_key(pb.GenerateRequest(**request(prompt, m)), "", CacheConfig.key_prefix) for m in MODELS}
+    await wait_until(lambda: entries(mesh) - stored == keys, 10, "an entry per model, under its own key")
+
+    again = [await generate(mesh.envoy_address, **request(prompt, m)) for m in MODELS]
+    assert all(chunks[0].cached for chunks in again)
+    assert [text(chunks) for chunks in again] == [text(chunks) for chunks in first]  # each its own answer
+    assert generations(mesh) == generated + 3 and entries(mesh) - stored == keys
+
+
+async def test_an_unknown_adapter_is_a_404_in_openais_shape_naming_it(mesh: Mesh) -> None:
+    client = openai.AsyncOpenAI(base_url=f"http://{mesh.envoy_address}/v1", api_key="unused", max_retries=0)
+    for stream in (False, True):
+        with pytest.raises(openai.NotFoundError) as missing:
+            await client.chat.completions.create(model="billing", messages=[{"role": "user", "content": "hi"}],
+                                                 max_tokens=2, stream=stream)
+        assert missing.value.status_code == 404 and missing.value.body["param"] == "model"
+        assert "the model 'billing' does not exist" in missing.value.message
+        assert "'legal', 'support'" in missing.value.message
+    async with httpx.AsyncClient(base_url=f"http://{mesh.envoy_address}", timeout=30) as http:
+        retrieved = await http.get("/v1/models/billing")
+    assert retrieved.status_code == 404 and "'billing'" in retrieved.json()["error"]["message"]
+
+
+async def test_the_model_list_has_each_adapter_with_its_parent_and_answers_name_theirs(mesh: Mesh) -> None:
+    client = openai.AsyncOpenAI(base_url=f"http://{mesh.envoy_address}/v1", api_key="unused", max_retries=0)
+    cards = {m.id: m for m in (await client.models.list()).data}
+    assert list(cards) == [DEFAULT_MODEL, "support", "legal"]
+    assert getattr(cards[DEFAULT_MODEL], "parent", None) is None
+    for name, path in ADAPTERS.items():
+        assert (cards[name].root, cards[name].parent) == (path, DEFAULT_MODEL)  # type: ignore[attr-defined]
+    whole = await client.chat.completions.create(model="legal", messages=[{"role": "user", "content": "hi"}],
+                                                 max_tokens=2, temperature=0)
+    streamed = await client.chat.completions.create(model="support", messages=[{"role": "user", "content": "hi"}],
+                                                    max_tokens=2, temperature=0, stream=True)
+    assert whole.model == "legal"
+    assert {chunk.model async for chunk in streamed} == {"support"}
