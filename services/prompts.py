@@ -10,6 +10,7 @@ needs the engine's own hash function or seed.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import re
@@ -211,6 +212,17 @@ def block_hash(parent: int, token_ids: Sequence[int]) -> int:
     """A full block's chain hash: deterministic across processes (tuples of ints hash the same
     in every Python process; no PYTHONHASHSEED involved), unsigned 64-bit for the wire."""
     return hash((parent, tuple(token_ids))) & U64
+
+
+def chain_root(adapter: str | None = None) -> int:
+    """The parent of a prompt's first block on the LoRA ``adapter`` (None: the base model,
+    ``ROOT_HASH``): each adapter's chain is its own, so its blocks never share a hash with the
+    same tokens' blocks on the base model or another adapter (vLLM folds the adapter's name into
+    its block hashes likewise). A negative id comes before the name: no prompt's tokens are."""
+    if not adapter:
+        return ROOT_HASH
+    name = int.from_bytes(hashlib.blake2b(adapter.encode(), digest_size=8).digest(), "big")
+    return block_hash(ROOT_HASH, (-1, name))
 
 
 def block_hashes(token_ids: Sequence[int], block_size: int, limit: int | None = None,

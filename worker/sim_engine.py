@@ -74,9 +74,9 @@ from dataclasses import dataclass, field
 
 from meshserve.services.config import WorkerConfig
 from meshserve.services.prompts import (
-    ROOT_HASH,
     SIM_TOKENIZER,
     block_hash,
+    chain_root,
     sim_render,
     sim_token_id,
     sim_tokenize,
@@ -229,12 +229,6 @@ class _Collector:
         delta, self._delta = self._delta, None
         assert delta is not None
         return delta
-
-
-def _root_hash(adapter: str | None) -> int:
-    """The parent of a prompt's first block: an adapter's blocks are its own, never the base
-    model's or another adapter's (vLLM folds the adapter into its block hashes likewise)."""
-    return ROOT_HASH if adapter is None else block_hash(ROOT_HASH, [sim_token_id(adapter)])
 
 
 @dataclass(eq=False)
@@ -654,7 +648,7 @@ class SimEngine(Engine):
         bs = self._block_size
         while len(seq.block_hashes) < seq.num_tokens // bs:
             i = len(seq.block_hashes)
-            parent = seq.block_hashes[-1] if seq.block_hashes else _root_hash(seq.request.adapter)
+            parent = seq.block_hashes[-1] if seq.block_hashes else chain_root(seq.request.adapter)
             seq.block_hashes.append(block_hash(parent, seq.tokens(i * bs, (i + 1) * bs)))
 
     def _cache_computed_blocks(self, seq: _Seq, computed: int | None = None) -> None:

@@ -8,7 +8,8 @@ so no event is lost to a late subscription and two workers on one host never cla
 ``BlockStored`` names each block by vLLM's hash (sha256 of its parent's hash, its tokens and
 extra keys, seeded per process) and carries the blocks' token ids and the parent's vLLM hash;
 the translator re-hashes each block with ``services.prompts.block_hash`` from the parent's mesh
-hash and the tokens, so the router can compute the same chain from a prompt's tokens. vLLM can
+hash and the tokens, so the router can compute the same chain from a prompt's tokens. A chain on
+a LoRA adapter starts from the adapter's own root (``chain_root``), as vLLM's hashes name it. vLLM can
 announce one hash twice (a block recomputed while a copy is cached), so blocks are counted and
 a block leaves the view when its last copy is removed.
 """
@@ -19,7 +20,7 @@ import asyncio
 import logging
 from typing import Any
 
-from meshserve.services.prompts import ROOT_HASH, block_hash
+from meshserve.services.prompts import block_hash, chain_root
 from meshserve.worker.kv_events import KvCacheView
 
 log = logging.getLogger(__name__)
@@ -53,8 +54,8 @@ class KvEventTranslator:
                 self.view.cleared()
 
     def _stored(self, event: Any) -> None:
-        if event.parent_block_hash is None:
-            parent = ROOT_HASH
+        if event.parent_block_hash is None:  # a prompt's first block: on the base model, or an adapter's
+            parent = chain_root(getattr(event, "lora_name", None))
         elif event.parent_block_hash in self._mesh:
             parent = self._mesh[event.parent_block_hash]
         else:

@@ -4,6 +4,7 @@ make-adapter` answers a request naming one as vLLM's own offline ``LLM`` does wi
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -17,8 +18,11 @@ import pytest
 from meshserve.services.config import WorkerConfig
 from meshserve.services.gen import meshserve_pb2 as pb
 from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.prompts import block_hashes, chain_root
 from meshserve.services.server import Running, insecure_channel
+from meshserve.worker.engine import Request
 from meshserve.worker.server import WorkerServicer, start_worker
+from tests.integration.helpers import until
 
 pytestmark = pytest.mark.engine
 
@@ -101,6 +105,25 @@ async def test_an_adapter_it_does_not_serve_is_not_found(stub: pb_grpc.WorkerStu
         await greedy(stub, PROMPTS[0], "gamma")
     assert refused.value.code() == grpc.StatusCode.NOT_FOUND
     assert "'gamma'" in (refused.value.details() or "")
+
+
+async def test_an_adapters_blocks_are_reported_under_its_own_chain(
+    stub: pb_grpc.WorkerStub, worker: tuple[Running, WorkerServicer]
+) -> None:
+    """vLLM's KV events name the adapter of a block: the worker reports an adapter's prompt
+    blocks on the adapter's chain, never as the base model's blocks of the same tokens."""
+    engine = worker[1].engine
+    prompt = " ".join(f"adapter block {i}" for i in range(40))
+    ids = engine.tokenize(Request(request_id="ids", prompt=prompt))
+    own = block_hashes(ids, engine.info.block_size, parent=chain_root("alpha"))
+    base = block_hashes(ids, engine.info.block_size)
+    assert len(own) >= 2
+    await greedy(stub, prompt, "alpha")
+    view = engine.kv_cache
+    assert view is not None
+    await until(lambda: asyncio.sleep(0, all(h in view for h in own)), "the adapter's blocks in the KV events",
+                TIMEOUT)
+    assert not any(h in view for h in base)
 
 
 @pytest.fixture

@@ -480,3 +480,16 @@ async def test_an_adapter_the_engine_does_not_hold_is_refused(make_engine: Make)
     engine, clock = await make_engine(**LORA)
     with pytest.raises(InvalidRequest, match="'z' is not loaded"):
         await run(engine, clock, req(words("r", 8), adapter="z"))
+
+
+async def test_an_adapters_blocks_are_reported_on_its_own_chain(make_engine: Make) -> None:
+    from meshserve.services.prompts import block_hashes, chain_root
+
+    engine, clock = await make_engine(**LORA)
+    prompt = words("s", 40)
+    await run(engine, clock, req(prompt, max_tokens=2, temperature=0.0, adapter="a"))
+    assert engine.kv_cache is not None
+    ids = tokenize(prompt)
+    assert all(h in engine.kv_cache for h in block_hashes(ids, 16, parent=chain_root("a")))
+    assert not any(h in engine.kv_cache for h in block_hashes(ids, 16))
+    assert len({chain_root(None), chain_root("a"), chain_root("b")}) == 3
