@@ -39,6 +39,7 @@ from meshserve.loadgen.workloads import (
     arrival_offsets,
     multi_turn_conversations,
     prefix_repetition_requests,
+    model_choices,
     random_requests,
     repeats_requests,
 )
@@ -66,7 +67,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="gRPC connections to spread streams over "
                         f"(default: one per {STREAMS_PER_CHANNEL} concurrent streams)")
     target.add_argument("--timeout", type=float, default=600.0, help="per-request deadline, seconds")
-    target.add_argument("--model", default="", help="model name to send (must match the served one)")
+    target.add_argument("--model", default="",
+                        help="model name to send (a served one); several, comma-separated: each request names one "
+                             "of them, as --lora-modules")
+    target.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME",
+                        help="LoRA adapters the mesh serves (vLLM's flag; space- or comma-separated): each request "
+                             "names one of them, as --lora-popularity draws; the summary breaks down by adapter")
+    target.add_argument("--lora-popularity", choices=["uniform", "zipf"], default="uniform",
+                        help="how often each of --lora-modules (or --model's names) is asked: uniform, or Zipf "
+                             "(the first name the most popular)")
+    target.add_argument("--zipf-exponent", type=float, default=1.0, help="the Zipf skew s of --lora-popularity zipf")
 
     load = parser.add_argument_group("load")
     load.add_argument("--num-prompts", type=_positive_int, default=1000, help="number of requests")
@@ -190,10 +200,45 @@ def _check_args(args: argparse.Namespace) -> tuple[list[str], list[float], dict[
     unknown = set(metrics) - set(METRIC_HEADERS)
     if unknown:
         raise ValueError(f"--percentile-metrics: unknown {sorted(unknown)}; use {list(METRIC_HEADERS)}")
+    if models_of(args) and args.dataset_name == "multi_turn":
+        raise ValueError("--lora-modules and several --model names apply to the random, prefix_repetition and "
+                         "repeats datasets, not to multi_turn")
+    if args.zipf_exponent <= 0:
+        raise ValueError(f"--zipf-exponent must be positive, got {args.zipf_exponent}")
     percentiles = [float(p) for p in args.metric_percentiles.split(",") if p.strip()]
     if any(not 0 <= p <= 100 for p in percentiles):
         raise ValueError(f"--metric-percentiles must be in [0, 100], got {args.metric_percentiles}")
     return metrics, percentiles, _parse_metadata(args.metadata)
+
+
+def models_of(args: argparse.Namespace) -> list[str]:
+    """The names requests choose among (--lora-modules, else several --model names); [] for one."""
+    names = [n for item in args.lora_modules for n in item.split(",") if n] or [
+        n for n in args.model.split(",") if n]
+    return names if args.lora_modules or len(names) > 1 else []
+
+
+def per_model(results: Sequence[Any], models: Sequence[str], duration: float,
+              percentiles: Sequence[float]) -> dict[str, dict[str, Any]]:
+    """Each model's (adapter's) share of the run: its requests, throughput and TTFT."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in dict.fromkeys(models):
+        mine = [r for r, m in zip(results, models) if m == name]
+        summary = summarize(mine, duration, ("ttft",), percentiles)
+        out[name] = {k: summary[k] for k in summary if k in ("completed", "failed", "output_throughput")
+                     or k.endswith("_ttft_ms")}
+    return out
+
+
+def format_per_model(breakdown: dict[str, dict[str, Any]], percentiles: Sequence[float]) -> str:
+    tail = [f"p{p:g}_ttft_ms" for p in percentiles]
+    header = f"{'model':<24} {'done':>6} {'failed':>6} {'out tok/s':>10} {'median TTFT ms':>15}" + "".join(
+        f" {t.split('_')[0] + ' TTFT ms':>13}" for t in tail)
+    rows = [header] + [
+        f"{name:<24} {r['completed']:>6} {r['failed']:>6} {r['output_throughput']:>10.1f} "
+        f"{r['median_ttft_ms']:>15.1f}" + "".join(f" {r.get(t, 0.0):>13.1f}" for t in tail)
+        for name, r in breakdown.items()]
+    return "\n".join(rows)
 
 
 def workload(args: argparse.Namespace, n: int) -> list[BenchRequest]:
@@ -310,6 +355,10 @@ async def run(args: argparse.Namespace) -> int:
     else:
         requests = workload(args, args.num_prompts + args.num_warmups)
         warmups, requests = requests[: args.num_warmups], requests[args.num_warmups :]
+    names = models_of(args)
+    # Their own stream too: the same prompts whichever models they go to.
+    models = model_choices(len(requests), names, args.lora_popularity, random.Random(f"models-{args.seed}"),
+                           args.zipf_exponent) if names else []
     arrivals_rng = random.Random(f"arrivals-{args.seed}")
     offsets = arrival_offsets(len(requests), args.request_rate, arrivals_rng, args.burstiness)
     run_id = uuid.uuid4().hex[:8]
@@ -322,10 +371,13 @@ async def run(args: argparse.Namespace) -> int:
     stub_cls = pb_grpc.InferenceStub if args.service == "inference" else pb_grpc.WorkerStub
     stubs = [stub_cls(ch) for ch in channels]
 
-    def streams(requests: Sequence[BenchRequest], id_prefix: str) -> list[tuple[OpenStream, int]]:
+    def streams(requests: Sequence[BenchRequest], id_prefix: str,
+                models: Sequence[str] = ()) -> list[tuple[OpenStream, int]]:
         out: list[tuple[OpenStream, int]] = []
         for i, r in enumerate(requests):
             msg, stub = _to_proto(r, f"{id_prefix}-{i}", args), stubs[i % num_channels]
+            if models:
+                msg.model = models[i]
             out.append((partial(stub.Generate, msg, timeout=args.timeout), r.prompt_len))
         return out
 
@@ -341,7 +393,8 @@ async def run(args: argparse.Namespace) -> int:
         if warmups:
             print(f"Warming up with {len(warmups)} requests...", file=sys.stderr)
             warm, _ = await run_requests(
-                streams(warmups, f"bench-{run_id}-warmup"), [0.0] * len(warmups), args.max_concurrency
+                streams(warmups, f"bench-{run_id}-warmup", names[:1] * len(warmups)), [0.0] * len(warmups),
+                args.max_concurrency
             )
             failed = [r for r in warm if not r.success]
             if failed:
@@ -363,7 +416,7 @@ async def run(args: argparse.Namespace) -> int:
                 )
             else:
                 results, duration = await run_requests(
-                    streams(requests, f"bench-{run_id}"), offsets, args.max_concurrency, lambda: pbar.update(1),
+                    streams(requests, f"bench-{run_id}", models), offsets, args.max_concurrency, lambda: pbar.update(1),
                     args.honor_retry_after,
                 )
     finally:
@@ -377,7 +430,12 @@ async def run(args: argparse.Namespace) -> int:
             log.warning("--metadata %s would overwrite a recorded field; ignored", key)
         else:
             result[key] = value
+    if models:
+        result["per_model"] = per_model(results, models, duration, percentiles)
+        result["lora_popularity"] = args.lora_popularity
     print(format_summary({**result, "request_rate": args.request_rate}, metrics, percentiles))
+    if models:
+        print(format_per_model(result["per_model"], percentiles))
     if result["completed"] == 0:
         print("error: every request failed", file=sys.stderr)
     if args.save_result or args.result_filename:

@@ -155,6 +155,18 @@ def multi_turn_conversations(
     return [Conversation(system, questions(), output_len) for _ in range(num_users)]
 
 
+def model_choices(n: int, names: list[str], popularity: str, rng: random.Random, exponent: float = 1.0) -> list[str]:
+    """The model (base model or LoRA adapter) each of ``n`` requests names: ``uniform``, or ``zipf``
+    (the k-th name asked in proportion to 1 / k^exponent: the first is the most popular)."""
+    if popularity == "uniform":
+        weights = [1.0] * len(names)
+    elif popularity == "zipf":
+        weights = [1.0 / (k ** exponent) for k in range(1, len(names) + 1)]
+    else:
+        raise ValueError(f"popularity must be uniform or zipf, got {popularity!r}")
+    return rng.choices(names, weights=weights, k=n)
+
+
 def arrival_offsets(n: int, request_rate: float, rng: random.Random, burstiness: float = 1.0) -> list[float]:
     """Send times (seconds from the start) of ``n`` requests arriving at ``request_rate`` per second.
 

@@ -84,6 +84,9 @@ class WorkerMetrics:
         self.requests = _metric(Counter, "meshserve_worker_requests_total",
                                 "Generate requests finished by a worker, by finish reason",
                                 ["worker", "finish_reason"]).labels
+        self.adapter_requests = _metric(Counter, "meshserve_worker_adapter_requests_total",
+                                        "Generate requests a worker took on each of its LoRA adapters",
+                                        ["worker", "adapter"]).labels
         self.worker_id = worker_id
         self._engine = engine
         self.timings = Timings()  # the vllm:* latency histograms, when this worker exports them
@@ -245,6 +248,8 @@ class WorkerServicer(pb_grpc.WorkerServicer):
                 f"{self.cfg.max_queue}); retry later or elsewhere",
             )
         req = to_engine_request(request, self.cfg.stream_interval, adapter)
+        if adapter is not None and self.metrics is not None:
+            self.metrics.adapter_requests(self.worker_id, adapter).inc()
         self._in_flight_changed(+1)
         try:
             async for chunk in self._stream(req):

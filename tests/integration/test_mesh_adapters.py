@@ -6,14 +6,18 @@ OpenAI's shape naming it, and the model list shows each adapter with its parent.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 import redis
 
+from meshserve.commands import bench
 from meshserve.commands.launcher import Mesh
 from meshserve.services.cache_keys import exact_key
 from meshserve.services.config import DEFAULT_MODEL, CacheConfig, GatewayConfig, WorkerConfig
@@ -101,3 +105,32 @@ async def test_the_model_list_has_each_adapter_with_its_parent_and_answers_name_
                                                     max_tokens=2, temperature=0, stream=True)
     assert whole.model == "legal"
     assert {chunk.model async for chunk in streamed} == {"support"}
+
+
+async def test_bench_spreads_requests_over_the_adapters_by_popularity(mesh: Mesh, tmp_path: Path) -> None:
+    """`meshserve bench --lora-modules a,b --lora-popularity zipf`: every request names an adapter
+    (the first twice as often as the second), all are served, and the summary breaks down by
+    adapter; the workers generated every one (their own counters)."""
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    out = tmp_path / "result.json"
+    before = generations(mesh), adapter_requests(mesh, "support"), adapter_requests(mesh, "legal")
+    args = parser.parse_args([
+        "--target", mesh.envoy_address, "--num-prompts", "60", "--max-concurrency", "10", "--random-input-len", "4",
+        "--random-output-len", "4", "--lora-modules", "support,legal", "--lora-popularity", "zipf",
+        "--disable-tqdm", "--save-result", str(out)])
+    assert await asyncio.to_thread(bench.main, args) == 0
+    result = json.loads(out.read_text())
+    assert (result["completed"], result["failed"]) == (60, 0)
+    done = {name: r["completed"] for name, r in result["per_model"].items()}
+    assert set(done) == {"support", "legal"} and sum(done.values()) == 60
+    assert done["support"] > done["legal"] > 0  # Zipf: the first name the most popular
+    # The workers took each request on the adapter it named (their own counters).
+    taken = adapter_requests(mesh, "support") - before[1], adapter_requests(mesh, "legal") - before[2]
+    assert taken == (done["support"], done["legal"])
+    await wait_until(lambda: generations(mesh) >= before[0] + 60, 10, "the workers to count the generations")
+
+
+def adapter_requests(mesh: Mesh, adapter: str) -> float:
+    return sum(metric_sum(scrape(url), "meshserve_worker_adapter_requests_total", adapter=adapter)
+               for name, url in mesh.metrics.items() if name.startswith("worker-"))

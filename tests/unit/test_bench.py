@@ -23,6 +23,7 @@ from meshserve.loadgen.runner import measure
 from meshserve.loadgen.workloads import (
     DEFAULT_PAIRS,
     arrival_offsets,
+    model_choices,
     prefix_repetition_requests,
     random_requests,
     repeats_requests,
@@ -619,3 +620,18 @@ async def test_multi_turn_sends_each_turn_with_the_answers_the_mesh_gave(serve_f
             assert r.messages[2 + 2 * t].content == f" answer {user}-t{t} after {2 + 2 * t}"
         if turn_no:
             assert r.messages[:-2] == by_id[f"{user}-t{turn_no - 1}"].messages[:]
+
+
+def test_models_are_drawn_uniformly_or_by_zipf_and_seeded() -> None:
+    names = ["a", "b", "c", "d"]
+    uniform = model_choices(8000, names, "uniform", random.Random(1))
+    zipf = model_choices(8000, names, "zipf", random.Random(1))
+    assert all(1800 < uniform.count(n) < 2200 for n in names)
+    counts = [zipf.count(n) for n in names]  # 1 : 1/2 : 1/3 : 1/4 of 2.083
+    assert counts == sorted(counts, reverse=True) and 3600 < counts[0] < 4100 and 850 < counts[3] < 1050
+    assert zipf == model_choices(8000, names, "zipf", random.Random(1))
+
+
+def test_several_models_apply_to_single_requests_not_to_conversations(capsys: pytest.CaptureFixture) -> None:
+    assert bench.main(parse(["--lora-modules", "a", "b", "--dataset-name", "multi_turn"])) == 2
+    assert "not to multi_turn" in capsys.readouterr().err
