@@ -1,12 +1,12 @@
 """The gateway's first stage: a request is checked and admitted, or refused at once.
 
-Checked: the request itself (services.validation: every field a client sets, the model it names:
-the served one or a LoRA adapter the fleet serves)
-and against its tenant's settings (services.tenants: the priority it may ask for, its default,
-the most tokens a choice may ask for); admitted: while fewer than ``max_in_flight`` requests are
-being served by this gateway; past that bound the caller gets RESOURCE_EXHAUSTED with a retry
-hint rather than a place in a queue. (Flow control, gateway.flow, orders the requests that wait
-for a place on a saturated fleet.)"""
+Checked: the request itself (services.validation: every field a client sets, what it may hold:
+the gateway's RequestLimits, sizes and counts first, and the model it names: the served one or a
+LoRA adapter the fleet serves) and against its tenant's settings (services.tenants: the priority
+it may ask for, its default, the most tokens a choice may ask for); admitted: while fewer than
+``max_in_flight`` requests are being served by this gateway; past that bound the caller gets
+RESOURCE_EXHAUSTED with a retry hint rather than a place in a queue. (Flow control, gateway.flow,
+orders the requests that wait for a place on a saturated fleet.)"""
 
 from __future__ import annotations
 
@@ -19,17 +19,19 @@ import grpc
 from meshserve.gateway import metrics
 from meshserve.gateway.errors import invalid, overloaded
 from meshserve.services import validation
+from meshserve.services.config import RequestLimits
 from meshserve.services.gen import meshserve_pb2 as pb
 from meshserve.services.tenants import DEFAULT, TenantSettings
 
 
 class Admission:
     def __init__(self, model: str, max_in_flight: int, settings: Callable[[str], TenantSettings] = lambda _: DEFAULT,
-                 adapters: Callable[[], Collection[str]] = tuple) -> None:
+                 adapters: Callable[[], Collection[str]] = tuple, limits: RequestLimits | None = None) -> None:
         self._model = model
         self._adapters = adapters  # the LoRA adapters the fleet serves now
         self._max_in_flight = max_in_flight
         self._settings = settings
+        self._limits = limits or RequestLimits()
         self.in_flight = 0
 
     def checked(self, request: pb.GenerateRequest, tenant: str = "") -> pb.GenerateRequest:
@@ -38,7 +40,7 @@ class Admission:
         only a LoRA adapter's name (the base model's is cleared); GatewayError
         naming the field when it is not a request this mesh serves, or not one its tenant may ask."""
         try:
-            validation.validate(request)
+            validation.validate(request, limits=self._limits)
         except validation.InvalidRequest as e:
             raise invalid(grpc.StatusCode.INVALID_ARGUMENT, str(e), e.param) from None
         if request.continue_token_ids:

@@ -174,11 +174,12 @@ class SseResponse(web.StreamResponse):
 class HttpEdge:
     """The streaming OpenAI paths on ``host:port`` over HTTP/1.1, served by ``servicer``."""
 
-    def __init__(self, servicer: OpenAIServicer, host: str, port: int, grace_seconds: float) -> None:
+    def __init__(self, servicer: OpenAIServicer, host: str, port: int, grace_seconds: float,
+                 max_body_bytes: int = 2 * 2**20) -> None:
         self._servicer = servicer
         self._host, self._port = host, port
         self._draining = False
-        app = web.Application(client_max_size=64 * 2**20)  # Envoy bounds request bodies
+        app = web.Application(client_max_size=max_body_bytes)  # as the gRPC side's bound (413 past it)
         app.router.add_post(CHAT_PATH, self._chat)
         app.router.add_post(COMPLETIONS_PATH, self._completions)
         app.router.add_get(HEALTH_PATH, self._health)

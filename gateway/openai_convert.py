@@ -18,6 +18,7 @@ import grpc
 from google.protobuf import json_format, struct_pb2
 
 from meshserve.services import openai_errors, validation
+from meshserve.services.config import RequestLimits
 from meshserve.services.gen import meshserve_pb2 as pb
 from meshserve.services.validation import InvalidRequest
 
@@ -79,7 +80,8 @@ _OPTIONAL = ("temperature", "top_p", "seed", "stream_interval", "presence_penalt
              "repetition_penalty", "top_k", "min_p", "min_tokens", "skip_special_tokens", "priority")
 
 
-def _sampling(req: pb.ChatCompletionRequest | pb.CompletionRequest, out: pb.GenerateRequest) -> None:
+def _sampling(req: pb.ChatCompletionRequest | pb.CompletionRequest, out: pb.GenerateRequest,
+              limits: RequestLimits | None = None) -> None:
     n = choices(req)
     if n > 1 and req.HasField("temperature") and req.temperature == 0:
         raise InvalidRequest(f"'n' must be 1 when sampling is greedy ('temperature' 0): the {n} choices would "
@@ -96,10 +98,33 @@ def _sampling(req: pb.ChatCompletionRequest | pb.CompletionRequest, out: pb.Gene
     out.cache = req.cache
     out.model = req.model
     out.user = req.user
-    _structured(req, out)
+    _structured(req, out, limits.max_json_depth if limits is not None else None)
 
 
-def _structured(req: pb.ChatCompletionRequest | pb.CompletionRequest, out: pb.GenerateRequest) -> None:
+def _counted(req: pb.ChatCompletionRequest | pb.CompletionRequest, limits: RequestLimits | None) -> None:
+    """The bounds of ``limits`` on what a request holds, counted before any of it is converted
+    (sizes: what a field weighs as protobuf, close to its JSON's; the converted request's text is
+    measured again by ``validation.check_limits``)."""
+    if limits is None:
+        return
+    if isinstance(req, pb.ChatCompletionRequest):
+        validation.check_count(len(req.messages), limits.max_messages, "messages", "max-messages")
+        validation.check_count(len(req.tools), limits.max_tools, "tools", "max-tools")
+        validation.check_size(sum(t.ByteSize() for t in req.tools), limits.max_schema_bytes, "tools",
+                              "max-schema-bytes")
+        if req.HasField("response_format"):
+            validation.check_size(req.response_format.ByteSize(), limits.max_schema_bytes, "response_format",
+                                  "max-schema-bytes")
+    if req.stop.WhichOneof("kind") == "list_value":
+        validation.check_count(len(req.stop.list_value.values), limits.max_stop, "stop", "max-stop")
+    validation.check_count(len(req.logit_bias), limits.max_logit_bias, "logit_bias", "max-logit-bias")
+    if req.HasField("structured_outputs"):
+        validation.check_size(req.structured_outputs.ByteSize(), limits.max_schema_bytes, "structured_outputs",
+                              "max-schema-bytes")
+
+
+def _structured(req: pb.ChatCompletionRequest | pb.CompletionRequest, out: pb.GenerateRequest,
+                max_depth: int | None = None) -> None:
     """OpenAI's response_format, or vLLM's structured_outputs, as the request's constraint."""
     so = out.structured_outputs
     if req.HasField("response_format") and req.response_format.type not in ("", "text"):
@@ -111,7 +136,7 @@ def _structured(req: pb.ChatCompletionRequest | pb.CompletionRequest, out: pb.Ge
         elif fmt.type == "json_schema":
             if not fmt.json_schema.HasField("schema"):
                 raise InvalidRequest("'response_format.json_schema.schema' is missing", param="response_format.json_schema.schema")
-            so.json = json.dumps(_schema(fmt.json_schema.schema, "response_format.json_schema.schema"))
+            so.json = json.dumps(_schema(fmt.json_schema.schema, "response_format.json_schema.schema", max_depth))
         else:
             raise InvalidRequest(f"'response_format.type' must be 'text', 'json_object' or 'json_schema', "
                                  f"got {fmt.type!r}", param="response_format.type")
@@ -126,7 +151,7 @@ def _structured(req: pb.ChatCompletionRequest | pb.CompletionRequest, out: pb.Ge
         raise InvalidRequest(f"'structured_outputs' must set exactly one of json, regex, choice, grammar or "
                              f"json_object, got {kinds or 'none'}", param="structured_outputs")
     if kinds == ["json"]:
-        so.json = json.dumps(_schema(given.json, "structured_outputs.json"))
+        so.json = json.dumps(_schema(given.json, "structured_outputs.json", max_depth))
     elif kinds == ["regex"]:
         so.regex = given.regex
     elif kinds == ["choice"]:
@@ -137,14 +162,13 @@ def _structured(req: pb.ChatCompletionRequest | pb.CompletionRequest, out: pb.Ge
         so.json_object = given.json_object
 
 
-def _schema(value: struct_pb2.Struct | struct_pb2.Value, field: str) -> Any:
-    """The JSON schema a request gives in ``field`` (an object, or its JSON text), checked."""
+def _schema(value: struct_pb2.Struct | struct_pb2.Value, field: str, max_depth: int | None = None) -> Any:
+    """The JSON schema a request gives in ``field`` (an object, or its JSON text), checked (no
+    deeper than ``max_depth`` first: the check recurses)."""
     schema = json_format.MessageToDict(value)
     if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except json.JSONDecodeError as e:
-            raise InvalidRequest(f"'{field}' is not JSON: {e}", param=field) from None
+        schema = validation.parse_json(schema, field, max_depth)
+    validation.check_depth(schema, max_depth, field)
     schema = _plain(schema)
     validation.check_schema(schema, field)
     return schema
@@ -162,10 +186,12 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def chat_request(req: pb.ChatCompletionRequest) -> pb.GenerateRequest:
-    """The GenerateRequest a chat completion asks for; raises InvalidRequest naming the field."""
+def chat_request(req: pb.ChatCompletionRequest, limits: RequestLimits | None = None) -> pb.GenerateRequest:
+    """The GenerateRequest a chat completion asks for; raises InvalidRequest naming the field, or
+    the bound of ``limits`` (the gateway's) it is past, before converting what it counts."""
     if not req.messages:
         raise InvalidRequest("'messages' is empty: give at least one message", param="messages")
+    _counted(req, limits)
     out = pb.GenerateRequest()
     for i, m in enumerate(req.messages):
         content = _text_parts(m.content, f"messages[{i}].content") or m.refusal
@@ -190,17 +216,19 @@ def chat_request(req: pb.ChatCompletionRequest) -> pb.GenerateRequest:
             raise InvalidRequest(f"'top_logprobs' must be in [0, {validation.MAX_LOGPROBS}], got {req.top_logprobs}", param="top_logprobs")
     if req.logprobs:
         out.logprobs = req.top_logprobs
-    _sampling(req, out)
+    _sampling(req, out, limits)
     if req.prompt_cache_key:  # OpenAI's hint for requests that share a prefix: one worker's cache
         out.user = req.prompt_cache_key
     if req.HasField("include_reasoning"):
         out.include_reasoning = req.include_reasoning
     _generation_prompt(req, out)
     _template_kwargs(req, out)
-    _tools(req, out)
+    _tools(req, out, limits.max_json_depth if limits is not None else None)
     _check_openai_only(req)
     if not req.HasField("priority") and req.service_tier in TIER_PRIORITY:
         out.priority = TIER_PRIORITY[req.service_tier]
+    if limits is not None:  # the sizes, before the request is copied per choice
+        validation.check_limits(out, limits)
     return out
 
 
@@ -266,7 +294,7 @@ def _check_openai_only(req: pb.ChatCompletionRequest) -> None:
                              param="modalities")
 
 
-def tokenize_request(req: pb.TokenizeRequest) -> pb.GenerateRequest:
+def tokenize_request(req: pb.TokenizeRequest, limits: RequestLimits | None = None) -> pb.GenerateRequest:
     """The GenerateRequest whose prompt /tokenize counts: its prompt, or its messages (and tools)
     as a chat completion renders them."""
     if req.prompt and req.messages:
@@ -274,7 +302,10 @@ def tokenize_request(req: pb.TokenizeRequest) -> pb.GenerateRequest:
     if not req.messages:
         if not req.prompt:
             raise InvalidRequest("'prompt' is empty: give a prompt or chat 'messages'", param="prompt")
-        return pb.GenerateRequest(prompt=req.prompt, model=req.model)
+        out = pb.GenerateRequest(prompt=req.prompt, model=req.model)
+        if limits is not None:
+            validation.check_limits(out, limits)
+        return out
     as_chat = pb.ChatCompletionRequest(model=req.model, messages=req.messages, tools=req.tools,
                                        continue_final_message=req.continue_final_message)
     if req.HasField("chat_template_kwargs"):
@@ -283,7 +314,7 @@ def tokenize_request(req: pb.TokenizeRequest) -> pb.GenerateRequest:
         as_chat.add_generation_prompt = req.add_generation_prompt
     if req.tools:
         as_chat.tool_choice.string_value = NONE  # the tools as the template shows them; no call forced
-    out = chat_request(as_chat)
+    out = chat_request(as_chat, limits)
     out.ClearField("structured_outputs")
     return out
 
@@ -313,7 +344,7 @@ def tool_choice(req: pb.ChatCompletionRequest) -> tuple[str, str]:
                          "{\"type\": \"function\", \"function\": {\"name\": ...}}", param="tool_choice")
 
 
-def _tools(req: pb.ChatCompletionRequest, out: pb.GenerateRequest) -> None:
+def _tools(req: pb.ChatCompletionRequest, out: pb.GenerateRequest, max_depth: int | None = None) -> None:
     """The tools go to the chat template; a forced call (a named function, or "required") is a
     JSON schema the output must match, as vLLM builds it (vllm/tool_parsers/utils.py)."""
     kind, name = tool_choice(req)
@@ -330,7 +361,7 @@ def _tools(req: pb.ChatCompletionRequest, out: pb.GenerateRequest) -> None:
             raise InvalidRequest(f"'tools[{i}].function.name' {fname!r} is given twice", param=f"tools[{i}].function.name")
         params = EMPTY_PARAMETERS
         if tool.function.HasField("parameters"):
-            params = _schema(tool.function.parameters, f"tools[{i}].function.parameters") or EMPTY_PARAMETERS
+            params = _schema(tool.function.parameters, f"tools[{i}].function.parameters", max_depth) or EMPTY_PARAMETERS
         parameters[fname] = params
     if not req.tools:
         return
@@ -396,8 +427,10 @@ def _message(r: pb.CompleteResponse, tools: tuple[str, str]) -> tuple[pb.ChatCom
     return message, r.finish_reason
 
 
-def completion_request(req: pb.CompletionRequest) -> pb.GenerateRequest:
-    """The GenerateRequest a text completion asks for; raises InvalidRequest naming the field."""
+def completion_request(req: pb.CompletionRequest, limits: RequestLimits | None = None) -> pb.GenerateRequest:
+    """The GenerateRequest a text completion asks for; raises InvalidRequest naming the field, or
+    the bound of ``limits`` (the gateway's) it is past, before converting what it counts."""
+    _counted(req, limits)
     if req.HasField("best_of") and req.best_of != choices(req):
         raise InvalidRequest(f"'best_of' must equal 'n' ({choices(req)}): vLLM's engine has no best_of, got {req.best_of}", param="best_of")
     if req.echo and req.HasField("logprobs"):
@@ -419,7 +452,9 @@ def completion_request(req: pb.CompletionRequest) -> pb.GenerateRequest:
     out.max_tokens = req.max_tokens if req.HasField("max_tokens") else COMPLETIONS_DEFAULT_MAX_TOKENS
     if req.HasField("logprobs"):
         out.logprobs = req.logprobs
-    _sampling(req, out)
+    _sampling(req, out, limits)
+    if limits is not None:  # the sizes, before the request is copied per choice
+        validation.check_limits(out, limits)
     return out
 
 

@@ -22,6 +22,7 @@ from meshserve.gateway import openai_convert as convert
 from meshserve.gateway.errors import GatewayError
 from meshserve.gateway.orchestrator import Orchestrator
 from meshserve.services import telemetry
+from meshserve.services.config import RequestLimits
 from meshserve.services.gen import meshserve_pb2 as pb
 from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
 from meshserve.services.validation import PARAM_METADATA, InvalidRequest, param_metadata, unknown_model
@@ -43,9 +44,11 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
         model: str,
         tenant: Callable[[grpc.aio.ServicerContext], str],
         clock: Callable[[], float] = time.time,
+        limits: RequestLimits | None = None,
     ) -> None:
         self._orch = orchestrator
         self._model = model
+        self._limits = limits
         self._tenant = tenant
         self._clock = clock
         self._started = int(clock())
@@ -180,10 +183,9 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
         """This answer's ``system_fingerprint``: the weights the fleet serves (listed off the path)."""
         return convert.fingerprint(await self._orch.weights())
 
-    @staticmethod
-    async def _convert(fn, request, context: grpc.aio.ServicerContext) -> pb.GenerateRequest:  # noqa: ANN001
+    async def _convert(self, fn, request, context: grpc.aio.ServicerContext) -> pb.GenerateRequest:  # noqa: ANN001
         try:
-            return fn(request)
+            return fn(request, self._limits)
         except InvalidRequest as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e), _trailers(param_metadata(e.param)))
             raise  # unreachable: abort raises

@@ -55,7 +55,7 @@ class Orchestrator:
         self._clock = clock
         self.fleet = FleetView(clients.watch_fleet)
         self._tenants = tenants.load_keys(cfg.api_keys_file)
-        self._admission = Admission(cfg.model, cfg.max_in_flight, self._tenants.of, self.fleet.adapters)
+        self._admission = Admission(cfg.model, cfg.max_in_flight, self._tenants.of, self.fleet.adapters, cfg)
         self._flow: FlowController | None = None
         if cfg.flow_control == "on":
             best = min((s.priority for s in self._tenants.settings.values()), default=tenants.DEFAULT.priority)

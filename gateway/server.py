@@ -73,7 +73,7 @@ def _build(
     orchestrator = Orchestrator(cfg, Clients(core.servicer if core else cfg.router, cfg.cache, cfg.stall_timeout_s,
                                              entries))
     inference = InferenceServicer(orchestrator)
-    openai = OpenAIServicer(orchestrator, cfg.model, _tenant)
+    openai = OpenAIServicer(orchestrator, cfg.model, _tenant, limits=cfg)
 
     def register(server: grpc.aio.Server) -> list[str]:
         orchestrator.start()
@@ -91,7 +91,7 @@ def _build(
         on_close.append(core.close)
     if cfg.http_port < 0:
         return register, Lifecycle(on_close=on_close), None
-    edge = HttpEdge(openai, cfg.host, cfg.http_port, cfg.grace_seconds)
+    edge = HttpEdge(openai, cfg.host, cfg.http_port, cfg.grace_seconds, cfg.max_message_bytes)
     # Draining: the HTTP edge stops taking requests with the gRPC server and its streams finish
     # within the same grace; both are done before the orchestrator closes.
     return register, Lifecycle(on_drain=[edge.drain], on_close=[edge.close, *on_close]), edge
@@ -104,7 +104,8 @@ async def start_gateway(cfg: GatewayConfig, router: EmbeddedRouter | None = None
     register, lifecycle, edge = _build(cfg, router)
     if edge is not None:
         await edge.start()
-    return await start("gateway", cfg, register, lifecycle)
+    # The public service's bound (Envoy streams gRPC unbuffered: its body limit does not hold here).
+    return await start("gateway", cfg, register, lifecycle, max_receive_bytes=cfg.max_message_bytes)
 
 
 async def main(cfg: GatewayConfig, router: EmbeddedRouter | None = None) -> None:

@@ -317,6 +317,42 @@ class CacheConfig(ServerConfig):
     )
 
 
+@dataclass
+class RequestLimits:
+    """What one request may hold: checked by the gateway before any work is done on it (before the
+    cache, the router or a worker sees it), and refused with INVALID_ARGUMENT (HTTP 400) naming
+    the field past its bound."""
+
+    max_message_bytes: int = _f(
+        2 * 2**20, "largest request message the gateway's gRPC server reads (gRPC itself refuses a larger "
+        "one, RESOURCE_EXHAUSTED). Envoy streams gRPC through unbuffered, so its --max-request-bytes bounds "
+        "only HTTP bodies: this is the gRPC side's bound, twice Envoy's default body limit so that a request "
+        "at every other bound here still fits", minimum=64 * 2**10)
+    max_prompt_bytes: int = _f(
+        2**20, "a prompt's text, or a chat's messages' text together, in UTF-8 bytes: Envoy's default HTTP "
+        "body limit (1 MiB, ~250k tokens of English), more than any context this mesh serves by default; "
+        "a longer prompt would be tokenized by the router and a worker only to be refused", minimum=1)
+    max_messages: int = _f(2048, "chat messages in one request (OpenAI's limit)", minimum=1)
+    max_stop: int = _f(4, "stop strings in one request (OpenAI's limit: each is matched against the output "
+                          "after every token)", minimum=0)
+    max_logit_bias: int = _f(300, "logit_bias entries in one request (OpenAI's limit)", minimum=0)
+    max_tools: int = _f(128, "tools (functions) in one request (OpenAI's limit)", minimum=0)
+    max_schema_bytes: int = _f(
+        64 * 2**10, "a structured-output constraint (JSON schema, regex, grammar or choices), the tools' JSON "
+        "and chat_template_kwargs, each in bytes: checking a JSON schema costs ~5 ms per KiB and the "
+        "worker's grammar backend compiles it again; 64 KiB holds a schema of ~800 properties", minimum=1)
+    max_json_depth: int = _f(
+        64, "deepest nesting of a JSON schema, the tools or chat_template_kwargs (objects and arrays): "
+        "OpenAI's structured outputs allow 10 levels of schema nesting, two JSON levels or more each; the "
+        "schema check itself recurses out near 200", minimum=1)
+    max_request_id_chars: int = _f(
+        256, "a client's request_id, in characters: it is echoed in every chunk of the answer and in the "
+        "logs (a UUID has 36)", minimum=1)
+
+
+REQUEST_LIMIT_FIELDS = tuple(f.name for f in dataclasses.fields(RequestLimits))
+
+
 # The OpenAI paths whose streams a gateway's HTTP edge serves (GatewayConfig.http_port), each
 # under the path Envoy's Lua filter sends a ``"stream": true`` body to when the edge is on: one
 # the transcoder does not know, so it passes the request through untranscoded.
@@ -324,7 +360,7 @@ HTTP_EDGE_PATHS = {"/v1/chat/completions": "/v1/chat/completions:sse", "/v1/comp
 
 
 @dataclass
-class GatewayConfig(ServerConfig, RoutingConfig):
+class GatewayConfig(ServerConfig, RoutingConfig, RequestLimits):
     """The gateway: cache lookup -> route -> stream from a worker -> store."""
 
     port: int = _f(50051, "gRPC port (0 picks a free port)")

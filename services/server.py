@@ -224,12 +224,18 @@ async def start(
     cfg: ServerConfig,
     register: Callable[[grpc.aio.Server], Iterable[str]],
     lifecycle: Lifecycle | None = None,
+    max_receive_bytes: int | None = None,
 ) -> Running:
-    """Starts a service: ``register`` adds its servicers and returns their full names."""
+    """Starts a service: ``register`` adds its servicers and returns their full names.
+    ``max_receive_bytes``: the largest message it reads from a client (a public service's bound;
+    the mesh's own services take CHANNEL_OPTIONS' generous one)."""
     telemetry.setup_tracing(name.partition("[")[0], cfg)
     # No SO_REUSEPORT: a second server on a busy port must fail, not share it silently.
+    options = dict([*CHANNEL_OPTIONS, *SERVER_OPTIONS, ("grpc.so_reuseport", 0)])
+    if max_receive_bytes is not None:
+        options["grpc.max_receive_message_length"] = max_receive_bytes
     server = grpc.aio.server(
-        options=[*CHANNEL_OPTIONS, *SERVER_OPTIONS, ("grpc.so_reuseport", 0)],
+        options=list(options.items()),
         interceptors=[ServiceCalls()],
     )
     service_names = list(register(server))

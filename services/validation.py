@@ -7,6 +7,7 @@ import math
 import re
 from collections.abc import Collection
 
+from meshserve.services.config import RequestLimits
 from meshserve.services.gen import meshserve_pb2 as pb
 
 # The serving defaults of a request's optional fields: applied by the worker, and by the cache
@@ -70,8 +71,13 @@ def param_of(metadata: object) -> str | None:
     return None
 
 
-def validate(req: pb.GenerateRequest, max_model_len: int | None = None) -> None:
-    """Raises InvalidRequest for a request no worker could serve."""
+def validate(req: pb.GenerateRequest, max_model_len: int | None = None,
+             limits: RequestLimits | None = None) -> None:
+    """Raises InvalidRequest for a request no worker could serve, or (``limits``: the gateway's)
+    one past a bound of what a request may hold: sizes and counts first, before anything is parsed."""
+    if limits is not None:
+        check_limits(req, limits)
+    max_depth = limits.max_json_depth if limits is not None else None
     if req.prompt and req.messages:
         raise InvalidRequest("give either 'prompt' or 'messages', not both")
     if not req.prompt.strip() and not req.messages:
@@ -98,15 +104,110 @@ def validate(req: pb.GenerateRequest, max_model_len: int | None = None) -> None:
     if len(req.continue_token_ids) >= max_tokens(req):
         raise InvalidRequest(f"'continue_token_ids' has {len(req.continue_token_ids)} tokens: no room left "
                              f"under max_tokens ({max_tokens(req)})", param="continue_token_ids")
-    _validate_sampling(req)
-    check_template(req)
+    _validate_sampling(req, max_depth)
+    check_template(req, max_depth)
+    if req.tools:
+        check_tools(req.tools, limits.max_tools if limits is not None else None, max_depth)
     if req.parse_tool_calls and not (req.tools and req.messages):
         raise InvalidRequest("'parse_tool_calls' needs chat 'messages' and the 'tools' the model may call", param="parse_tool_calls")
     if req.cache and req.cache not in CACHE_MODES:
         raise InvalidRequest(f"'cache' must be one of {list(CACHE_MODES)} (or empty: the gateway's default), got {req.cache!r}", param="cache")
 
 
-def _validate_sampling(req: pb.GenerateRequest) -> None:
+def check_limits(req: pb.GenerateRequest, limits: RequestLimits) -> None:
+    """The bounds of ``limits`` that need nothing parsed: each costs a length, a count or one pass
+    over a field's text, so a request past one is refused before any work that grows with it."""
+    if len(req.request_id) > limits.max_request_id_chars:
+        raise InvalidRequest(f"'request_id' has {len(req.request_id):,} characters; at most "
+                             f"{limits.max_request_id_chars:,} (the gateway's --max-request-id-chars)", param="request_id")
+    if req.messages:
+        check_count(len(req.messages), limits.max_messages, "messages", "max-messages")
+        check_size(sum(map(message_bytes, req.messages)), limits.max_prompt_bytes, "messages", "max-prompt-bytes")
+    else:
+        check_size(utf8_len(req.prompt), limits.max_prompt_bytes, "prompt", "max-prompt-bytes")
+    check_count(len(req.stop), limits.max_stop, "stop", "max-stop")
+    check_count(len(req.logit_bias), limits.max_logit_bias, "logit_bias", "max-logit-bias")
+    for name in ("tools", "chat_template_kwargs"):
+        check_size(utf8_len(getattr(req, name)), limits.max_schema_bytes, name, "max-schema-bytes")
+    if req.HasField("structured_outputs"):
+        so = req.structured_outputs
+        kind = so.WhichOneof("kind")
+        if kind in ("json", "regex", "grammar"):
+            check_size(utf8_len(getattr(so, kind)), limits.max_schema_bytes, f"structured_outputs.{kind}",
+                       "max-schema-bytes")
+        elif kind == "choice":
+            check_size(sum(map(utf8_len, so.choice.values)), limits.max_schema_bytes, "structured_outputs.choice",
+                       "max-schema-bytes")
+
+
+def utf8_len(text: str) -> int:
+    """``text``'s length in UTF-8 bytes (ASCII text, most prompts, is not encoded to count it)."""
+    return len(text) if text.isascii() else len(text.encode())
+
+
+def message_bytes(m: pb.ChatMessage) -> int:
+    """What a chat message gives its template, in UTF-8 bytes."""
+    size = utf8_len(m.content) + utf8_len(m.reasoning) + utf8_len(m.tool_call_id)
+    for call in m.tool_calls:
+        size += utf8_len(call.id) + utf8_len(call.name) + utf8_len(call.arguments)
+    return size
+
+
+def check_count(count: int, most: int, field: str, flag: str) -> None:
+    """Raises InvalidRequest naming ``field`` when it holds more than ``most`` entries (``flag``:
+    the gateway's setting of that bound, named in the message)."""
+    if count > most:
+        raise InvalidRequest(f"'{field}' holds {count:,} entries; at most {most:,} (the gateway's --{flag})",
+                             param=field)
+
+
+def check_size(size: int, most: int, field: str, flag: str) -> None:
+    """Raises InvalidRequest naming ``field`` when it is more than ``most`` bytes."""
+    if size > most:
+        raise InvalidRequest(f"'{field}' is {size:,} bytes; at most {most:,} (the gateway's --{flag})", param=field)
+
+
+def check_depth(value: object, most: int | None, field: str) -> None:
+    """Raises InvalidRequest naming ``field`` when JSON ``value`` nests objects and arrays more
+    than ``most`` deep (None: no bound). Iterative: a value of any depth is measured."""
+    if most is None or not isinstance(value, dict | list):
+        return
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > most:
+            raise InvalidRequest(f"'{field}' nests objects and arrays more than {most} deep (the gateway's "
+                                 "--max-json-depth)", param=field)
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((child, depth + 1) for child in children  # type: ignore[union-attr]
+                     if isinstance(child, dict | list))
+
+
+def parse_json(text: str, field: str, max_depth: int | None = None) -> object:
+    """``text`` parsed, no deeper than ``max_depth``; InvalidRequest naming ``field`` if it is not
+    JSON, or nests past the bound (or past what Python's parser recurses through, whatever the bound)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InvalidRequest(f"'{field}' is not JSON: {e}", param=field) from None
+    except RecursionError:
+        raise InvalidRequest(f"'{field}' nests objects and arrays too deep to be read", param=field) from None
+    check_depth(value, max_depth, field)
+    return value
+
+
+def check_tools(tools: str, most: int | None, max_depth: int | None) -> list[dict[str, object]]:
+    """The request's ``tools`` (OpenAI's, as JSON text): a JSON array of at most ``most`` objects
+    (None: no bound), no deeper than ``max_depth``."""
+    value = parse_json(tools, "tools", max_depth)
+    if not isinstance(value, list) or not all(isinstance(tool, dict) for tool in value):
+        raise InvalidRequest("'tools' must be a JSON array of tool objects", param="tools")
+    if most is not None:
+        check_count(len(value), most, "tools", "max-tools")
+    return value
+
+
+def _validate_sampling(req: pb.GenerateRequest, max_depth: int | None = None) -> None:
     """vLLM's sampling fields, with vLLM's limits (out-of-vocabulary token ids are the worker's
     to refuse: only it knows the vocabulary)."""
     for name in ("presence_penalty", "frequency_penalty"):
@@ -136,21 +237,17 @@ def _validate_sampling(req: pb.GenerateRequest) -> None:
     if req.HasField("logprobs") and not (0 <= req.logprobs <= MAX_LOGPROBS):
         raise InvalidRequest(f"'logprobs' must be in [0, {MAX_LOGPROBS}] (alternatives per token), got {req.logprobs}", param="logprobs")
     if req.HasField("structured_outputs"):
-        _validate_structured(req.structured_outputs)
+        _validate_structured(req.structured_outputs, max_depth)
 
 
-def _validate_structured(so: pb.StructuredOutputs) -> None:
+def _validate_structured(so: pb.StructuredOutputs, max_depth: int | None = None) -> None:
     """A constraint the engine can be given: one kind, a JSON schema that is one, a regex that
     compiles, a non-empty choice. (A grammar is the backend's to compile.)"""
     kind = so.WhichOneof("kind")
     if kind is None:
         raise InvalidRequest("'structured_outputs' sets no constraint: give json, json_object, regex, choice or grammar", param="structured_outputs")
     if kind == "json":
-        try:
-            schema = json.loads(so.json)
-        except json.JSONDecodeError as e:
-            raise InvalidRequest(f"'structured_outputs.json' is not JSON: {e}", param="structured_outputs.json") from None
-        check_schema(schema, "structured_outputs.json")
+        check_schema(parse_json(so.json, "structured_outputs.json", max_depth), "structured_outputs.json")
     elif kind == "json_object" and not so.json_object:
         raise InvalidRequest("'structured_outputs.json_object' must be true when given", param="structured_outputs.json_object")
     elif kind == "regex":
@@ -158,6 +255,9 @@ def _validate_structured(so: pb.StructuredOutputs) -> None:
             re.compile(so.regex)
         except re.error as e:
             raise InvalidRequest(f"'structured_outputs.regex' is not a regular expression: {e}", param="structured_outputs.regex") from None
+        except (RecursionError, OverflowError):  # groups nested past what Python's parser recurses through
+            raise InvalidRequest("'structured_outputs.regex' nests too deep to be compiled",
+                                 param="structured_outputs.regex") from None
     elif kind == "choice" and (not so.choice.values or not all(so.choice.values)):
         raise InvalidRequest("'structured_outputs.choice' must list at least one non-empty string", param="structured_outputs.choice")
     elif kind == "grammar" and not so.grammar.strip():
@@ -176,13 +276,15 @@ def check_schema(schema: object, field: str) -> None:
     except jsonschema.SchemaError as e:
         where = "/".join(str(p) for p in e.absolute_path) or "the top level"
         raise InvalidRequest(f"'{field}' is not a valid JSON schema (at {where}): {e.message}", param=field) from None
+    except RecursionError:  # a schema nested deeper than any bound let through (the worker sets none)
+        raise InvalidRequest(f"'{field}' nests too deep to be checked", param=field) from None
 
 
-def check_template(req: pb.GenerateRequest) -> None:
+def check_template(req: pb.GenerateRequest, max_depth: int | None = None) -> None:
     """How a chat's template is to be called: its variables (``template_kwargs``), and vLLM's
     add_generation_prompt / continue_final_message: for a chat, not both, and a final message
     with something to continue."""
-    template_kwargs(req)
+    template_kwargs(req, max_depth)
     if not (req.HasField("add_generation_prompt") or req.continue_final_message):
         return
     name = "continue_final_message" if req.continue_final_message else "add_generation_prompt"
@@ -202,15 +304,12 @@ def add_generation_prompt(req: pb.GenerateRequest) -> bool:
     return req.add_generation_prompt if req.HasField("add_generation_prompt") else True
 
 
-def template_kwargs(req: pb.GenerateRequest) -> dict[str, object] | None:
+def template_kwargs(req: pb.GenerateRequest, max_depth: int | None = None) -> dict[str, object] | None:
     """The request's chat_template_kwargs (None when it has none), checked: a JSON object, for
     chat messages, not naming the template call's own arguments."""
     if not req.chat_template_kwargs:
         return None
-    try:
-        kwargs = json.loads(req.chat_template_kwargs)
-    except json.JSONDecodeError as e:
-        raise InvalidRequest(f"'chat_template_kwargs' is not JSON: {e}", param="chat_template_kwargs") from None
+    kwargs = parse_json(req.chat_template_kwargs, "chat_template_kwargs", max_depth)
     if not isinstance(kwargs, dict):
         raise InvalidRequest(f"'chat_template_kwargs' must be a JSON object, got {type(kwargs).__name__}",
                              param="chat_template_kwargs")

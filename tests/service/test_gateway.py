@@ -596,6 +596,36 @@ async def test_bad_input_is_refused_and_gateway_keeps_serving(
     assert joined(await collect(m.stub.Generate(greedy()))) == "".join(PIECES)
 
 
+@pytest.mark.parametrize(("request_", "param"), [
+    (greedy(prompt="p" * 1025), "prompt"),
+    (greedy(stop=["a", "b", "c", "d", "e"]), "stop"),
+    (greedy(logit_bias={i: 1.0 for i in range(301)}), "logit_bias"),
+    (pb.GenerateRequest(messages=[pb.ChatMessage(role="user", content="x")] * 2049), "messages"),
+    (greedy(structured_outputs=pb.StructuredOutputs(json="[" * 65 + "]" * 65)), "structured_outputs.json"),
+])
+async def test_a_request_past_the_gateways_bounds_reaches_no_cache_router_or_worker(
+    mesh: MeshFactory, request_: pb.GenerateRequest, param: str
+) -> None:
+    m = await mesh(max_prompt_bytes=1024)
+    lookups = m.cache.lookups if m.cache is not None else 0
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await collect(m.stub.Generate(request_))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert dict(err.value.trailing_metadata() or ())["x-meshserve-param"] == param, err.value.details()
+    assert m.a.calls == m.b.calls == 0 and not m.router.picks
+    assert m.cache is not None and m.cache.lookups == lookups
+
+
+async def test_a_message_past_the_gateways_receive_bound_is_refused_by_grpc_unread(mesh: MeshFactory) -> None:
+    """Envoy streams gRPC through unbuffered: the gateway's own bound is what holds there."""
+    m = await mesh(cache="off", max_message_bytes=64 * 2**10, max_prompt_bytes=2**20)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await collect(m.stub.Generate(greedy(prompt="p" * (64 * 2**10))))
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert m.a.calls == 0 and not m.router.picks
+    assert joined(await collect(m.stub.Generate(greedy(prompt="p" * (60 * 2**10))))) == "".join(PIECES)
+
+
 async def test_worker_invalid_argument_is_passed_through_without_failover(mesh: MeshFactory) -> None:
     m = await mesh(a="invalid", cache="off")
     with pytest.raises(grpc.aio.AioRpcError) as err:
