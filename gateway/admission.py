@@ -35,10 +35,15 @@ class Admission:
         self.in_flight = 0
 
     def checked(self, request: pb.GenerateRequest, tenant: str = "") -> pb.GenerateRequest:
-        """A copy of ``request`` the pipeline may change, with an id the worker, the cache and the
-        logs share, its priority (the tenant's default when it asks for none) and as its model
-        only a LoRA adapter's name (the base model's is cleared); GatewayError
-        naming the field when it is not a request this mesh serves, or not one its tenant may ask."""
+        """A copy of ``request`` the pipeline may change, with an id of the gateway's own that the
+        worker (its key for the request), the router, the cache and the logs share, its priority
+        (the tenant's default when it asks for none) and as its model only a LoRA adapter's name
+        (the base model's is cleared); GatewayError naming the field when it is not a request
+        this mesh serves, or not one its tenant may ask.
+
+        A client's ``request_id`` is the client's: it is given back in every chunk (the
+        orchestrator) and logged beside the gateway's, never used as a key. Two clients, or two
+        tenants, may send the same one at once: each request is keyed by its own id."""
         try:
             validation.validate(request, limits=self._limits)
         except validation.InvalidRequest as e:
@@ -60,8 +65,7 @@ class Admission:
         req.CopyFrom(request)
         if req.model == self._model:  # the base model: every worker serves it, under whatever name
             req.ClearField("model")
-        if not req.request_id:
-            req.request_id = uuid.uuid4().hex
+        req.request_id = uuid.uuid4().hex
         if not req.HasField("priority"):
             req.priority = own.priority
         if own.max_tokens and not req.HasField("max_tokens") and validation.max_tokens(req) > own.max_tokens:

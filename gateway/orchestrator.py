@@ -75,13 +75,14 @@ class Orchestrator:
     async def generate(self, request: pb.GenerateRequest, tenant: str) -> AsyncIterator[pb.GenerateResponse]:
         """Streams the completion of ``request``; raises GatewayError to end with a status.
 
-        1. Admission: the request is checked and given an id, then admitted or refused at once.
+        1. Admission: the request is checked and given an id of the gateway's (the client's own,
+           if it sent one, is what its chunks carry), then admitted or refused at once.
         2. A deterministic request's answer is shared: the cache's, or the one generation of its
            identical requests in flight (a flight), stored once finished.
         3. Otherwise (sampled, or the cache off) the request is streamed from a worker the
            selector picks, failed over and migrated by the stream supervisor.
         """
-        record = RequestRecord(request.request_id, TIMINGS, self._clock)
+        record = RequestRecord("", TIMINGS, self._clock)  # ids once checked: a client's may be any text
         status, detail = grpc.StatusCode.OK, ""
         last: pb.GenerateResponse | None = None
         try:
@@ -89,6 +90,8 @@ class Orchestrator:
                 await self.fleet.first_view()  # a gateway's first requests: the adapters it names may be there
             req = self._admission.checked(request, tenant)
             record.request_id = req.request_id
+            record.client_request_id = request.request_id
+            shown = request.request_id or req.request_id  # the id the client knows its chunks by
             with self._admission.admitted():
                 async with aclosing(await self._answer(req, tenant, record)) as chunks:
                     async for chunk in chunks:
@@ -96,6 +99,10 @@ class Orchestrator:
                             record.cached = chunk.cached  # an answer from the cache is all cached
                         last = chunk
                         record.output(len(chunk.token_ids))
+                        # A chunk of this request's own generation may be its flight's too (the
+                        # leader's): relabelled with the leader's id, which readers relabel again.
+                        if chunk.request_id != shown:
+                            chunk.request_id = shown
                         yield chunk
         except GatewayError as e:
             status, detail = e.code, e.message

@@ -34,6 +34,7 @@ class RequestRecord:
 
     def __init__(self, request_id: str, timings: Timings, clock: Callable[[], float] = time.monotonic) -> None:
         self.request_id = request_id
+        self.client_request_id = ""  # the client's own id for the request, when not its request_id
         self.worker = ""
         self.cached = False
         self.tokens = 0
@@ -69,6 +70,8 @@ class RequestRecord:
         if self.ttft is not None and self.tokens > 1 and not self.cached:
             _observe(self._timings.tpot, (e2e - self.ttft) / (self.tokens - 1))
         if self._span.is_recording():
+            if self.client_request_id:
+                self._span.set_attribute("meshserve.client_request_id", self.client_request_id)
             self._span.set_attributes({
                 "meshserve.request_id": self.request_id, "meshserve.worker": self.worker,
                 "meshserve.cached": self.cached, "meshserve.tokens": self.tokens, "meshserve.e2e_s": e2e,
@@ -76,8 +79,9 @@ class RequestRecord:
             })
             if self.ttft is not None:
                 self._span.set_attribute("meshserve.ttft_s", self.ttft)
-        log.log(level, "request %s %s: worker=%s cached=%s prompt_tokens=%d tokens=%d ttft=%s e2e=%.3fs%s",
-                self.request_id or "-", status, self.worker or "-", self.cached, self.prompt_tokens, self.tokens,
+        log.log(level, "request %s%s %s: worker=%s cached=%s prompt_tokens=%d tokens=%d ttft=%s e2e=%.3fs%s",
+                self.request_id or "-", f" (client's {self.client_request_id!r})" if self.client_request_id else "",
+                status, self.worker or "-", self.cached, self.prompt_tokens, self.tokens,
                 "-" if self.ttft is None else f"{self.ttft:.3f}s", e2e, f" ({detail})" if detail else "")
         return e2e
 

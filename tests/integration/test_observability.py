@@ -132,8 +132,18 @@ def _assert_one_linked_trace(spans: list[traces.Span], trace_id: str, gateway_rp
 
 
 def _log_trace_ids(mesh: Mesh, service: str, request_id: str) -> set[str]:
+    """The trace ids of ``service``'s log lines about the request the client sent as ``request_id``:
+    the gateway's line names it beside the gateway's own id, which the other services log."""
+    if service != "gateway":
+        request_id = _gateway_id(mesh, request_id)
     lines = (mesh.run_dir / f"{service}.log").read_text().splitlines()
     return {m.group(1) for line in lines if request_id in line for m in [re.search(r"trace=([0-9a-f]{32}|-)", line)] if m}
+
+
+def _gateway_id(mesh: Mesh, client_request_id: str) -> str:
+    text = (mesh.run_dir / "gateway.log").read_text()
+    (gateway_id,) = re.findall(rf"request ([0-9a-f]{{32}}) \(client's '{re.escape(client_request_id)}'\)", text)
+    return gateway_id
 
 
 async def test_grpc_request_is_one_trace_across_all_components(traced_mesh: Mesh) -> None:

@@ -332,10 +332,35 @@ async def test_streams_chunks_through_with_an_assigned_request_id(mesh: MeshFact
     assert sample("meshserve_gateway_stream_messages_total", engine) == messages_before + len(chunks)
 
 
-async def test_client_request_id_is_kept(mesh: MeshFactory) -> None:
+async def test_client_request_id_is_kept_for_the_client_and_never_the_workers_key(mesh: MeshFactory) -> None:
     m = await mesh(cache="off")
     chunks = await collect(m.stub.Generate(greedy(request_id="mine")))
-    assert m.a.requests[0].request_id == "mine" and {c.request_id for c in chunks} == {"mine"}
+    assert {c.request_id for c in chunks} == {"mine"}
+    assert len(m.a.requests[0].request_id) == 32 and m.router.picks[0].request_id == m.a.requests[0].request_id
+    complete = await asyncio.wait_for(m.stub.Complete(greedy(request_id="mine")), WAIT_S)
+    assert complete.request_id == "mine" and m.a.requests[1].request_id not in ("mine", m.a.requests[0].request_id)
+
+
+async def test_two_tenants_with_the_same_request_id_on_one_worker_are_two_requests(mesh: MeshFactory) -> None:
+    """Tenant B sends the id tenant A's stream is using, to the same worker: B is served, and A
+    leaving cancels A's generation only."""
+    m = await mesh(a="hold", cache="off")
+    alice = m.stub.Generate(greedy(request_id="same", skip_cache=True), metadata=((TENANT_METADATA, "alice"),))
+    bob = m.stub.Generate(greedy(request_id="same", skip_cache=True), metadata=((TENANT_METADATA, "bob"),))
+    async with asyncio.timeout(WAIT_S):
+        first = [await alice.read(), await bob.read()]
+    assert [c.text for c in first] == [PIECES[0]] * 2 and {c.request_id for c in first} == {"same"}
+    assert m.a.calls == 2 and m.a.requests[0].request_id != m.a.requests[1].request_id
+    alice.cancel()
+    async with asyncio.timeout(WAIT_S):
+        await m.a.cancelled.wait()
+    m.a.release.set()
+    rest = []
+    async with asyncio.timeout(WAIT_S):
+        while (chunk := await bob.read()) is not grpc.aio.EOF:
+            rest.append(chunk)
+    assert joined([first[1], *rest]) == "".join(PIECES) and {c.request_id for c in rest} == {"same"}
+    assert rest[-1].finish_reason == "length"
 
 
 async def stored_and_landed(m: Mesh) -> None:
@@ -982,9 +1007,8 @@ async def test_identical_requests_in_flight_share_one_generation(mesh: MeshFacto
         assert joined(chunks) == "".join(PIECES) and tokens(chunks) == [10, 11, 12]
         assert {c.request_id for c in chunks} == {f"r{i}"} and chunks[-1].usage.completion_tokens == 3
         assert {c.worker for c in chunks} == {"A"} and not any(c.cached for c in chunks)
-    leader = m.a.requests[0].request_id
-    for i, chunks in enumerate(answers):
-        assert {c.cache_kind for c in chunks} == ({""} if f"r{i}" == leader else {"coalesced"})
+    kinds = sorted(tuple({c.cache_kind for c in chunks}) for chunks in answers)
+    assert kinds == [("",), *[("coalesced",)] * 4]  # the leader's own generation, and four readers of it
     assert sample("meshserve_gateway_coalesced_total") == coalesced + 4
 
 

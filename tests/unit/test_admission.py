@@ -19,11 +19,13 @@ def refusal(admission: Admission, request: pb.GenerateRequest) -> GatewayError:
     return e.value
 
 
-def test_a_checked_request_is_a_copy_with_an_id() -> None:
+def test_a_checked_request_is_a_copy_with_an_id_of_the_gateways_own() -> None:
     request = pb.GenerateRequest(prompt="hi", max_tokens=4)
     checked = Admission("m", 1).checked(request)
     assert checked.request_id and not request.request_id and checked.prompt == "hi"
-    assert Admission("m", 1).checked(pb.GenerateRequest(prompt="hi", request_id="r1")).request_id == "r1"
+    mine = pb.GenerateRequest(prompt="hi", request_id="r1")
+    ids = {Admission("m", 1).checked(mine).request_id for _ in range(2)}
+    assert len(ids) == 2 and "r1" not in ids and mine.request_id == "r1"  # the client's id keys nothing
 
 
 @pytest.mark.parametrize(("request_fields", "code", "param"), [
