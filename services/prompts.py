@@ -10,13 +10,23 @@ needs the engine's own hash function or seed.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
 import re
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
+
+import jinja2
+import jinja2.ext
+import jinja2.meta
+import jinja2.nodes
+import jinja2.parser
+import jinja2.sandbox
+
+from meshserve.services.validation import TEMPLATE_OWN
 
 # -- the simulator's stand-in tokenizer and chat template ----------------------------------------
 
@@ -61,6 +71,44 @@ class TemplateCall(NamedTuple):
 
 OPEN_TURN = TemplateCall()  # a chat completion's: the assistant's turn opened for the model
 
+# The variables the sim's stand-in template reads (as a reasoning model's template reads its
+# thinking switches): of a request's chat_template_kwargs, only these reach it.
+SIM_TEMPLATE_VARIABLES = frozenset({"enable_thinking", "thinking_budget", "reasoning_effort"})
+
+
+def allowed_kwargs(template_kwargs: Mapping[str, Any] | None, variables: Collection[str]) -> dict[str, Any]:
+    """Of a request's chat_template_kwargs, those its template reads (``variables``): an allow list,
+    as vLLM's (resolve_chat_template_kwargs drops the others), so that no request sets anything but
+    the template's own variables in what renders it."""
+    return {k: v for k, v in (template_kwargs or {}).items() if k in variables}
+
+
+class _GenerationTag(jinja2.ext.Extension):
+    """transformers' ``{% generation %}`` block (assistant token masks), parsed only: its body
+    reads variables like the rest of the template."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.Scope(body).set_lineno(lineno)
+
+
+# The functions transformers gives every chat template besides Jinja's own (range, namespace, ...).
+_RENDERER_FUNCTIONS = ("raise_exception", "strftime_now")
+
+
+@functools.lru_cache(maxsize=16)
+def template_variables(template: str) -> frozenset[str]:
+    """The variables a Jinja chat template reads that it does not set itself, less the functions
+    its renderer defines (vLLM's allow list of chat_template_kwargs). Parsed as transformers
+    parses templates; none is rendered here."""
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                       extensions=[_GenerationTag, jinja2.ext.loopcontrols])
+    env.globals.update(dict.fromkeys(_RENDERER_FUNCTIONS))
+    return frozenset(jinja2.meta.find_undeclared_variables(env.parse(template)))
+
 
 def sim_render(prompt: str, messages: Sequence[Mapping[str, str]] | None,
                template_kwargs: Mapping[str, Any] | None = None, call: TemplateCall = OPEN_TURN) -> str:
@@ -72,7 +120,7 @@ def sim_render(prompt: str, messages: Sequence[Mapping[str, str]] | None,
     turns = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages)
     if call.continue_final_message:
         return turns[:-1]  # the final message's text, not closed
-    if template_kwargs:
+    if template_kwargs := allowed_kwargs(template_kwargs, SIM_TEMPLATE_VARIABLES):
         turns += "".join(f"<|{k}={json.dumps(v, sort_keys=True)}|>\n" for k, v in sorted(template_kwargs.items()))
     return turns + "<|assistant|>\n" if call.add_generation_prompt else turns
 
@@ -95,8 +143,13 @@ def hf_render(tokenizer: Any, prompt: str, messages: Sequence[Mapping[str, Any]]
               tools: list[dict[str, Any]] | None = None,
               template_kwargs: Mapping[str, Any] | None = None, call: TemplateCall = OPEN_TURN) -> tuple[str, bool]:
     """The text vLLM's tokenizer gets for a prompt, and whether special tokens are added to it: a
-    chat through the template (which writes its own), a plain prompt as it is (with them)."""
+    chat through the template (which writes its own), a plain prompt as it is (with them). Of
+    ``template_kwargs``, the template's own variables only reach it (``template_variables``)."""
     if messages:
+        if template_kwargs:  # not what the renderer gives the template itself: its call, the special tokens
+            supplied = TEMPLATE_OWN | tokenizer.special_tokens_map.keys()
+            template_kwargs = allowed_kwargs(
+                template_kwargs, template_variables(tokenizer.get_chat_template(tools=tools)) - supplied)
         return tokenizer.apply_chat_template(list(messages), tools=tools, add_generation_prompt=call.add_generation_prompt,
                                              continue_final_message=call.continue_final_message,
                                              tokenize=False, **(template_kwargs or {})), False

@@ -10,7 +10,15 @@ import pytest
 from transformers import AutoTokenizer
 
 from meshserve.services.gen import meshserve_pb2 as pb
-from meshserve.services.prompts import TemplateCall, chat_turns, hf_encode, hf_prompt_ids
+from meshserve.services.prompts import (
+    SIM_TEMPLATE_VARIABLES,
+    TemplateCall,
+    chat_turns,
+    hf_encode,
+    hf_prompt_ids,
+    sim_render,
+    template_variables,
+)
 
 TEXTS = [
     "The quick brown fox",
@@ -83,3 +91,28 @@ def test_template_kwargs_reach_the_chat_template(tokenizer: Any) -> None:
     assert on == tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
                                   + "<think>", add_special_tokens=False)
     assert hf_prompt_ids(thinking, "", messages, template_kwargs={"enable_thinking": False}) == plain
+
+
+def test_only_the_templates_own_variables_reach_it(tokenizer: Any) -> None:
+    """chat_template_kwargs against an allow list, as vLLM checks them: the variables the template
+    reads, less what its renderer gives it (special tokens, Jinja's and transformers' functions). A
+    client cannot set the template's BOS text or break the template's own functions."""
+    reading = copy.deepcopy(tokenizer)
+    reading.chat_template = ("{{ bos_token }}{% for i in range(1) %}{% endfor %}"
+                             "{% if enable_thinking %}<think>{% endif %}" + tokenizer.chat_template)
+    assert template_variables(reading.chat_template) == {"bos_token", "enable_thinking", "messages",
+                                                         "add_generation_prompt"}
+    messages = [{"role": "user", "content": "why"}]
+    plain = hf_prompt_ids(reading, "", messages)
+    thinking = hf_prompt_ids(reading, "", messages, template_kwargs={"enable_thinking": True})
+    assert thinking != plain
+    assert hf_prompt_ids(reading, "", messages, template_kwargs={
+        "enable_thinking": True, "bos_token": "<|system|>", "range": 0, "not_read": 1}) == thinking
+
+
+def test_the_sims_stand_in_template_reads_its_own_variables_only() -> None:
+    messages = [{"role": "user", "content": "why"}]
+    plain = sim_render("", messages)
+    assert sim_render("", messages, {"not_read": True}) == plain
+    for name in SIM_TEMPLATE_VARIABLES:
+        assert sim_render("", messages, {name: True}) != plain
