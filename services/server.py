@@ -151,10 +151,59 @@ class ServiceCalls(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None or details.method.startswith("/grpc."):
             return handler
+        handler = _decoded(handler)
         handler = telemetry.traced(handler, details)
         if handler.unary_stream is None:
             return handler
         return handler._replace(unary_stream=_write_loop(handler.unary_stream))
+
+
+class _Undecodable:
+    """A request message its deserializer could not read (nested past protobuf's depth limit,
+    not a message of its type): what the behavior gets instead, to refuse it."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _decoded(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """A handler of single requests whose undecodable request is the caller's fault
+    (INVALID_ARGUMENT), not an error of the service's (gRPC's own answer: UNKNOWN, an HTTP 500
+    at the edge)."""
+    if handler.request_streaming or handler.request_deserializer is None:
+        return handler
+    deserialize = handler.request_deserializer
+
+    def safely(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except Exception as e:  # noqa: BLE001 - whatever the message's parser raises
+            return _Undecodable(e)
+
+    async def refuse(request: _Undecodable, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                            f"the request message could not be read: {request.error}")
+
+    if handler.unary_stream is not None:
+        inner_stream = handler.unary_stream
+
+        async def refused(request: _Undecodable, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            await refuse(request, context)
+            yield  # never reached: abort raises
+
+        def unary_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            # The servicer's own stream, not one wrapped around it: no generator more per chunk.
+            return refused(request, context) if isinstance(request, _Undecodable) else inner_stream(request, context)
+
+        return handler._replace(request_deserializer=safely, unary_stream=unary_stream)
+    inner = handler.unary_unary
+
+    async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, _Undecodable):
+            await refuse(request, context)
+        return await inner(request, context)
+
+    return handler._replace(request_deserializer=safely, unary_unary=unary_unary)
 
 
 def _write_loop(inner: Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]]) -> Any:

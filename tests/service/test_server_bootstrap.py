@@ -218,3 +218,36 @@ async def test_a_frozen_peers_new_connection_is_given_up_after_the_stall_timeout
             with pytest.raises(grpc.aio.AioRpcError) as failed:
                 await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=3)
     assert failed.value.code() == grpc.StatusCode.UNAVAILABLE, failed.value.details()
+
+
+class Answering(pb_grpc.WorkerServicer):
+    async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.WorkerInfo:
+        return pb.WorkerInfo(worker_id="w")
+
+    async def WatchLoad(self, request: pb.WatchLoadRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.LoadReport]:
+        yield pb.LoadReport(sequence=1)
+
+
+async def test_a_request_message_that_cannot_be_read_is_the_callers_fault() -> None:
+    """Not a message of its type (or one nested past protobuf's depth limit): INVALID_ARGUMENT, an
+    HTTP 400 at the edge, not gRPC's own UNKNOWN, a 500; a good request is answered after."""
+    def register(server: grpc.aio.Server) -> list[str]:
+        pb_grpc.add_WorkerServicer_to_server(Answering(), server)
+        return ["meshserve.v1.Worker"]
+
+    running = await start("test", ServerConfig(port=0, metrics_port=-1, grace_seconds=0), register)
+    try:
+        async with insecure_channel(f"127.0.0.1:{running.port}") as channel:
+            for method, stream in (("/meshserve.v1.Worker/Info", False), ("/meshserve.v1.Worker/WatchLoad", True)):
+                call = (channel.unary_stream if stream else channel.unary_unary)(
+                    method, request_serializer=None, response_deserializer=None)
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    reply = call(b"\xff\xff\xff", timeout=5)
+                    _ = [r async for r in reply] if stream else await reply
+                assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, err.value.code())
+                assert "could not be read" in (err.value.details() or "")
+            stub = pb_grpc.WorkerStub(channel)
+            assert (await stub.Info(pb.InfoRequest(), timeout=5)).worker_id == "w"
+            assert [r.sequence async for r in stub.WatchLoad(pb.WatchLoadRequest(), timeout=5)] == [1]
+    finally:
+        await running.shutdown()
