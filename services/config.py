@@ -324,14 +324,15 @@ class RequestLimits:
     the field past its bound."""
 
     max_message_bytes: int = _f(
-        2 * 2**20, "largest request message the gateway's gRPC server reads (gRPC itself refuses a larger "
-        "one, RESOURCE_EXHAUSTED). Envoy streams gRPC through unbuffered, so its --max-request-bytes bounds "
-        "only HTTP bodies: this is the gRPC side's bound, twice Envoy's default body limit so that a request "
-        "at every other bound here still fits", minimum=64 * 2**10)
+        2**20, "largest request message the gateway's gRPC server reads; gRPC refuses a larger one "
+        "(RESOURCE_EXHAUSTED) from its length prefix, before it is read. Envoy streams gRPC through "
+        "unbuffered, so its --max-request-bytes bounds only HTTP bodies: this is the gRPC side's bound, "
+        "Envoy's default body limit", minimum=64 * 2**10)
     max_prompt_bytes: int = _f(
-        2**20, "a prompt's text, or a chat's messages' text together, in UTF-8 bytes: Envoy's default HTTP "
-        "body limit (1 MiB, ~250k tokens of English), more than any context this mesh serves by default; "
-        "a longer prompt would be tokenized by the router and a worker only to be refused", minimum=1)
+        512 * 2**10, "a prompt's text, or a chat's messages' text together, in UTF-8 bytes: a 128k-token "
+        "context (the longest most served models take) at ~4 bytes a token; a longer prompt would be "
+        "tokenized by the router and a worker only to be refused. Below --max-message-bytes, so that a "
+        "request at every bound here fits in a message", minimum=1)
     max_messages: int = _f(2048, "chat messages in one request (OpenAI's limit)", minimum=1)
     max_stop: int = _f(4, "stop strings in one request (OpenAI's limit: each is matched against the output "
                           "after every token)", minimum=0)
@@ -340,11 +341,13 @@ class RequestLimits:
     max_schema_bytes: int = _f(
         64 * 2**10, "a structured-output constraint (JSON schema, regex, grammar or choices), the tools' JSON "
         "and chat_template_kwargs, each in bytes: checking a JSON schema costs ~5 ms per KiB and the "
-        "worker's grammar backend compiles it again; 64 KiB holds a schema of ~800 properties", minimum=1)
+        "worker's grammar backend compiles it again; 64 KiB holds a schema of ~1,000 properties with short "
+        "descriptions", minimum=1)
     max_json_depth: int = _f(
-        64, "deepest nesting of a JSON schema, the tools or chat_template_kwargs (objects and arrays): "
-        "OpenAI's structured outputs allow 10 levels of schema nesting, two JSON levels or more each; the "
-        "schema check itself recurses out near 200", minimum=1)
+        32, "deepest nesting of a JSON schema, the tools or chat_template_kwargs (objects and arrays): "
+        "OpenAI's structured outputs allow 10 levels of schema nesting (~21 JSON levels); an OpenAI request "
+        "carries them as protobuf Structs, which protobuf's parser reads only to ~32 levels of objects",
+        minimum=1)
     max_request_id_chars: int = _f(
         256, "a client's request_id, in characters: it is echoed in every chunk of the answer and in the "
         "logs (a UUID has 36)", minimum=1)

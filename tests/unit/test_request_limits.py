@@ -109,7 +109,8 @@ def test_sizes_and_counts_come_before_anything_is_parsed() -> None:
 def test_the_defaults_are_the_documented_ones() -> None:
     limits = RequestLimits()
     assert (limits.max_messages, limits.max_stop, limits.max_logit_bias, limits.max_tools) == (2048, 4, 300, 128)
-    assert limits.max_prompt_bytes == 2**20 and limits.max_message_bytes == 2 * 2**20
+    assert limits.max_prompt_bytes == 512 * 2**10 and limits.max_message_bytes == 2**20
+    assert limits.max_prompt_bytes + 3 * limits.max_schema_bytes < limits.max_message_bytes  # a request at every bound fits
 
 
 DEEP = 5000  # past what Python's JSON parser, jsonschema and re recurse through
