@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from meshserve.services.config import WorkerConfig
+from meshserve.services.offload import OFFLOAD_CHARS
 from meshserve.services.prompts import OPEN_TURN, TemplateCall
 from meshserve.services.validation import (
     DEFAULT_MAX_TOKENS,
@@ -209,6 +210,16 @@ _DEFAULT_REQUEST = Request(request_id="")
 
 class UnknownModel(InvalidRequest):
     """The request names a model or adapter the engine does not serve (NOT_FOUND)."""
+
+
+def prompt_chars(request: Request) -> int:
+    """About how many characters an engine's chat template and tokenizer go through for
+    ``request``: what decides whether its prompt is tokenized off the event loop (services.offload).
+    Tools are rendered as JSON by the template: a request with tools counts as a large one."""
+    size = len(request.prompt or "")
+    for m in request.messages or ():
+        size += len(m.get("content") or "")
+    return size + OFFLOAD_CHARS if request.tools else size
 
 
 class PromptTooLong(InvalidRequest):

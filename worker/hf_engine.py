@@ -13,7 +13,17 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from meshserve.services.config import DEFAULT_MODEL, WorkerConfig
-from meshserve.worker.engine import Delta, Engine, EngineInfo, Load, LoadSignal, Request, refuse_unsupported
+from meshserve.services.offload import Offload
+from meshserve.worker.engine import (
+    Delta,
+    Engine,
+    EngineInfo,
+    Load,
+    LoadSignal,
+    Request,
+    prompt_chars,
+    refuse_unsupported,
+)
 from meshserve.worker.vllm_engine import check_fits, decode, render_prompt, resolve_model
 from meshserve.worker.weights import weights_id
 
@@ -37,6 +47,7 @@ class TransformersEngine(Engine):
         self._running = 0
         self._model: Any = None
         self._tokenizer: Any = None
+        self._offload = Offload("hf-tokenizer")  # a large prompt is tokenized off the event loop
         self.info = EngineInfo(
             engine="transformers",
             model=cfg.model or DEFAULT_MODEL,
@@ -64,12 +75,13 @@ class TransformersEngine(Engine):
 
     async def close(self) -> None:
         self._model = None
+        self._offload.close()
 
     async def generate(self, request: Request) -> AsyncIterator[Delta]:
         if self._model is None:
             raise RuntimeError("the engine is not started")
         refuse_unsupported(request, "transformers", *UNSUPPORTED)
-        prompt_ids = render_prompt(self._tokenizer, request)
+        prompt_ids = await self._offload.run(prompt_chars(request), render_prompt, self._tokenizer, request)
         check_fits(len(prompt_ids), request.max_tokens, self.info.max_model_len)
         self._waiting += 1
         self.load_signal.notify()

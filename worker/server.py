@@ -19,6 +19,7 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from meshserve.services import server as bootstrap
 from meshserve.services import validation
 from meshserve.services.config import WorkerConfig
+from meshserve.services.offload import Offload
 from meshserve.services.gen import meshserve_pb2 as pb
 from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
 from meshserve.services.prompts import TemplateCall, chat_turns
@@ -210,6 +211,7 @@ class WorkerServicer(pb_grpc.WorkerServicer):
         self._sessions: set[Session] = set()
         self._kv_sequence = itertools.count(1)
         self._stopping = asyncio.Event()  # set at drain: the KV-event streams end
+        self._offload = Offload("worker-checks")
 
     def bind(self, port: int) -> None:
         """Called once the server listens: fixes the worker id and the metric labels."""
@@ -224,6 +226,9 @@ class WorkerServicer(pb_grpc.WorkerServicer):
         for session in self._sessions:
             session.wake()  # an idle session ends now
 
+    async def close(self) -> None:
+        self._offload.close()
+
     def _in_flight_changed(self, delta: int) -> None:
         self.in_flight += delta
         self.engine.load_signal.notify()
@@ -231,10 +236,8 @@ class WorkerServicer(pb_grpc.WorkerServicer):
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
                        ) -> AsyncIterator[pb.GenerateResponse]:
         self.requests_received += 1  # refused ones too: the router's pick has arrived either way
-        try:
-            validation.validate(request, max_model_len=self.engine.info.max_model_len)
-            self._check_tool_parsing(request)
-            adapter = self.engine.info.adapter(request.model)
+        try:  # a large request (a long prompt, a JSON schema) is checked off the event loop
+            req = await self._offload.run(validation.check_cost(request), self._engine_request, request)
         except UnknownModel as e:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(e), validation.param_metadata(e.param))
         except validation.InvalidRequest as e:
@@ -247,9 +250,8 @@ class WorkerServicer(pb_grpc.WorkerServicer):
                 f"worker {self.worker_id} is full ({self.in_flight} requests, max_queue "
                 f"{self.cfg.max_queue}); retry later or elsewhere",
             )
-        req = to_engine_request(request, self.cfg.stream_interval, adapter)
-        if adapter is not None and self.metrics is not None:
-            self.metrics.adapter_requests(self.worker_id, adapter).inc()
+        if req.adapter is not None and self.metrics is not None:
+            self.metrics.adapter_requests(self.worker_id, req.adapter).inc()
         self._in_flight_changed(+1)
         try:
             async for chunk in self._stream(req):
@@ -277,6 +279,14 @@ class WorkerServicer(pb_grpc.WorkerServicer):
             await session.serve(request_iterator, context)
         finally:
             self._sessions.discard(session)
+
+    def _engine_request(self, request: pb.GenerateRequest) -> Request:
+        """The engine's view of ``request``, once checked; InvalidRequest if it is not one to serve
+        (UnknownModel if it names a model or adapter this engine does not serve)."""
+        validation.validate(request, max_model_len=self.engine.info.max_model_len)
+        self._check_tool_parsing(request)
+        adapter = self.engine.info.adapter(request.model)
+        return to_engine_request(request, self.cfg.stream_interval, adapter)
 
     def _check_tool_parsing(self, request: pb.GenerateRequest) -> None:
         if not request.parse_tool_calls:
@@ -480,7 +490,7 @@ async def start_worker(cfg: WorkerConfig, engine: Engine | None = None
         pb_grpc.add_WorkerServicer_to_server(servicer, server)
         return [pb.DESCRIPTOR.services_by_name["Worker"].full_name]
 
-    lifecycle = bootstrap.Lifecycle(on_drain=[servicer.drain], on_close=[engine.close])
+    lifecycle = bootstrap.Lifecycle(on_drain=[servicer.drain], on_close=[engine.close, servicer.close])
     if cfg.port:
         servicer.bind(cfg.port)
     try:

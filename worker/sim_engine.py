@@ -73,6 +73,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from meshserve.services.config import WorkerConfig
+from meshserve.services.offload import OFFLOAD_CHARS, Offload
 from meshserve.services.prompts import (
     SIM_TOKENIZER,
     block_hash,
@@ -93,6 +94,7 @@ from meshserve.worker.engine import (
     Request,
     TokenLogprob,
     UnknownModel,
+    prompt_chars,
     refuse_unsupported,
 )
 from meshserve.worker.kv_events import KvCacheView
@@ -127,6 +129,12 @@ def _uniform_logprob(at: int, num_top: int) -> TokenLogprob:
 
 def render_prompt(request: Request) -> str:
     return sim_render(request.prompt or "", request.messages, request.chat_template_kwargs, request.template_call)
+
+
+def _rendered(request: Request) -> tuple[str, list[int]]:
+    """The prompt's text and its token ids (off the event loop for a large prompt)."""
+    prompt = render_prompt(request)
+    return prompt, sim_tokenize(prompt)
 
 
 class BlockPool:
@@ -272,7 +280,8 @@ class SimEngine(Engine):
     """Simulates a vLLM engine's scheduling and latency; see the module docstring."""
 
     def __init__(
-        self, cfg: WorkerConfig, clock: Clock = time.monotonic, sleep: Sleep = asyncio.sleep
+        self, cfg: WorkerConfig, clock: Clock = time.monotonic, sleep: Sleep = asyncio.sleep,
+        offload_chars: int = OFFLOAD_CHARS,
     ) -> None:
         self.info = EngineInfo(
             engine="sim",
@@ -308,6 +317,9 @@ class SimEngine(Engine):
         self._prefix_hits = 0
         self._last_load = Load()
         self.num_preemptions = 0
+        # A prompt of ``offload_chars`` or more is tokenized off the event loop (a test on a fake
+        # clock keeps every prompt on it: the thread's time is not the clock's).
+        self._offload = Offload("sim-tokenizer", offload_chars)
 
     # -- Engine interface ------------------------------------------------------------------
 
@@ -325,7 +337,8 @@ class SimEngine(Engine):
     async def generate(self, request: Request) -> AsyncIterator[Delta]:
         # It draws words, not tokens of a grammar: it cannot honour a constraint, so it says so.
         refuse_unsupported(request, "sim", "structured_outputs")
-        seq = self._new_seq(request)
+        prompt, prompt_ids = await self._offload.run(prompt_chars(request), _rendered, request)
+        seq = self._new_seq(request, prompt, prompt_ids)
         if self._task is None or self._task.done():
             raise RuntimeError("the sim engine is not running")
         self._arrivals += 1
@@ -370,12 +383,11 @@ class SimEngine(Engine):
         for seq in list(self._live):
             self._finish(seq, "abort")
         self._notify()
+        self._offload.close()
 
     # -- requests --------------------------------------------------------------------------
 
-    def _new_seq(self, request: Request) -> _Seq:
-        prompt = render_prompt(request)
-        prompt_ids = sim_tokenize(prompt)
+    def _new_seq(self, request: Request, prompt: str, prompt_ids: list[int]) -> _Seq:
         total = len(prompt_ids) + request.max_tokens
         if total > self.info.max_model_len:
             raise PromptTooLong(

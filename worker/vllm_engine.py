@@ -13,6 +13,7 @@ from typing import Any
 import psutil
 
 from meshserve.services.config import DEFAULT_MODEL, WorkerConfig
+from meshserve.services.offload import Offload
 from meshserve.services.prompts import hf_prompt_ids
 from meshserve.services.validation import InvalidRequest
 from meshserve.worker.engine import (
@@ -27,6 +28,7 @@ from meshserve.worker.engine import (
     TokenLogprob,
     UnknownModel,
     merge_tool_calls,
+    prompt_chars,
 )
 from meshserve.worker.kv_events import KvCacheView
 from meshserve.worker.vllm_tools import ParsedStream, ToolCallStream, check_parser, reasoning_parsers
@@ -154,6 +156,9 @@ class VllmEngine(Engine):
         # --reasoning-parser: vLLM's combined parser classes, without and with tool calls
         self._parsers: dict[bool, Any] = {}
         self._lora_requests: dict[str, Any] = {}  # adapter name -> vLLM's LoRARequest
+        # A large prompt is rendered and tokenized off the event loop (the tokenizer is thread-safe
+        # for encoding: the loop and this thread may encode at once).
+        self._offload = Offload("vllm-tokenizer")
         self.info = EngineInfo(
             engine="vllm",
             model=cfg.model or DEFAULT_MODEL,
@@ -302,7 +307,7 @@ class VllmEngine(Engine):
 
         if self._llm is None:
             raise RuntimeError("the engine is not started")
-        prompt_ids = render_prompt(self._tokenizer, request)
+        prompt_ids = await self._offload.run(prompt_chars(request), render_prompt, self._tokenizer, request)
         check_fits(len(prompt_ids), request.max_tokens, self.info.max_model_len)
         continued = request.continue_token_ids  # a migrated stream: its output so far follows the prompt
         # --reasoning-parser: a chat's output goes through vLLM's combined parser (thinking, then
@@ -423,6 +428,7 @@ class VllmEngine(Engine):
         if self._kv_events is not None:
             await self._kv_events.close()
             self._kv_events = None
+        self._offload.close()
 
 
 @contextlib.contextmanager

@@ -5,16 +5,20 @@ gateway reach the engine."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator
 
 import grpc
 import pytest
 
 from meshserve.gateway.relay import RequestStream, WorkerSession
+from meshserve.services import validation
 from meshserve.services.config import SESSION_BATCH_HEADER, WorkerConfig
 from meshserve.services.gen import meshserve_pb2 as pb
 from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.offload import OFFLOAD_CHARS
 from meshserve.services.server import Running, insecure_channel
+from meshserve.worker import sim_engine
 from meshserve.worker.server import WorkerServicer, start_worker
 
 TIMEOUT = 30.0
@@ -211,3 +215,64 @@ async def test_the_gateway_sends_a_burst_as_one_message_to_a_worker_that_reads_b
         assert [[one.generate.request_id for one in m.batch] for m in later] == [burst]
     else:
         assert [m.generate.request_id for m in later] == burst and not any(m.batch for m in later)
+
+
+async def test_a_large_request_is_checked_and_tokenized_off_the_event_loop(
+    stub: pb_grpc.WorkerStub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long prompt is checked (and tokenized) in the worker's threads, a short one on the loop."""
+    checked_on: list[bool] = []
+    validate = validation.validate
+
+    def recording(*args: object, **kwargs: object) -> None:
+        checked_on.append(threading.current_thread() is threading.main_thread())
+        validate(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(validation, "validate", recording)
+    short = greedy("short", max_tokens=2)
+    long = greedy("long", max_tokens=2, prompt="p" * OFFLOAD_CHARS)
+
+    async def answer(request: pb.GenerateRequest) -> list[pb.GenerateResponse]:
+        return [c async for c in stub.Generate(request)]
+
+    async with asyncio.timeout(TIMEOUT):
+        answers = await asyncio.gather(answer(short), answer(long))
+    assert [a[-1].finish_reason for a in answers] == ["length", "length"]
+    assert sorted(checked_on) == [False, True]
+
+
+async def test_a_small_request_is_served_while_large_prompts_are_being_tokenized(
+    stub: pb_grpc.WorkerStub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three long prompts are held in the engine's tokenizer by the test; a short request sent
+    after them is answered in full meanwhile, before any of them, which finish once let go. (A
+    tokenizer on the event loop would hold the loop instead: nothing would be answered.)"""
+    tokenizing = threading.Event()
+    release = threading.Event()
+    tokenize = sim_engine.sim_tokenize
+
+    def held(text: str) -> list[int]:
+        if len(text) >= OFFLOAD_CHARS:
+            tokenizing.set()
+            if not release.wait(TIMEOUT):
+                raise RuntimeError("a long prompt was held past the test")
+        return tokenize(text)
+
+    monkeypatch.setattr(sim_engine, "sim_tokenize", held)
+    finished: list[str] = []
+
+    async def answer(request: pb.GenerateRequest) -> str:
+        chunks = [c async for c in stub.Generate(request, timeout=TIMEOUT)]
+        finished.append(request.request_id)
+        return chunks[-1].finish_reason
+
+    longs = [asyncio.create_task(answer(greedy(f"long{i}", max_tokens=2, prompt=f"{i} " + "p" * OFFLOAD_CHARS)))
+             for i in range(3)]
+    try:
+        assert await asyncio.to_thread(tokenizing.wait, TIMEOUT)
+        assert await answer(greedy("short", max_tokens=2)) == "length"
+        assert finished == ["short"] and not any(task.done() for task in longs)
+    finally:
+        release.set()
+    assert await asyncio.gather(*longs) == ["length"] * 3
+    assert finished[0] == "short"

@@ -6,15 +6,18 @@ import asyncio
 import dataclasses
 import itertools
 import math
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
 from meshserve.services.config import WorkerConfig
+from meshserve.services.offload import OFFLOAD_CHARS
 from meshserve.services.prompts import sim_tokenize as tokenize
 from meshserve.services.validation import InvalidRequest
 from meshserve.worker.engine import Delta, Load, PromptTooLong, Request
+from meshserve.worker import sim_engine
 from meshserve.worker.sim_engine import SimEngine
 
 
@@ -68,10 +71,11 @@ Make = Callable[..., Awaitable[tuple[SimEngine, FakeClock]]]
 async def make_engine() -> AsyncIterator[Make]:
     engines: list[SimEngine] = []
 
-    async def make(**overrides: object) -> tuple[SimEngine, FakeClock]:
+    async def make(offload_chars: float = math.inf, **overrides: object) -> tuple[SimEngine, FakeClock]:
         clock = FakeClock()
         cfg = WorkerConfig(**{"engine": "sim", "max_model_len": 4096, **overrides})  # type: ignore[arg-type]
-        engine = SimEngine(cfg, clock=clock, sleep=clock.sleep)
+        # Every prompt tokenized on the loop, unless a test says otherwise: a thread's time is not the clock's.
+        engine = SimEngine(cfg, clock=clock, sleep=clock.sleep, offload_chars=offload_chars)  # type: ignore[arg-type]
         await engine.start()
         engines.append(engine)
         return engine, clock
@@ -493,3 +497,22 @@ async def test_an_adapters_blocks_are_reported_on_its_own_chain(make_engine: Mak
     assert all(h in engine.kv_cache for h in block_hashes(ids, 16, parent=chain_root("a")))
     assert not any(h in engine.kv_cache for h in block_hashes(ids, 16))
     assert len({chain_root(None), chain_root("a"), chain_root("b")}) == 3
+
+
+@pytest.mark.parametrize(("prompt_chars", "on_the_loop"), [(OFFLOAD_CHARS - 1, True), (OFFLOAD_CHARS, False)])
+async def test_a_large_prompt_is_tokenized_off_the_event_loop(
+    make_engine: Make, monkeypatch: pytest.MonkeyPatch, prompt_chars: int, on_the_loop: bool
+) -> None:
+    """Below the threshold on the loop (a hop to a thread would cost more), from it on in the
+    engine's thread; refused the same way when it does not fit."""
+    threads: list[threading.Thread] = []
+
+    def recording(text: str) -> list[int]:
+        threads.append(threading.current_thread())
+        return tokenize(text)
+
+    monkeypatch.setattr(sim_engine, "sim_tokenize", recording)
+    engine, _ = await make_engine(offload_chars=OFFLOAD_CHARS, max_model_len=100)
+    with pytest.raises(PromptTooLong):
+        await anext(engine.generate(req("x" * prompt_chars, max_tokens=20)))
+    assert [t is threading.main_thread() for t in threads] == [on_the_loop]
