@@ -103,7 +103,7 @@ class PickStream:
 class RouterInProcess(Protocol):
     """What a gateway with ``--router embedded`` calls: the router's servicer, in this process."""
 
-    def answer(self, request: pb.PickRequest, embedded: bool = False) -> pb.PickResponse: ...
+    async def answer_off_loop(self, request: pb.PickRequest, embedded: bool = False) -> pb.PickResponse: ...
 
     def fleet_updates(self) -> AsyncIterator[pb.FleetUpdate]: ...
 
@@ -129,7 +129,7 @@ class LocalPicks:
         self._router = router
 
     async def pick(self, request: pb.PickRequest, timeout_s: float) -> pb.PickResponse:
-        resp = self._router.answer(request, embedded=True)
+        resp = await self._router.answer_off_loop(request, embedded=True)
         if resp.error_code:
             raise PickRefused(STATUS_BY_VALUE.get(resp.error_code, grpc.StatusCode.UNKNOWN), resp.error_message)
         return resp

@@ -14,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
+import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import prometheus_client
 
+from meshserve.services.offload import Offload
 from meshserve.services.prompts import ROOT_HASH, SIM_TOKENIZER, Encoder, block_hashes, cacheable_blocks, load_encoder
 
 log = logging.getLogger(__name__)
@@ -165,7 +167,11 @@ def _shared_length(a: str, b: str) -> int:
 
 
 class PromptBlocks:
-    """Hashes prompts once the workers said how (all workers of a router serve one model)."""
+    """Hashes prompts once the workers said how (all workers of a router serve one model).
+
+    A large prompt is hashed off the event loop (``chain_off_loop``, services.offload), so that
+    picks for other requests go on meanwhile. The tokens kept for reuse are the thread's and the
+    loop's in turn: a prompt hashed on the loop while the thread holds them is tokenized whole."""
 
     def __init__(self) -> None:
         self.tokenizer_name = ""
@@ -173,6 +179,8 @@ class PromptBlocks:
         self._reuse: TokenReuse | None = None
         self._failed: set[str] = set()
         self._loading = asyncio.Lock()  # one tokenizer load at a time, off the event loop
+        self._offload = Offload("router-tokenizer")
+        self._reuse_lock = threading.Lock()  # TokenReuse's memory: the loop's or the thread's
 
     @property
     def ready(self) -> bool:
@@ -210,8 +218,32 @@ class PromptBlocks:
         log.info("prefix view: tokenizer %s, blocks of %d tokens", tokenizer, block_size)
 
     def chain(self, prompt: str, messages: Sequence[Mapping[str, str]] | None) -> tuple[int, ...]:
-        """The hashes of the prompt's blocks an engine could take from its cache ((): not ready)."""
-        if self._reuse is None:
+        """The hashes of the prompt's blocks an engine could take from its cache ((): not ready),
+        on the event loop: never waits for the thread."""
+        return self._chain(prompt, messages, wait=False)
+
+    def large(self, chars: int) -> bool:
+        """Whether a prompt of about ``chars`` characters is hashed off the loop."""
+        return self._offload.large(chars)
+
+    async def chain_off_loop(self, prompt: str, messages: Sequence[Mapping[str, str]] | None) -> tuple[int, ...]:
+        """``chain``, in the thread (for a large prompt: ``large``)."""
+        return await self._offload.in_thread(self._chain, prompt, messages, True)
+
+    def _chain(self, prompt: str, messages: Sequence[Mapping[str, str]] | None, wait: bool) -> tuple[int, ...]:
+        reuse = self._reuse
+        if reuse is None:
             return ()
-        n, hashes = self._reuse.tokens(*self._reuse.encoder.render(prompt, messages))
+        text, special = reuse.encoder.render(prompt, messages)
+        if self._reuse_lock.acquire(blocking=wait):
+            try:
+                n, hashes = reuse.tokens(text, special)
+            finally:
+                self._reuse_lock.release()
+        else:  # the thread is hashing a large prompt: this one whole, without the kept tokens
+            ids, _ = reuse.encoder.encode(text, special)
+            n, hashes = len(ids), block_hashes(ids, self.block_size)
         return tuple(hashes[: cacheable_blocks(n, self.block_size)])
+
+    def close(self) -> None:
+        self._offload.close()

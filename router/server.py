@@ -4,6 +4,7 @@ reported yet) with the configured policy."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import random
@@ -124,8 +125,10 @@ class Router:
         INDEX_BLOCKS.labels(view="approx").set_function(lambda: len(self.approx))
         INDEX_BLOCKS.labels(view="pending").set_function(lambda: len(self.pending))
 
-    def pick(self, ctx: PickContext, messages: Sequence[Mapping[str, str]] | None = None) -> Pick:
-        """Chooses a worker for ``ctx`` (``messages``: a chat request's turns); raises NoWorker."""
+    def pick(self, ctx: PickContext, messages: Sequence[Mapping[str, str]] | None = None,
+             hashes: tuple[int, ...] | None = None) -> Pick:
+        """Chooses a worker for ``ctx`` (``messages``: a chat request's turns; ``hashes``: its
+        prompt's blocks, when they were hashed before, off the loop); raises NoWorker."""
         started = time.perf_counter()
         view = self.policy.prefix_view
         now = self._clock()
@@ -141,7 +144,8 @@ class Router:
             # for another model. The prefix view leaves adapter requests out.
             known.update(block_hashes=(), cached_blocks={})
         elif view and self.prefix.ready:
-            hashes = self.prefix.chain(ctx.prompt if not messages else "", messages)
+            if hashes is None:
+                hashes = self.prefix.chain(ctx.prompt if not messages else "", messages)
             known.update(block_hashes=hashes, cached_blocks=self._cached(view, hashes, now, fleet.rows))
         ctx = replace(ctx, **known)
         try:
@@ -226,7 +230,7 @@ class RouterServicer(pb_grpc.RouterServicer):
 
     async def Pick(self, request: pb.PickRequest, context: grpc.aio.ServicerContext) -> pb.PickResponse:
         try:
-            return self._answer(request)
+            return self._answer(request, await self.hashes(request))
         except NoWorker as e:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
             raise  # not reached: abort raises
@@ -240,27 +244,72 @@ class RouterServicer(pb_grpc.RouterServicer):
 
     async def PickBatches(self, request_iterator: AsyncIterator[pb.PickBatch],
                           context: grpc.aio.ServicerContext) -> None:
-        """The gateway's path: each batch of picks answered with one message, in order."""
-        async for batch in request_iterator:
-            await context.write(pb.PickBatchResponse(answers=[self.answer(r) for r in batch.picks]))
+        """The gateway's path: each batch of picks answered with one message, in order; a pick
+        whose large prompt is hashed off the loop, once hashed, in a message of its own (the
+        gateway finds each answer by its pick_id)."""
+        writing = asyncio.Lock()  # grpc.aio: one write at a time
+        later: set[asyncio.Task[None]] = set()
 
-    def answer(self, request: pb.PickRequest, embedded: bool = False) -> pb.PickResponse:
+        async def answer_later(request: pb.PickRequest) -> None:
+            answer = await self.answer_off_loop(request)
+            async with writing:
+                await context.write(pb.PickBatchResponse(answers=[answer]))
+
+        try:
+            async for batch in request_iterator:
+                now = []
+                for request in batch.picks:
+                    if self._large(request):
+                        task = asyncio.create_task(answer_later(request))
+                        later.add(task)
+                        task.add_done_callback(later.discard)
+                    else:
+                        now.append(self.answer(request))
+                if now:
+                    async with writing:
+                        await context.write(pb.PickBatchResponse(answers=now))
+            await asyncio.gather(*later)
+        finally:
+            for task in later:
+                task.cancel()
+
+    def _large(self, request: pb.PickRequest) -> bool:
+        """Whether ``request``'s prompt is hashed off the loop before its pick (an adapter's
+        request is not hashed at all: ``Router.pick``)."""
+        return (bool(self._router.policy.prefix_view) and self._router.prefix.ready and not request.adapter
+                and self._router.prefix.large(len(request.prompt) + sum(len(m.content) for m in request.messages)))
+
+    async def hashes(self, request: pb.PickRequest) -> tuple[int, ...] | None:
+        """The blocks of ``request``'s prompt hashed off the loop when it is large (None: the pick
+        hashes a small one itself, or needs none)."""
+        if not self._large(request):
+            return None
+        messages = [{"role": m.role, "content": m.content} for m in request.messages]
+        return await self._router.prefix.chain_off_loop(request.prompt if not messages else "", messages or None)
+
+    async def answer_off_loop(self, request: pb.PickRequest, embedded: bool = False) -> pb.PickResponse:
+        """``answer``, with a large prompt hashed off the event loop first."""
+        return self.answer(request, embedded, await self.hashes(request))
+
+    def answer(self, request: pb.PickRequest, embedded: bool = False,
+               hashes: tuple[int, ...] | None = None) -> pb.PickResponse:
         """The answer to one pick of a stream (a refusal as an answer, not a status), in a SERVER
         span of its own when the router exports spans; with ``embedded`` (a gateway picking in its
         own process) on the span that is current, the gateway's own "router pick"."""
         if embedded:
-            return self._answer_or_refusal(request, trace.get_current_span())
+            return self._answer_or_refusal(request, trace.get_current_span(), hashes)
         if not telemetry.exporting():  # a span nobody would see
-            return self._answer_or_refusal(request, trace.INVALID_SPAN)
+            return self._answer_or_refusal(request, trace.INVALID_SPAN, hashes)
         parent = telemetry.incoming_context(request.trace_context.items())
         with telemetry.server_span("Router/Pick", parent, PICKS_SPAN_ATTRIBUTES) as span:
-            return self._answer_or_refusal(request, span)
+            return self._answer_or_refusal(request, span, hashes)
 
-    def _answer_or_refusal(self, request: pb.PickRequest, span: trace.Span) -> pb.PickResponse:
+    def _answer_or_refusal(self, request: pb.PickRequest, span: trace.Span,
+                           hashes: tuple[int, ...] | None = None) -> pb.PickResponse:
         try:
             if request.deadline_unix_ms and time.time() * 1000 > request.deadline_unix_ms:
                 raise _Late()
-            answer = self._answer(request)
+            answer = self._answer(request, hashes)
         except (NoWorker, _Late) as e:
             code = grpc.StatusCode.DEADLINE_EXCEEDED if isinstance(e, _Late) else grpc.StatusCode.UNAVAILABLE
             if isinstance(e, _Late):
@@ -270,7 +319,7 @@ class RouterServicer(pb_grpc.RouterServicer):
         answer.pick_id = request.pick_id
         return answer
 
-    def _answer(self, request: pb.PickRequest) -> pb.PickResponse:
+    def _answer(self, request: pb.PickRequest, hashes: tuple[int, ...] | None = None) -> pb.PickResponse:
         """The pick for ``request``, logged and on the current span; raises NoWorker."""
         messages = [{"role": m.role, "content": m.content} for m in request.messages]
         ctx = PickContext(
@@ -282,7 +331,7 @@ class RouterServicer(pb_grpc.RouterServicer):
             adapter=request.adapter,
         )
         try:
-            pick = self._router.pick(ctx, messages or None)
+            pick = self._router.pick(ctx, messages or None, hashes)
         except NoWorker as e:
             log.warning("request %s: %s (excluded: %s)", request.request_id, e, sorted(ctx.exclude) or "none")
             raise
@@ -378,6 +427,7 @@ class RouterCore:
         if self.discovery is not None:  # first: nothing adds a worker to a watcher that is closing
             await self.discovery.close()
         await self.watcher.close()
+        self.router.prefix.close()
 
 
 def _service(

@@ -16,6 +16,7 @@ from meshserve.router.server import start_router
 from meshserve.services.config import RouterConfig, WorkerConfig
 from meshserve.services.gen import meshserve_pb2 as pb
 from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.offload import OFFLOAD_CHARS
 from meshserve.services.prompts import SimEncoder
 from meshserve.services.server import Running, insecure_channel
 from tests.integration.helpers import index_blocks, prefix_view_ready, until
@@ -141,6 +142,49 @@ async def test_a_pick_with_one_worker_to_choose_from_does_not_work_out_the_promp
         assert (choosing.worker_id, choosing.predicted_cached_tokens) == ("kv0", 12 * 16)
         assert (index_blocks("pending") or 0) >= 12
     finally:
+        await router.shutdown()
+        await channel.close()
+
+
+async def test_a_long_prompt_is_hashed_off_the_loop_while_the_other_picks_are_answered(
+    workers: list[tuple[Running, str]], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pick whose prompt is long is answered once its blocks are hashed in the router's thread,
+    in a message of its own; the short picks of its batch are answered meanwhile, and its
+    prediction is what it would have been on the loop."""
+    hashing = threading.Event()
+    release = threading.Event()
+    encode = SimEncoder.encode
+
+    def held_off_the_loop(self: SimEncoder, text: str, add_special_tokens: bool) -> object:
+        if threading.current_thread() is not threading.main_thread() and len(text) >= OFFLOAD_CHARS:
+            hashing.set()
+            release.wait(30)
+        return encode(self, text, add_special_tokens)
+
+    monkeypatch.setattr(SimEncoder, "encode", held_off_the_loop)
+    addresses = [a for _, a in workers]
+    router, stub, channel = await router_on(addresses)
+    try:
+        await compute_prefix(stub, addresses[1], "the router to index kv1's blocks")
+        long_prompt = PREFIX + " and then" * (OFFLOAD_CHARS // 9)
+        call = stub.PickBatches()
+        # The short pick goes to kv0: on kv1 it would add to kv1's load, which could outweigh the
+        # long prompt's cached blocks there.
+        short = pb.PickRequest(request_id="short", prompt="hello", pick_id=2, exclude=["kv1"])
+        await call.write(pb.PickBatch(picks=[pb.PickRequest(request_id="long", prompt=long_prompt, pick_id=1), short]))
+        async with asyncio.timeout(5):
+            first = await call.read()
+        assert [a.pick_id for a in first.answers] == [2] and hashing.is_set()
+        release.set()
+        async with asyncio.timeout(5):
+            second = await call.read()
+        (answer,) = second.answers
+        assert (answer.pick_id, answer.worker_id, answer.predicted_cached_tokens) == (1, "kv1", 12 * 16)
+        await call.done_writing()
+        assert await call.code() == grpc.StatusCode.OK
+    finally:
+        release.set()
         await router.shutdown()
         await channel.close()
 
