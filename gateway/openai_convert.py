@@ -19,6 +19,7 @@ from google.protobuf import json_format, struct_pb2
 
 from meshserve.services import openai_errors, validation
 from meshserve.services.config import RequestLimits
+from meshserve.services.offload import OFFLOAD_CHARS
 from meshserve.services.gen import meshserve_pb2 as pb
 from meshserve.services.validation import InvalidRequest
 
@@ -99,6 +100,16 @@ def _sampling(req: pb.ChatCompletionRequest | pb.CompletionRequest, out: pb.Gene
     out.model = req.model
     out.user = req.user
     _structured(req, out, limits.max_json_depth if limits is not None else None)
+
+
+def cost(req: pb.ChatCompletionRequest | pb.CompletionRequest | pb.TokenizeRequest) -> int:
+    """What converting ``req`` costs, as a size (services.offload decides by it where to convert
+    it): its size in bytes, and more for JSON schemas (tools, a response format), whose check
+    costs ~1.5 ms even when small."""
+    fields = req.DESCRIPTOR.fields_by_name
+    schemas = ("tools" in fields and len(req.tools)) or any(
+        name in fields and req.HasField(name) for name in ("structured_outputs", "response_format"))
+    return req.ByteSize() + (OFFLOAD_CHARS if schemas else 0)
 
 
 def _counted(req: pb.ChatCompletionRequest | pb.CompletionRequest, limits: RequestLimits | None) -> None:

@@ -184,8 +184,8 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
         return convert.fingerprint(await self._orch.weights())
 
     async def _convert(self, fn, request, context: grpc.aio.ServicerContext) -> pb.GenerateRequest:  # noqa: ANN001
-        try:
-            return fn(request, self._limits)
+        try:  # a large request (a long chat, JSON schemas) is converted and checked off the event loop
+            return await self._orch.checks.run(convert.cost(request), fn, request, self._limits)
         except InvalidRequest as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e), _trailers(param_metadata(e.param)))
             raise  # unreachable: abort raises

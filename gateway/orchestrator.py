@@ -33,6 +33,7 @@ from meshserve.gateway.selector import WorkerSelector
 from meshserve.gateway.stream_supervisor import Place, StreamSupervisor
 from meshserve.services import telemetry, tenants, validation
 from meshserve.services.config import GatewayConfig
+from meshserve.services.offload import Offload
 from meshserve.services.gen import meshserve_pb2 as pb
 from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
 from meshserve.services.request_record import RequestRecord, Timings
@@ -67,6 +68,8 @@ class Orchestrator:
         self._coalescer = Coalescer()
         self._selector = WorkerSelector(clients.picks, self.fleet, clients, cfg.pick_timeout_s, clock)
         self._streams = StreamSupervisor(self._selector, clients, cfg, clock)
+        # A large request (a long prompt, a JSON schema) is checked off the event loop.
+        self.checks = Offload("gateway-checks")
         metrics.FLIGHTS.set_function(lambda: len(self._coalescer))
 
     def start(self) -> None:
@@ -88,7 +91,7 @@ class Orchestrator:
         try:
             if request.model and request.model != self._cfg.model and request.model not in self.fleet.adapters():
                 await self.fleet.first_view()  # a gateway's first requests: the adapters it names may be there
-            req = self._admission.checked(request, tenant)
+            req = await self.checks.run(validation.check_cost(request), self._admission.checked, request, tenant)
             record.request_id = req.request_id
             record.client_request_id = request.request_id
             shown = request.request_id or req.request_id  # the id the client knows its chunks by
@@ -261,6 +264,7 @@ class Orchestrator:
         await self.fleet.close()
         await self._selector.close()
         await self._clients.close()
+        self.checks.close()
 
     def _finish(self, record: RequestRecord, status: grpc.StatusCode, detail: str) -> None:
         metrics.REQUESTS.labels(status.name).inc()

@@ -4,6 +4,7 @@ and the real cache servicer on a real Valkey."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -20,10 +21,12 @@ from meshserve.cache_service.server import CacheServicer
 from meshserve.cache_service.store import ExactStore
 from meshserve.gateway.entries import ExactEntries
 from meshserve.gateway.server import TENANT_METADATA, start_gateway
+from meshserve.services import validation
 from meshserve.services.cache_keys import connect, exact_key, parse_entry
 from meshserve.services.config import DEFAULT_MODEL, GatewayConfig
 from meshserve.services.gen import meshserve_pb2 as pb
 from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.offload import OFFLOAD_CHARS
 from meshserve.services.server import insecure_channel
 from tests.conftest import free_port
 from tests.integration.helpers import until, wait_until
@@ -649,6 +652,26 @@ async def test_a_message_past_the_gateways_receive_bound_is_refused_by_grpc_unre
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert m.a.calls == 0 and not m.router.picks
     assert joined(await collect(m.stub.Generate(greedy(prompt="p" * (60 * 2**10))))) == "".join(PIECES)
+
+
+async def test_a_large_request_is_checked_off_the_event_loop(
+    mesh: MeshFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long prompt or a JSON schema (its check costs milliseconds) is checked in the gateway's
+    thread; a short plain request on the loop, where a hop would cost more than the check."""
+    checked_on: list[bool] = []
+    validate = validation.validate
+
+    def recording(*args: Any, **kwargs: Any) -> None:
+        checked_on.append(threading.current_thread() is threading.main_thread())
+        validate(*args, **kwargs)
+
+    monkeypatch.setattr(validation, "validate", recording)
+    m = await mesh(cache="off")
+    schema = pb.StructuredOutputs(json='{"type": "object"}')
+    for request in (greedy(), greedy(prompt="p" * OFFLOAD_CHARS), greedy(structured_outputs=schema)):
+        assert joined(await collect(m.stub.Generate(request))) == "".join(PIECES)
+    assert checked_on == [True, False, False]
 
 
 async def test_worker_invalid_argument_is_passed_through_without_failover(mesh: MeshFactory) -> None:
