@@ -46,6 +46,15 @@ HEALTH_PATH = "/health"                 # GET: 200 when a worker can serve, 503 
 API_HEADER = "x-meshserve-api"        # set by the Lua filter: "openai" or "json" (shapes error bodies)
 API_KEYS_ENV = tenants.API_KEYS_ENV   # "KEY=TENANT,KEY=TENANT": keys from the environment
 NATIVE_JSON_PREFIX = "/v1/generate"   # our own JSON API; every other /v1/ path speaks OpenAI
+# JSON nests no deeper in a body the Lua filter passes on: protobuf's parser (the transcoder's)
+# reads no deeper either, and the gateway bounds a request's JSON fields far below it.
+EDGE_MAX_JSON_DEPTH = 100
+# Envoy's edge guide (configuration/best_practices/edge): per HTTP/2 stream and connection, the
+# flow-control windows a client gets (Envoy's defaults, 256 MiB each, let one client make Envoy
+# buffer that much).
+HTTP2_STREAM_WINDOW_BYTES = 64 * 2**10
+HTTP2_CONNECTION_WINDOW_BYTES = 2**20
+EDGE_IDLE_TIMEOUT_S = 3600  # a client connection with no request for this long is closed
 
 
 def envoy_binary() -> str:
@@ -117,7 +126,8 @@ def load_api_keys(cfg: EnvoyConfig, environ: dict[str, str] | os._Environ[str] =
     return tenants.load_keys(cfg.api_keys_file, environ).tenants
 
 
-def _lua_schemas(schemas: dict[str, dict[str, list[str]]], http_edge: bool = False) -> str:
+def _lua_schemas(schemas: dict[str, dict[str, list[str]]], http_edge: bool = False,
+                 max_body_bytes: int = 2**20) -> str:
     def table(keys: list[str]) -> str:
         return "{" + ", ".join(f'["{k}"] = true' for k in keys) + "}"
 
@@ -134,6 +144,7 @@ def _lua_schemas(schemas: dict[str, dict[str, list[str]]], http_edge: bool = Fal
         f'NATIVE_PREFIX = "{NATIVE_JSON_PREFIX}"\nAPI_HEADER = "{API_HEADER}"\n'
         f'PARAM_HEADER = "{validation.PARAM_METADATA}"\n'
         f"EDGE_PATHS = {{{edge}}}\n"
+        f"MAX_BODY_BYTES = {max_body_bytes}\nMAX_JSON_DEPTH = {EDGE_MAX_JSON_DEPTH}\n"
         + openai_errors.lua_table()
     )
 
@@ -197,8 +208,8 @@ def _http_filters(cfg: EnvoyConfig, descriptor: Path, keys: dict[str, str]) -> l
         filters.append(rate_limit)
     strict_json = _typed(
         "envoy.extensions.filters.http.lua.v3.Lua",
-        default_source_code={"inline_string": _lua_schemas(json_schemas(descriptor), bool(cfg.http_gateways))
-                             + STRICT_JSON_LUA.read_text()},
+        default_source_code={"inline_string": _lua_schemas(json_schemas(descriptor), bool(cfg.http_gateways),
+                                                           cfg.max_request_bytes) + STRICT_JSON_LUA.read_text()},
     )
     transcoder = _typed(
         "envoy.extensions.filters.http.grpc_json_transcoder.v3.GrpcJsonTranscoder",
@@ -231,11 +242,12 @@ LOCAL_REPLIES: dict[int, tuple[str, str, str | None]] = {
     405: ("invalid_request_error", "method_not_allowed", None),
     413: ("invalid_request_error", "request_too_large", "request body larger than {max_request_bytes} bytes"),
     429: ("rate_limit_error", "rate_limit_exceeded", "rate limit exceeded; retry after the 'retry-after' seconds"),
+    500: ("server_error", "internal", None),
     503: ("overloaded_error", "overloaded", "the service is overloaded or unavailable; retry later"),
     504: ("timeout", "timeout", "upstream timed out"),
 }
 # gRPC code of each status, for our own JSON API's {"code", "message", "details"} shape.
-GRPC_CODES = {400: 3, 401: 16, 403: 7, 404: 12, 405: 12, 413: 8, 429: 8, 503: 14, 504: 4}
+GRPC_CODES = {400: 3, 401: 16, 403: 7, 404: 12, 405: 12, 413: 8, 429: 8, 500: 13, 503: 14, 504: 4}
 # Circuit-breaker overflow (response flag UO, Envoy's 503 + x-envoy-overloaded) is the gateways'
 # capacity reached, refused by Envoy itself: it reaches clients as the gateway's own refusal does
 # (429 / RESOURCE_EXHAUSTED, same OpenAI type and code, retry-after).
@@ -645,6 +657,23 @@ def build_config(
         )},
         stream_idle_timeout=_seconds(cfg.stream_idle_timeout_s),
         request_timeout="0s",
+        # An edge, as Envoy's edge guide sets one: the client's address is the connection's (a
+        # client's X-Forwarded-For and x-envoy-* headers are not believed), its headers arrive in
+        # time, a header name with "_" (which an upstream could read as "-") is refused, and one
+        # connection holds a bounded number of streams and of buffered bytes.
+        use_remote_address=True,
+        internal_address_config={"cidr_ranges": []},
+        preserve_external_request_id=True,  # the client's X-Request-Id, kept (above)
+        request_headers_timeout=_seconds(cfg.request_headers_timeout_s),
+        common_http_protocol_options={
+            "idle_timeout": _seconds(EDGE_IDLE_TIMEOUT_S),
+            "headers_with_underscores_action": "REJECT_REQUEST",
+        },
+        http2_protocol_options={
+            "max_concurrent_streams": cfg.http2_max_concurrent_streams,
+            "initial_stream_window_size": HTTP2_STREAM_WINDOW_BYTES,
+            "initial_connection_window_size": HTTP2_CONNECTION_WINDOW_BYTES,
+        },
         access_log=_access_log(),
         route_config={
             "name": "meshserve",
@@ -689,15 +718,28 @@ def build_config(
             "clusters": clusters,
         },
         "overload_manager": {
+            # Envoy's edge guide: past 95% of its heap Envoy gives memory back to the system, past
+            # 98% it refuses new requests (503) rather than grow until it is killed.
+            "refresh_interval": "0.25s",
             "resource_monitors": [
+                {
+                    "name": "envoy.resource_monitors.fixed_heap",
+                    "typed_config": _typed("envoy.extensions.resource_monitors.fixed_heap.v3.FixedHeapConfig",
+                                           max_heap_size_bytes=cfg.max_heap_bytes),
+                },
                 {
                     "name": "envoy.resource_monitors.global_downstream_max_connections",
                     "typed_config": _typed(
                         "envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig",
                         max_active_downstream_connections=cfg.max_connections * 4,
                     ),
-                }
-            ]
+                },
+            ],
+            "actions": [
+                {"name": f"envoy.overload_actions.{action}",
+                 "triggers": [{"name": "envoy.resource_monitors.fixed_heap", "threshold": {"value": level}}]}
+                for action, level in (("shrink_heap", 0.95), ("stop_accepting_requests", 0.98))
+            ],
         },
     }
     if cfg.otlp_endpoint:

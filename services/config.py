@@ -479,6 +479,13 @@ class EnvoyConfig:
     max_stream_duration_s: float = _f(600.0, "longest a stream may last")
     unary_timeout_s: float = _f(120.0, "timeout of unary calls")
     max_request_bytes: int = _f(1024 * 1024, "largest HTTP/JSON request body; beyond: 413")
+    http2_max_concurrent_streams: int = _f(
+        100, "most streams a client may have open on one HTTP/2 connection (Envoy's edge guide; "
+             "`meshserve bench` opens a connection per 100 users)", minimum=1)
+    request_headers_timeout_s: float = _f(10.0, "a client must have sent a request's headers within this long")
+    max_heap_bytes: int = _f(
+        2**30, "Envoy's heap bound: past 95% of it Envoy returns free memory to the system, past 98% it refuses "
+               "new requests (503); keep it below the memory limit of Envoy's container", minimum=64 * 2**20)
     api_keys_file: str = _f(
         "", "bearer API keys, one 'KEY TENANT' per line ('#' comments); empty (and no MESHSERVE_API_KEYS): no auth"
     )

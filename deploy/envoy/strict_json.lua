@@ -9,9 +9,12 @@
 -- 3. Marks the request's API (API_HEADER: "openai" or "json") so Envoy's own error replies get
 --    that API's shape (local_reply_config), and reshapes gRPC errors on OpenAI paths into
 --    OpenAI's {"error": {...}} body.
+-- The scan is bounded: a body larger than MAX_BODY_BYTES is refused (413), JSON nested deeper than
+-- MAX_JSON_DEPTH (400); and it fails closed: an error in this script refuses the request (500),
+-- which Envoy would otherwise pass on unchecked.
 -- SCHEMAS, STREAM_PATHS, OPENAI_ROOT (OpenAI paths outside /v1/), NATIVE_PREFIX, API_HEADER,
--- PARAM_HEADER and EDGE_PATHS (where streams go when the gateways' HTTP edges are on) are
--- prepended by deploy/envoy_config.py.
+-- PARAM_HEADER, EDGE_PATHS (where streams go when the gateways' HTTP edges are on),
+-- MAX_BODY_BYTES and MAX_JSON_DEPTH are prepended by deploy/envoy_config.py.
 
 local function skip_ws(s, i)
   return s:find("[^ \t\r\n]", i) or #s + 1
@@ -31,7 +34,7 @@ end
 
 local parse_value
 
-local function parse_object(s, i, path, schema, bad)
+local function parse_object(s, i, path, schema, bad, depth)
   i = skip_ws(s, i + 1)
   if s:sub(i, i) == "}" then return i + 1 end
   local allowed = schema[path]
@@ -45,7 +48,7 @@ local function parse_object(s, i, path, schema, bad)
     i = skip_ws(s, i)
     if s:sub(i, i) ~= ":" then return nil end
     local start = skip_ws(s, i + 1)
-    i = parse_value(s, start, child, schema, bad)
+    i = parse_value(s, start, child, schema, bad, depth)
     if not i then return nil end
     if child == "stream" then bad.stream = s:sub(start, i - 1) end
     i = skip_ws(s, i)
@@ -56,11 +59,11 @@ local function parse_object(s, i, path, schema, bad)
   end
 end
 
-local function parse_array(s, i, path, schema, bad)
+local function parse_array(s, i, path, schema, bad, depth)
   i = skip_ws(s, i + 1)
   if s:sub(i, i) == "]" then return i + 1 end
   while true do
-    i = parse_value(s, i, path .. "[]", schema, bad)
+    i = parse_value(s, i, path .. "[]", schema, bad, depth)
     if not i then return nil end
     i = skip_ws(s, i)
     local c = s:sub(i, i)
@@ -70,10 +73,18 @@ local function parse_array(s, i, path, schema, bad)
   end
 end
 
-parse_value = function(s, i, path, schema, bad)
+-- The index after the JSON value at i (nil: not JSON, or nested past MAX_JSON_DEPTH, which sets
+-- bad.deep); depth: the objects and arrays around it.
+parse_value = function(s, i, path, schema, bad, depth)
   local c = s:sub(i, i)
-  if c == "{" then return parse_object(s, i, path, schema, bad) end
-  if c == "[" then return parse_array(s, i, path, schema, bad) end
+  if c == "{" or c == "[" then
+    if depth >= MAX_JSON_DEPTH then
+      bad.deep = true
+      return nil
+    end
+    if c == "{" then return parse_object(s, i, path, schema, bad, depth + 1) end
+    return parse_array(s, i, path, schema, bad, depth + 1)
+  end
   if c == '"' then
     local _, j = parse_string(s, i)
     return j
@@ -91,6 +102,11 @@ local function is_openai(path)
   return OPENAI_ROOT[path] or (path:sub(1, 4) == "/v1/" and path:sub(1, #NATIVE_PREFIX) ~= NATIVE_PREFIX)
 end
 
+-- A refusal that local_reply_config shapes per API (it has a mapper for the status).
+local function reply(handle, status, message)
+  handle:respond({ [":status"] = tostring(status), ["content-type"] = "text/plain" }, message)
+end
+
 -- A 400 for a request body, in the API's error shape.
 local function refuse(handle, openai, message)
   if openai then -- local_reply_config wraps it in OpenAI's error shape
@@ -103,7 +119,7 @@ local function refuse(handle, openai, message)
   end
 end
 
-function envoy_on_request(handle)
+local function on_request(handle)
   local headers = handle:headers()
   local path = (headers:get(":path") or ""):gsub("%?.*", "")
   local ctype = headers:get("content-type") or ""
@@ -124,9 +140,17 @@ function envoy_on_request(handle)
   end
   local body = handle:body()
   if not body or body:length() == 0 then return end
+  if body:length() > MAX_BODY_BYTES then -- the listener's buffer limit refuses it first
+    reply(handle, 413, "request body larger than " .. MAX_BODY_BYTES .. " bytes")
+    return
+  end
   local s = body:getBytes(0, body:length())
   local bad = {}
-  local i = parse_value(s, skip_ws(s, 1), "", schema, bad)
+  local i = parse_value(s, skip_ws(s, 1), "", schema, bad, 0)
+  if bad.deep then
+    refuse(handle, openai, "the request body nests JSON deeper than " .. MAX_JSON_DEPTH .. " levels")
+    return
+  end
   if i and bad[1] then
     refuse(handle, openai, "unknown field '" .. json_escape(bad[1]) .. "' in the request body")
     return
@@ -147,6 +171,14 @@ function envoy_on_request(handle)
   end
 end
 
+function envoy_on_request(handle)
+  local ok, err = pcall(on_request, handle)
+  if not ok then -- Envoy would pass the request on unchecked: refuse it instead
+    handle:logErr("meshserve request check failed: " .. tostring(err))
+    reply(handle, 500, "the edge could not check this request; it was not served")
+  end
+end
+
 -- ERROR_TYPES (gRPC status code -> OpenAI error type and code) is rendered from
 -- services/openai_errors.py by deploy/envoy_config.py, as SCHEMAS is.
 
@@ -163,7 +195,7 @@ local function raw_string(s, key)
   end
 end
 
-function envoy_on_response(handle)
+local function on_response(handle)
   local meta = handle:streamInfo():dynamicMetadata():get("meshserve")
   if not meta or meta["openai"] ~= "1" then return end
   local headers = handle:headers()
@@ -190,4 +222,11 @@ function envoy_on_response(handle)
   headers:remove("grpc-message")
   headers:remove(PARAM_HEADER)
   if code == 8 and not headers:get("retry-after") then headers:replace("retry-after", "1") end
+end
+
+function envoy_on_response(handle)
+  local ok, err = pcall(on_response, handle)
+  if not ok then -- the error answer goes on in the gateway's shape: logged, not hidden
+    handle:logErr("meshserve error reshaping failed: " .. tostring(err))
+  end
 end

@@ -15,6 +15,7 @@ from pathlib import Path
 import grpc
 import prometheus_client
 import pytest
+import yaml
 
 from meshserve.commands.launcher import MeshSpec
 from meshserve.deploy import envoy_config as envoy
@@ -157,9 +158,13 @@ async def invalid_argument(target: str, **fields: object) -> str:
 
 
 @contextmanager
-def run_envoy(cfg: EnvoyConfig, path: Path) -> Iterator[str]:
-    """The real Envoy on a config generated from ``cfg``; yields its listener's host:port."""
-    envoy.write_config(cfg, path)
+def run_envoy(cfg: EnvoyConfig, path: Path, bootstrap: dict | None = None) -> Iterator[str]:
+    """The real Envoy on a config generated from ``cfg`` (or on ``bootstrap``, a config built from
+    it and changed); yields its listener's host:port."""
+    if bootstrap is None:
+        envoy.write_config(cfg, path)
+    else:
+        path.write_text(yaml.safe_dump(bootstrap, sort_keys=False))
     proc = subprocess.Popen(envoy.command(path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 30

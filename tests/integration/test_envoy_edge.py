@@ -237,3 +237,69 @@ def test_the_stats_listener_serves_prometheus_stats_and_nothing_else_of_the_admi
         for method, path in (("GET", "/config_dump"), ("POST", "/quit"), ("POST", envoy.STATS_PATH), ("GET", "/")):
             assert httpx.request(method, f"{stats}{path}").status_code == 404, (method, path)
         assert httpx.get(f"http://127.0.0.1:{cfg.admin_port}/ready").status_code == 200  # still on loopback
+
+
+# -- the edge's bounds (Envoy's edge guide, the Lua scanner's own) ---------------------------------
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize("depth", [envoy.EDGE_MAX_JSON_DEPTH, 20_000])
+async def test_json_nested_past_the_scanners_depth_is_a_400_the_backend_never_sees(
+    edge: str, backend: tuple[EchoInference, int], depth: int
+) -> None:
+    servicer, _ = backend
+    seen = len(servicer.requests)
+    body = '{"prompt": "hi", "stop": ' + nested(depth) + "}"  # the body's own object is one level more
+    async with httpx.AsyncClient(base_url=f"http://{edge}") as client:
+        r = await client.post("/v1/generate", content=body, headers={"content-type": "application/json"})
+        openai = await client.post("/v1/completions", content=body.replace('"stop"', '"logit_bias"'),
+                                   headers={"content-type": "application/json"})
+        ok = await client.post("/v1/generate", json={"prompt": "still serving"})
+    deeper = f"nests JSON deeper than {envoy.EDGE_MAX_JSON_DEPTH} levels"
+    assert r.status_code == 400 and deeper in r.json()["message"], r.text
+    assert openai.status_code == 400 and deeper in openai.json()["error"]["message"], openai.text
+    assert len(servicer.requests) == seen + 1 and ok.status_code == 200
+
+
+async def test_a_header_name_with_an_underscore_is_refused(edge: str, backend: tuple[EchoInference, int]) -> None:
+    servicer, _ = backend
+    seen = len(servicer.requests)
+    async with httpx.AsyncClient(base_url=f"http://{edge}") as client:
+        r = await client.post("/v1/generate", json={"prompt": "hi"}, headers={"x_meshserve_tenant": "someone-else"})
+    assert r.status_code == 400
+    assert len(servicer.requests) == seen
+
+
+@pytest.fixture(scope="module")
+def broken_edge(backend: tuple[EchoInference, int], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Envoy whose Lua scanner fails on every body it reads: its error must refuse the request."""
+    _, port = backend
+    cfg = EnvoyConfig(listen_port=free_port(), admin_port=free_port(), gateways=[f"127.0.0.1:{port}"])
+    bootstrap = envoy.build_config(cfg)
+    lua = next(f["typed_config"]["default_source_code"]
+               for f in bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+               ["typed_config"]["http_filters"] if f["name"] == "envoy.filters.http.lua")
+    lua["inline_string"] += '\nparse_value = function() error("the scanner broke") end\n'
+    with run_envoy(cfg, tmp_path_factory.mktemp("broken-envoy") / "envoy.yaml", bootstrap) as address:
+        yield address
+
+
+async def test_an_error_in_the_scanner_refuses_the_request_in_each_apis_shape(
+    broken_edge: str, backend: tuple[EchoInference, int]
+) -> None:
+    servicer, _ = backend
+    seen = len(servicer.requests)
+    async with httpx.AsyncClient(base_url=f"http://{broken_edge}") as client:
+        native = await client.post("/v1/generate", json={"prompt": "hi"})
+        openai = await client.post("/v1/completions", json={"model": "m", "prompt": "hi"})
+    assert native.status_code == 500 and native.json()["code"] == grpc.StatusCode.INTERNAL.value[0], native.text
+    assert "could not check this request" in native.json()["message"]
+    assert openai.status_code == 500, openai.text
+    assert (openai.json()["error"]["type"], openai.json()["error"]["code"]) == ("server_error", "internal")
+    assert len(servicer.requests) == seen
+    async with insecure_channel(broken_edge) as channel:  # gRPC is not scanned: served as before
+        reply = await pb_grpc.InferenceStub(channel).Complete(pb.GenerateRequest(prompt="grpc"))
+    assert reply.text == "GRPC"

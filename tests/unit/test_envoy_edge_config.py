@@ -150,3 +150,34 @@ def test_health_is_routed_without_api_key_or_rate_limit() -> None:
     assert {name: c["disabled"] for name, c in probe["typed_per_filter_config"].items()} == {
         "envoy.filters.http.api_key_auth": True, "envoy.filters.http.local_ratelimit": True}
     assert any(r["match"].get("path") == "/meshserve.v1.OpenAI/Health" for r in routes)
+
+
+def test_the_listener_is_an_edge_as_envoys_edge_guide_sets_one(tmp_path: Path) -> None:
+    """Envoy's edge best practices (configuration/best_practices/edge): the client's address from
+    the connection, header timeout, underscores refused, HTTP/2 streams and windows bounded, and
+    the overload manager on a fixed heap; the real Envoy accepts the config."""
+    cfg = EnvoyConfig(http2_max_concurrent_streams=64, request_headers_timeout_s=5, max_heap_bytes=2**29)
+    bootstrap = envoy.build_config(cfg, api_keys={})
+    hcm = _hcm(bootstrap)
+    assert hcm["use_remote_address"] is True and hcm["internal_address_config"] == {"cidr_ranges": []}
+    assert hcm["preserve_external_request_id"] is True  # a client's X-Request-Id is still its own
+    assert hcm["request_headers_timeout"] == "5s"
+    assert hcm["common_http_protocol_options"]["headers_with_underscores_action"] == "REJECT_REQUEST"
+    assert hcm["http2_protocol_options"] == {"max_concurrent_streams": 64, "initial_stream_window_size": 65536,
+                                             "initial_connection_window_size": 1048576}
+    overload = bootstrap["overload_manager"]
+    heap = next(m for m in overload["resource_monitors"] if m["name"] == "envoy.resource_monitors.fixed_heap")
+    assert heap["typed_config"]["max_heap_size_bytes"] == 2**29
+    assert {a["name"]: a["triggers"][0]["threshold"]["value"] for a in overload["actions"]} == {
+        "envoy.overload_actions.shrink_heap": 0.95, "envoy.overload_actions.stop_accepting_requests": 0.98}
+    path = tmp_path / "envoy.yaml"
+    envoy.write_config(cfg, path, api_keys={})
+    envoy.validate(path)
+
+
+def test_the_lua_scanner_is_bounded_by_the_body_limit_and_a_depth() -> None:
+    lua = _filters(envoy.build_config(EnvoyConfig(max_request_bytes=4096), api_keys={}))["envoy.filters.http.lua"]
+    source = lua["default_source_code"]["inline_string"]
+    assert "MAX_BODY_BYTES = 4096\n" in source and f"MAX_JSON_DEPTH = {envoy.EDGE_MAX_JSON_DEPTH}\n" in source
+    # every entry point fails closed: the script's own functions run under pcall
+    assert "pcall(on_request, handle)" in source and "pcall(on_response, handle)" in source
