@@ -197,9 +197,11 @@ def chat_turns(messages: Sequence[Any]) -> list[dict[str, Any]]:
 
 
 def _arguments(text: str) -> Any:
+    """A past call's arguments as the template gets them: parsed, or the text itself when it is
+    not JSON, or nests deeper than Python's parser recurses."""
     try:
         return json.loads(text)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return text
 
 

@@ -69,6 +69,15 @@ def test_an_answers_thinking_in_the_history_reaches_a_template_that_shows_it(tok
     assert showing.decode(hf_prompt_ids(showing, "", turns)) == "2+2?</s><think>two and two</think>4</s>"
 
 
+def test_a_past_calls_arguments_reach_the_template_parsed_or_as_their_text() -> None:
+    """Arguments that are JSON are parsed; text that is not, or JSON nested deeper than Python's
+    parser recurses, stays text (a request, not a server error)."""
+    deep = "[" * 5000 + "]" * 5000
+    calls = [pb.ToolCall(id=str(i), name="f", arguments=text) for i, text in enumerate(['{"x": 1}', "not json", deep])]
+    (turn,) = chat_turns([pb.ChatMessage(role="assistant", tool_calls=calls)])
+    assert [c["function"]["arguments"] for c in turn["tool_calls"]] == [{"x": 1}, "not json", deep]
+
+
 def test_the_final_message_left_open_or_no_turn_opened(tokenizer: Any) -> None:
     """vLLM's continue_final_message (the model continues an answer begun for it) and
     add_generation_prompt false, through the model's template as transformers renders them."""
