@@ -298,6 +298,18 @@ def test_envoy_serves_tls_from_the_secret_it_mounts(tmp_path: Path) -> None:
     envoy.validate(envoy.write_config(cfg, tmp_path / "envoy.yaml", api_keys={}))
 
 
+def test_envoys_overload_manager_acts_below_its_memory_limit(objects: list[dict[str, Any]]) -> None:
+    """Envoy stops taking requests (its overload manager, on its heap) before the kernel kills it
+    at the container's memory limit."""
+    settings = yaml.safe_load(_named(objects, "ConfigMap", _name("envoy"))["data"]["envoy-settings.yaml"])
+    container = _named(objects, "Deployment", _name("envoy"))["spec"]["template"]["spec"]["containers"][0]
+    limit = container["resources"]["limits"]["memory"]
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
+    limit_bytes = int(limit[:-2]) * units[limit[-2:]]
+    heap = settings.get("max_heap_bytes", EnvoyConfig.max_heap_bytes)
+    assert heap <= 0.8 * limit_bytes, (heap, limit)
+
+
 def test_client_certificates_need_the_tls_secret() -> None:
     with pytest.raises(Exception, match="requireClientCertificate needs envoy.tls.secretName"):
         chart.render({"apiKeys": chart.API_KEYS, "envoy": {"tls": {"requireClientCertificate": True}}})
