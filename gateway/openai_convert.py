@@ -272,7 +272,10 @@ def _template_kwargs(req: pb.ChatCompletionRequest | pb.TokenizeRequest, out: pb
 
 SERVICE_TIERS = ("auto", "default", "flex", "scale", "priority")
 # OpenAI's tiers as vLLM priorities (lower is served first), when the request gives no priority.
-TIER_PRIORITY = {"priority": -1, "flex": 1}
+# "flex" asks to be served later. "priority" asks for nothing a tenant is not given: urgency is the
+# keys file's to grant (a tenant's priority=), and a client sending OpenAI's tier is served at its
+# tenant's priority, as OpenAI serves an account without Priority processing at the default tier.
+TIER_PRIORITY = {"flex": 1}
 VERBOSITIES = ("low", "medium", "high")
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512  # OpenAI's limits
 MAX_SAFETY_IDENTIFIER = 64

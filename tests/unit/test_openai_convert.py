@@ -154,7 +154,7 @@ def test_openais_informational_fields_are_accepted_and_checked() -> None:
 
 
 @pytest.mark.parametrize(("body", "priority"), [
-    ({}, None), ({"service_tier": "priority"}, -1), ({"service_tier": "flex"}, 1), ({"service_tier": "auto"}, None),
+    ({}, None), ({"service_tier": "priority"}, None), ({"service_tier": "flex"}, 1), ({"service_tier": "auto"}, None),
     ({"priority": 7}, 7), ({"priority": 7, "service_tier": "priority"}, 7),  # vLLM's own field wins
 ])
 def test_priority_and_the_service_tier_ask_for_a_priority(body: dict, priority: int | None) -> None:
