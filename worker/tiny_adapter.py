@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import zlib
 from pathlib import Path
 
@@ -60,20 +58,12 @@ def ensure_adapter(name: str, seed: int | None = None, rank: int = DEFAULT_RANK,
         raise ValueError(f"rank {rank} is not one vLLM serves; choose one of {', '.join(map(str, RANKS))}")
     seed = default_seed(name) if seed is None else seed
     target = Path(output) if output is not None else default_adapter_dir(name, seed, rank)
-    if (target / "adapter_config.json").exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    _write(tmp, seed, rank)
-    try:
-        os.rename(tmp, target)
-    except OSError:
-        if not (target / "adapter_config.json").exists():
-            raise
-        shutil.rmtree(tmp, ignore_errors=True)  # another process built it first
-    return target
+
+    def build(tmp: Path) -> None:
+        tmp.mkdir()
+        _write(tmp, seed, rank)
+
+    return tiny_model.build_once(target, "adapter_config.json", build)
 
 
 def _write(out: Path, seed: int, rank: int) -> None:

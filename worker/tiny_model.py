@@ -12,6 +12,7 @@ import hashlib
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from meshserve.services.config import DEFAULT_MODEL, default_cache_dir
@@ -60,17 +61,24 @@ def ensure_model(cache_dir: Path | None = None, decisive: bool = False) -> Path:
     """The model's folder, built on first use. The build goes to a temporary folder renamed into
     place, so a folder that exists is complete (concurrent builders: the first rename wins)."""
     target = Path(cache_dir) if cache_dir is not None else default_model_dir(decisive)
-    if (target / "config.json").exists():
+    return build_once(target, "config.json", lambda tmp: _build(tmp, decisive))
+
+
+def build_once(target: Path, marker: str, build: Callable[[Path], None]) -> Path:
+    """``target``, built by ``build`` into a temporary folder renamed into place unless it holds
+    ``marker`` already: a folder that exists is complete (concurrent builders: the first rename
+    wins)."""
+    if (target / marker).exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    log.info("building the tiny model into %s", target)
-    _build(tmp, decisive)
+    log.info("building %s", target)
+    build(tmp)
     try:
         os.rename(tmp, target)
     except OSError:
-        if not (target / "config.json").exists():
+        if not (target / marker).exists():
             raise
         shutil.rmtree(tmp, ignore_errors=True)  # another process built it first
     return target
