@@ -61,9 +61,10 @@ def prompt(i: int, tag: str) -> str:
     return f"{tag} user {i}: tell me a long story about the number {i * 7919 % 1000}"
 
 
-async def stream(channel: grpc.aio.Channel, text: str, seen: asyncio.Queue[str], max_tokens: int) -> Answer:
+async def stream(channel: grpc.aio.Channel, text: str, seen: asyncio.Queue[str], max_tokens: int,
+                 model: str = "") -> Answer:
     answer = Answer()
-    request = pb.GenerateRequest(prompt=text, max_tokens=max_tokens, temperature=0, cache="off")
+    request = pb.GenerateRequest(prompt=text, max_tokens=max_tokens, temperature=0, cache="off", model=model)
     async for chunk in pb_grpc.InferenceStub(channel).Generate(request, timeout=TIMEOUT_S):
         answer.tokens += chunk.token_ids
         answer.text += chunk.text
@@ -78,12 +79,12 @@ async def stream(channel: grpc.aio.Channel, text: str, seen: asyncio.Queue[str],
 
 
 async def run(mesh: Mesh, tag: str, fault: signal.Signals | None = None, max_tokens: int = MAX_TOKENS,
-              signalled: Callable[[Proc], None] = lambda _: None) -> tuple[list[Answer], str]:
+              signalled: Callable[[Proc], None] = lambda _: None, model: str = "") -> tuple[list[Answer], str]:
     """USERS concurrent streams; with ``fault``, the worker serving the most of them gets the
     signal once every stream has its first token. Returns the answers and the victim."""
     seen: asyncio.Queue[str] = asyncio.Queue()
     async with insecure_channel(mesh.envoy_address) as channel:
-        tasks = [asyncio.create_task(stream(channel, prompt(i, tag), seen, max_tokens)) for i in range(USERS)]
+        tasks = [asyncio.create_task(stream(channel, prompt(i, tag), seen, max_tokens, model)) for i in range(USERS)]
         victim = ""
         proc = None
         if fault is not None:
@@ -130,6 +131,29 @@ async def test_streams_of_a_lost_worker_continue_elsewhere_unchanged(fleet: Mesh
     if fault == signal.SIGSTOP:
         # Found by the unanswered keepalive pings within the stall timeout (plus a ping period).
         assert max(gaps) < STALL_TIMEOUT_S + 2.0
+
+
+@pytest.fixture(scope="module")
+def lora_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
+    lora = WorkerConfig(sim_itl_base_ms=8.0, enable_lora=True, max_loras=2,
+                        lora_modules=["support=/adapters/support", "legal=/adapters/legal"])
+    spec = mesh_spec(tmp_path_factory.mktemp("faults-lora"), "sim", workers=3, worker=lora,
+                     gateway=GatewayConfig(stall_timeout_s=STALL_TIMEOUT_S), supervise=RestartPolicy())
+    with Mesh(spec) as mesh:
+        yield mesh
+
+
+async def test_a_stream_on_an_adapter_continues_on_that_adapter_elsewhere(lora_fleet: Mesh) -> None:
+    """Streams on the adapter `support` whose worker is killed go on, on another worker, with the
+    same adapter: the answers are the undisturbed ones, which are not the base model's."""
+    base, _ = await run(lora_fleet, "lora", model="")
+    undisturbed, _ = await run(lora_fleet, "lora", model="support")
+    assert all(a.tokens != b.tokens for a, b in zip(undisturbed, base, strict=True))  # the adapter's own
+    faulted, victim = await run(lora_fleet, "lora", signal.SIGKILL, model="support")
+    spliced = [a for a in faulted if a.workers[0] == victim and a.workers[-1] != victim]
+    assert spliced, "no stream moved off the victim"
+    for before, after in zip(undisturbed, faulted, strict=True):
+        assert (after.tokens, after.text, after.finish_reason) == (before.tokens, before.text, "length")
 
 
 def router_picks(mesh: Mesh) -> float:
