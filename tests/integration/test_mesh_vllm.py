@@ -105,8 +105,10 @@ def mesh(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator
                 break
         children = psutil.Process(proc.pid).children(recursive=True)
         assert len(children) >= 6, [c.name() for c in children]  # valkey, cache, worker, router, gateway, envoy
+        # The embedded Valkey's password is in its config file, which only this user reads.
+        password = (run_dir / "valkey.conf").read_text().split("requirepass ", 1)[1].split()[0]
         yield UpMesh(proc, f"127.0.0.1:{ports['port']}", f"127.0.0.1:{ports['worker']}", run_dir, output,
-                     f"redis://127.0.0.1:{ports['redis']}/0")
+                     f"redis://:{password}@127.0.0.1:{ports['redis']}/0")
     finally:
         children = psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []
         proc.send_signal(signal.SIGINT)  # what Ctrl-C does
