@@ -13,7 +13,7 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import aclosing
+from contextlib import AsyncExitStack, aclosing
 from typing import TypeVar, cast
 
 import grpc
@@ -216,18 +216,19 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
         cancels the other choices). ``limit``: what the client called the token limit."""
         tenant = self._tenant(context)
         failure: GatewayError
-        if len(reqs) == 1:
-            try:
-                return [await self._orch.complete(reqs[0], tenant)]
-            except GatewayError as e:
-                failure = e
-        else:
-            try:
-                async with asyncio.TaskGroup() as group:
-                    tasks = [group.create_task(self._orch.complete(r, tenant)) for r in reqs]
-                return [t.result() for t in tasks]
-            except* GatewayError as errors:
-                failure = cast(GatewayError, errors.exceptions[0])
+        try:
+            async with self._orch.account(reqs, tenant) as bill:
+                if len(reqs) == 1:
+                    return [await self._orch.complete(reqs[0], tenant, bill.choices[0])]
+                try:
+                    async with asyncio.TaskGroup() as group:
+                        tasks = [group.create_task(self._orch.complete(r, tenant, sent))
+                                 for r, sent in zip(reqs, bill.choices, strict=True)]
+                    return [t.result() for t in tasks]
+                except* GatewayError as errors:
+                    failure = cast(GatewayError, errors.exceptions[0])
+        except GatewayError as e:
+            failure = e
         failure = _as_sent(failure, limit)
         await context.abort(failure.code, failure.message, trailing_metadata=failure.trailers)
         raise AssertionError("unreachable: abort raises")
@@ -247,20 +248,23 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
         sent = False
         usages: dict[int, pb.Usage] = {}
         tenant = self._tenant(context)
-        # aclosing: a cancelled client cancels the worker calls now, not when the generator is collected.
-        async with aclosing(interleave([self._orch.generate(r, tenant) for r in reqs])) as stream:
-            try:
+        try:
+            async with AsyncExitStack() as stack:
+                bill = await stack.enter_async_context(self._orch.account(reqs, tenant))
+                # aclosing: a cancelled client cancels the worker calls now, not when the generator is collected.
+                stream = await stack.enter_async_context(aclosing(interleave(
+                    [self._orch.generate(r, tenant, choice) for r, choice in zip(reqs, bill.choices, strict=True)])))
                 async for index, c in stream:
                     if c.HasField("usage"):
                         usages[index] = c.usage
                     sent = True
                     yield chunk(index, c)
-            except GatewayError as e:
-                e = _as_sent(e, limit)
-                if not sent:
-                    await context.abort(e.code, e.message, trailing_metadata=e.trailers)
-                yield failed(e)
-                return
+        except GatewayError as e:
+            e = _as_sent(e, limit)
+            if not sent:
+                await context.abort(e.code, e.message, trailing_metadata=e.trailers)
+            yield failed(e)
+            return
         if usage is not None:
             yield usage(convert.total_usage([usages[i] for i in sorted(usages)]))
 

@@ -1,6 +1,7 @@
 """The gateway's request pipeline, one stage a module:
 
-    Admission -> ResponseCache -> Coalescer -> flow control -> WorkerSelector -> StreamSupervisor -> store
+    Admission (+ tenant limits) -> ResponseCache -> Coalescer -> flow control -> WorkerSelector
+    -> StreamSupervisor -> store; each client request's usage -> the ledger
 
 Plain async Python over protobuf messages; the servicers in ``gateway.server`` and
 ``gateway.openai_servicer`` only map ``GatewayError`` to a status.
@@ -13,8 +14,8 @@ import functools
 import logging
 import math
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from contextlib import aclosing
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager, nullcontext
 from typing import TypeVar
 
 import grpc
@@ -27,11 +28,13 @@ from meshserve.gateway.errors import GatewayError, invalid
 from meshserve.gateway.fleet import FleetView
 from meshserve.gateway.flights import Flight
 from meshserve.gateway.flow import FlowController
+from meshserve.gateway.ledger import Bill, Ledger, Sent
+from meshserve.gateway.limits import Limits
 from meshserve.gateway.relay import add_tool_call_piece
 from meshserve.gateway.response_cache import CacheKey, ResponseCache
 from meshserve.gateway.selector import WorkerSelector
 from meshserve.gateway.stream_supervisor import Place, StreamSupervisor
-from meshserve.services import telemetry, tenants, validation
+from meshserve.services import cache_keys, telemetry, tenants, validation
 from meshserve.services.config import GatewayConfig
 from meshserve.services.offload import Offload
 from meshserve.services.gen import meshserve_pb2 as pb
@@ -57,6 +60,11 @@ class Orchestrator:
         self.fleet = FleetView(clients.watch_fleet)
         self._tenants = tenants.load_keys(cfg.api_keys_file)
         self._admission = Admission(cfg.model, cfg.max_in_flight, self._tenants.of, self.fleet.adapters, cfg)
+        redis = cache_keys.connect(cfg.redis_url, socket_timeout_s=cfg.limits_timeout_s) if cfg.redis_url else None
+        self._limits = Limits(self._tenants.of, redis, cfg.tenant_key_prefix, cfg.flow_fleet_share,
+                              cfg.limits_timeout_s, clock)
+        self.ledger = Ledger(redis, cfg.tenant_key_prefix, cfg.limits_timeout_s)
+        self._redis = redis
         self._flow: FlowController | None = None
         if cfg.flow_control == "on":
             best = min((s.priority for s in self._tenants.settings.values()), default=tenants.DEFAULT.priority)
@@ -74,12 +82,45 @@ class Orchestrator:
 
     def start(self) -> None:
         self.fleet.start()
+        self._limits.start()
+        self.ledger.start()
 
-    async def generate(self, request: pb.GenerateRequest, tenant: str) -> AsyncIterator[pb.GenerateResponse]:
+    @asynccontextmanager
+    async def account(self, reqs: Sequence[pb.GenerateRequest], tenant: str) -> AsyncIterator[Bill]:
+        """One client request of ``reqs`` choices (OpenAI's ``n``; 1 otherwise), admitted within its
+        tenant's limits (GatewayError when one is exceeded); when it ends, its reservation is settled
+        to the usage it was sent (the bill its choices are generated into) and that usage goes to
+        the ledger."""
+        reservation = await self._limits.admit(reqs, tenant)
+        bill = Bill.of(len(reqs))
+        try:
+            yield bill
+        finally:
+            self._limits.settle(reservation, bill.tokens(validation.prompt_tokens_estimate(reqs[0])))
+            self.ledger.add(tenant, bill)
+
+    def _own_account(self, req: pb.GenerateRequest, tenant: str, sent: Sent | None
+                     ) -> AbstractAsyncContextManager[Sent]:
+        """``sent`` (a choice of a request accounted for by the caller), or ``req``'s own account."""
+        if sent is not None:
+            return nullcontext(sent)
+
+        @asynccontextmanager
+        async def own() -> AsyncIterator[Sent]:
+            async with self.account([req], tenant) as bill:
+                yield bill.choices[0]
+
+        return own()
+
+    async def generate(self, request: pb.GenerateRequest, tenant: str, sent: Sent | None = None
+                       ) -> AsyncIterator[pb.GenerateResponse]:
         """Streams the completion of ``request``; raises GatewayError to end with a status.
+        ``sent``: where the chunks are tallied when ``request`` is a choice of a client request the
+        caller accounts for (``account``); else the request is its own.
 
         1. Admission: the request is checked and given an id of the gateway's (the client's own,
-           if it sent one, is what its chunks carry), then admitted or refused at once.
+           if it sent one, is what its chunks carry), then admitted (within the gateway's bound and
+           its tenant's limits) or refused at once.
         2. A deterministic request's answer is shared: the cache's, or the one generation of its
            identical requests in flight (a flight), stored once finished.
         3. Otherwise (sampled, or the cache off) the request is streamed from a worker the
@@ -96,7 +137,8 @@ class Orchestrator:
             record.client_request_id = request.request_id
             shown = request.request_id or req.request_id  # the id the client knows its chunks by
             with self._admission.admitted():
-                async with aclosing(await self._answer(req, tenant, record)) as chunks:
+                async with self._own_account(req, tenant, sent) as tally, \
+                        aclosing(await self._answer(req, tenant, record)) as chunks:
                     async for chunk in chunks:
                         if last is None:
                             record.cached = chunk.cached  # an answer from the cache is all cached
@@ -106,6 +148,7 @@ class Orchestrator:
                         # leader's): relabelled with the leader's id, which readers relabel again.
                         if chunk.request_id != shown:
                             chunk.request_id = shown
+                        tally.add(chunk)
                         yield chunk
         except GatewayError as e:
             status, detail = e.code, e.message
@@ -192,13 +235,14 @@ class Orchestrator:
         workers' sequences (0: none serving, or their sizes not known yet)."""
         return math.ceil(self.fleet.sequences() * self._cfg.flow_fleet_share)
 
-    async def complete(self, request: pb.GenerateRequest, tenant: str) -> pb.CompleteResponse:
+    async def complete(self, request: pb.GenerateRequest, tenant: str, sent: Sent | None = None
+                       ) -> pb.CompleteResponse:
         """The same pipeline as ``generate``, aggregated into one message."""
         out = pb.CompleteResponse(request_id=request.request_id)
         texts: list[str] = []
         thinking: list[str] = []
         joined = pb.GenerateResponse()  # its tool_calls: the pieces joined, one per call
-        async with aclosing(self.generate(request, tenant)) as stream:
+        async with aclosing(self.generate(request, tenant, sent)) as stream:
             async for chunk in stream:
                 texts.append(chunk.text)
                 thinking.append(chunk.reasoning)
@@ -261,6 +305,10 @@ class Orchestrator:
     async def close(self) -> None:
         """Lets pending cache stores finish (bounded by the cache timeout), then closes channels."""
         await self._coalescer.close(self._cfg.cache_timeout_s)
+        await self._limits.close()
+        await self.ledger.close()
+        if self._redis is not None:
+            await self._redis.aclose()
         await self.fleet.close()
         await self._selector.close()
         await self._clients.close()

@@ -377,9 +377,15 @@ class GatewayConfig(ServerConfig, RoutingConfig, RequestLimits):
                            "and no hop per pick; each gateway then counts only its own picks")
     cache: str = _f("127.0.0.1:50053", "cache address host:port ('' disables the cache)")
     redis_url: str = _f(
-        "", "the cache's Redis/Valkey URL: the gateway reads and writes exact entries there itself, a hop fewer "
-            "per lookup and per store (the cache service indexes them by meaning and answers semantic lookups); "
-            "'' asks the cache service for both", env=REDIS_URL_ENV)
+        "", "the mesh's (and the cache's) Redis/Valkey URL: the gateway reads and writes exact entries there "
+            "itself, a hop fewer per lookup and per store (the cache service indexes them by meaning and answers "
+            "semantic lookups), and shares the tenants' limits and the usage ledger there with the other "
+            "gateways; '': the cache service is asked for both, and the limits and usage are this gateway's own",
+        env=REDIS_URL_ENV)
+    tenant_key_prefix: str = _f("meshserve:tenants:", "prefix of the tenants' limit and usage keys in --redis-url")
+    limits_timeout_s: float = _f(
+        0.25, "a tenant's limits wait for Redis this long at most; then (and for a second) this gateway decides "
+             "alone with its --flow-fleet-share of each limit (see docs/operations.md)")
     cache_key_prefix: str = _f(CACHE_KEY_PREFIX, "the cache service's key prefix (its --key-prefix), for --redis-url")
     cache_ttl_seconds: int = _f(3600, "how long an entry the gateway writes lives (the cache's --ttl-seconds)")
     cache_max_entry_bytes: int = _f(
