@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "health": ("meshserve.commands.health_cmd", "ask a service's gRPC health service whether it serves (exit 0 if so)"),
     "trace": ("meshserve.commands.trace_cmd", "print one trace from the local trace receiver as a waterfall"),
     "traces": ("meshserve.commands.traces_cmd", "list the slowest recent traces in the local trace receiver"),
+    "usage": ("meshserve.commands.usage_cmd", "the usage ledger per tenant, summed across the gateways (--json for scripts)"),
     "top": ("meshserve.commands.top", "a live terminal view of a running mesh (workers, gateway, router, cache, Envoy)"),
 }
 

@@ -123,6 +123,7 @@ class Ledger:
         self._wake = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
         self._closing = False
+        self._own: dict[str, dict[str, Tally]] = defaultdict(lambda: defaultdict(Tally))  # this gateway's
 
     def start(self) -> None:
         if self._redis is not None:
@@ -131,6 +132,7 @@ class Ledger:
     def add(self, tenant: str, bill: Bill) -> None:
         label = tenant or "-"
         for answered, t in bill.tallies().items():
+            self._own[tenant][answered] += t
             if t.requests:
                 REQUESTS.labels(label, answered).inc(t.requests)
             for kind in ("prompt", "completion", "cached_prompt"):
@@ -172,9 +174,15 @@ class Ledger:
             self._wake.set()
             return False
 
+    @property
+    def shared(self) -> bool:
+        return self._redis is not None
+
     async def read(self) -> dict[str, dict[str, Tally]]:
-        """Every tenant's ledger, summed across the gateways: tenant -> how answered -> tally."""
-        assert self._redis is not None
+        """Every tenant's ledger: tenant -> how answered -> tally; summed across the gateways in
+        Redis, or this gateway's own since it started when it has none. Redis errors propagate."""
+        if self._redis is None:
+            return {tenant: dict(rows) for tenant, rows in self._own.items()}
         async with asyncio.timeout(self._timeout_s * 10):
             tenants = sorted(t.decode() for t in await self._redis.smembers(self._prefix + "tenants"))
             async with self._redis.pipeline(transaction=False) as pipe:

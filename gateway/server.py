@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 
+from meshserve.gateway import admin
 from meshserve.gateway.clients import Clients
 from meshserve.gateway.entries import ExactEntries
 from meshserve.gateway.http_edge import HttpEdge
@@ -74,12 +75,14 @@ def _build(
                                              entries))
     inference = InferenceServicer(orchestrator)
     openai = OpenAIServicer(orchestrator, cfg.model, _tenant, limits=cfg)
+    operators = admin.GatewayAdminServicer(orchestrator.ledger)
 
     def register(server: grpc.aio.Server) -> list[str]:
         orchestrator.start()
         pb_grpc.add_InferenceServicer_to_server(inference, server)
         pb_grpc.add_OpenAIServicer_to_server(openai, server)
-        names = [SERVICE_NAME, OpenAIServicer.SERVICE_NAME]
+        pb_grpc.add_GatewayAdminServicer_to_server(operators, server)
+        names = [SERVICE_NAME, OpenAIServicer.SERVICE_NAME, admin.SERVICE_NAME]
         if core is not None:  # the router's view is asked here (meshserve top, a router's clients)
             pb_grpc.add_RouterServicer_to_server(core.servicer, server)
             core.start("gateway's router")

@@ -832,6 +832,36 @@ class ModelList(_message.Message):
     data: _containers.RepeatedCompositeFieldContainer[Model]
     def __init__(self, object: _Optional[str] = ..., data: _Optional[_Iterable[_Union[Model, _Mapping]]] = ...) -> None: ...
 
+class UsageRequest(_message.Message):
+    __slots__ = ("tenant",)
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    def __init__(self, tenant: _Optional[str] = ...) -> None: ...
+
+class TenantUsage(_message.Message):
+    __slots__ = ("tenant", "answered", "requests", "prompt_tokens", "completion_tokens", "cached_prompt_tokens")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    ANSWERED_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    answered: str
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    cached_prompt_tokens: int
+    def __init__(self, tenant: _Optional[str] = ..., answered: _Optional[str] = ..., requests: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ...) -> None: ...
+
+class UsageReport(_message.Message):
+    __slots__ = ("usage", "shared")
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
+    usage: _containers.RepeatedCompositeFieldContainer[TenantUsage]
+    shared: bool
+    def __init__(self, usage: _Optional[_Iterable[_Union[TenantUsage, _Mapping]]] = ..., shared: _Optional[bool] = ...) -> None: ...
+
 class TokenizeRequest(_message.Message):
     __slots__ = ("model", "prompt", "messages", "tools", "chat_template_kwargs", "add_generation_prompt", "continue_final_message")
     MODEL_FIELD_NUMBER: _ClassVar[int]

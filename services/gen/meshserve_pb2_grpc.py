@@ -573,6 +573,92 @@ class OpenAI:
             _registered_method=True)
 
 
+class GatewayAdminStub:
+    """---------------------------------------------------------------------------------------------
+    The gateway's operators' service: on the gateway's own port, not routed by Envoy
+    ---------------------------------------------------------------------------------------------
+
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Usage = channel.unary_unary(
+                '/meshserve.v1.GatewayAdmin/Usage',
+                request_serializer=meshserve__pb2.UsageRequest.SerializeToString,
+                response_deserializer=meshserve__pb2.UsageReport.FromString,
+                _registered_method=True)
+
+
+class GatewayAdminServicer:
+    """---------------------------------------------------------------------------------------------
+    The gateway's operators' service: on the gateway's own port, not routed by Envoy
+    ---------------------------------------------------------------------------------------------
+
+    """
+
+    def Usage(self, request, context):
+        """The usage ledger: per tenant, what the clients were sent, by how it was answered; every
+        gateway's counts summed in the mesh's Redis (a gateway without one: its own since it started).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_GatewayAdminServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Usage': grpc.unary_unary_rpc_method_handler(
+                    servicer.Usage,
+                    request_deserializer=meshserve__pb2.UsageRequest.FromString,
+                    response_serializer=meshserve__pb2.UsageReport.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'meshserve.v1.GatewayAdmin', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('meshserve.v1.GatewayAdmin', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class GatewayAdmin:
+    """---------------------------------------------------------------------------------------------
+    The gateway's operators' service: on the gateway's own port, not routed by Envoy
+    ---------------------------------------------------------------------------------------------
+
+    """
+
+    @staticmethod
+    def Usage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshserve.v1.GatewayAdmin/Usage',
+            meshserve__pb2.UsageRequest.SerializeToString,
+            meshserve__pb2.UsageReport.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
 class WorkerStub:
     """Missing associated documentation comment in .proto file."""
 

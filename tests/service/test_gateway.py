@@ -218,6 +218,7 @@ class Mesh:
     key_prefix: str = ""
     reads_redis: bool = False  # the gateway reads and writes exact entries there itself
     openai: pb_grpc.OpenAIStub | None = None  # the gateway's OpenAI service (its health check)
+    admin: pb_grpc.GatewayAdminStub | None = None  # the gateway's operators' service (the usage ledger)
 
 
 MeshFactory = Callable[..., Awaitable[Mesh]]
@@ -274,7 +275,8 @@ async def mesh(redis_url: str) -> AsyncIterator[MeshFactory]:
             channel = insecure_channel(f"127.0.0.1:{running.port}")
             stack.push_async_callback(channel.close)
             return Mesh(pb_grpc.InferenceStub(channel), fake_router, workers["A"], workers["B"], observed,
-                        router_servers[0], url, prefix, reads_redis, pb_grpc.OpenAIStub(channel))
+                        router_servers[0], url, prefix, reads_redis, pb_grpc.OpenAIStub(channel),
+                        pb_grpc.GatewayAdminStub(channel))
 
         yield make
 
