@@ -32,6 +32,7 @@ pytestmark = pytest.mark.integration
 
 KEYS = {"sk-alice-0123456789": "alice", "sk-bob-0123456789": "bob", "sk-carol-0123456789": "carol"}
 ALICE, BOB, CAROL = KEYS
+DAVE, DAVE_TPM = "sk-dave-0123456789", 200  # a tenant with a budget of tokens a minute
 MODEL = DEFAULT_MODEL
 MAX_BODY = 64 * 1024
 WEIGHTS = "sim-weights-v7"  # the workers' --weights-id: the answers' system_fingerprint
@@ -42,7 +43,7 @@ LONG = 1500  # max_tokens of a stream that stays open for seconds (sim: ~7 ms pe
 @pytest.fixture(scope="module")
 def keys_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("keys") / "api-keys.txt"
-    path.write_text("# test keys\n" + "".join(f"{k} {t}\n" for k, t in KEYS.items()))
+    path.write_text("# test keys\n" + "".join(f"{k} {t}\n" for k, t in KEYS.items()) + f"{DAVE} dave tpm={DAVE_TPM}\n")
     return path
 
 
@@ -460,6 +461,25 @@ async def test_gateway_overload_is_a_quick_429_with_retry_after(mesh: Mesh) -> N
             assert gateway_refusals(mesh) == refused_by_gateway + 2
     await gateway_idle(mesh)
     ok = await client(mesh, CAROL).completions.create(model=MODEL, prompt="x", max_tokens=2)
+    assert ok.choices[0].finish_reason == "length"
+
+
+async def test_a_tenant_over_its_tokens_a_minute_gets_a_429_naming_the_limit_and_others_do_not(mesh: Mesh) -> None:
+    body = {"messages": [{"role": "user", "content": "spend my budget"}], "max_tokens": 40}
+    async with httpx.AsyncClient(base_url=f"http://{mesh.envoy_address}", timeout=30) as http:
+        for _ in range(DAVE_TPM // 40 + 2):
+            r = await http.post("/v1/chat/completions", headers=auth(DAVE), json=body)
+            if r.status_code != 200:
+                break
+        assert r.status_code == 429, r.text
+        assert int(r.headers["retry-after"]) >= 1
+        error = r.json()["error"]
+        assert error["type"] == "rate_limit_error" and "tenant dave is over its tpm limit" in error["message"]
+        streamed = await http.post("/v1/chat/completions", headers=auth(DAVE), json={**body, "stream": True})
+        assert streamed.status_code == 429, streamed.text
+        assert "tpm" in streamed.json()["error"]["message"] and int(streamed.headers["retry-after"]) >= 1
+    ok = await client(mesh, BOB).chat.completions.create(model=MODEL, max_tokens=2,
+                                                        messages=[{"role": "user", "content": "still served"}])
     assert ok.choices[0].finish_reason == "length"
 
 
