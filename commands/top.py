@@ -163,11 +163,15 @@ class Span:
         values = {dict(series).get(label, "") for series in self.new.get(name, {})}
         return {value: self.increase(name, **{label: value}) for value in sorted(values)}
 
-    def buckets(self, histogram: str) -> list[tuple[float, float]]:
-        """Cumulative (upper bound, count) of the observations made in the span, all series summed."""
+    def buckets(self, histogram: str, **labels: str) -> list[tuple[float, float]]:
+        """Cumulative (upper bound, count) of the observations made in the span, the series that
+        carry ``labels`` summed."""
         by_bound: dict[float, float] = {}
+        want = labels.items()
         old = self.old.get(f"{histogram}_bucket", {})
         for series, value in self.new.get(f"{histogram}_bucket", {}).items():
+            if not want <= dict(series).items():
+                continue
             bound = float(dict(series)["le"])
             by_bound[bound] = by_bound.get(bound, 0.0) + increase(old.get(series, 0.0), value)
         return sorted(by_bound.items())
@@ -190,11 +194,11 @@ def quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
     return lower
 
 
-def merged_buckets(spans: Iterable[Span], histogram: str) -> list[tuple[float, float]]:
+def merged_buckets(spans: Iterable[Span], histogram: str, **labels: str) -> list[tuple[float, float]]:
     """One histogram's buckets over several endpoints (every gateway)."""
     total: dict[float, float] = {}
     for span in spans:
-        for bound, count in span.buckets(histogram):
+        for bound, count in span.buckets(histogram, **labels):
             total[bound] = total.get(bound, 0.0) + count
     return sorted(total.items())
 
@@ -378,6 +382,37 @@ def _gateways(snap: Snapshot, wide: bool) -> RenderableType:
     return table
 
 
+def _tenants(snap: Snapshot) -> RenderableType | None:
+    """Per tenant, over every gateway: requests waiting for a place on the fleet now, their wait
+    (p50/p99, last minute), refusals in the last minute (flow control's and the tenant's limits')
+    and output tokens a second; None while no gateway has seen a tenant."""
+    from rich.table import Table
+
+    recent, minute = list(snap.spans("gateway", RATE_S).values()), list(snap.spans("gateway", WINDOW_S).values())
+    names: set[str] = set()
+    for span in recent:
+        for name in ("meshserve_gateway_flow_queued", "meshserve_gateway_tenant_requests_total",
+                     "meshserve_gateway_flow_refused_total", "meshserve_gateway_limits_refused_total"):
+            names |= {dict(series).get("tenant", "") for series in span.new.get(name, {})}
+    names.discard("")
+    if not names:
+        return None
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    table.add_column("tenant", no_wrap=True)
+    for column in ("queued", "wait p50", "wait p99", "refused/min", "out tok/s"):
+        table.add_column(column, justify="right", no_wrap=True)
+    for tenant in sorted(names, key=_natural):
+        queued = sum(value for s in recent for series, value in s.new.get("meshserve_gateway_flow_queued", {}).items()
+                     if dict(series).get("tenant") == tenant)
+        waits = merged_buckets(minute, "meshserve_gateway_flow_wait_seconds", tenant=tenant)
+        refused = sum(s.increase(name, tenant=tenant) for s in minute for name in (
+            "meshserve_gateway_flow_refused_total", "meshserve_gateway_limits_refused_total"))
+        tokens = sum(s.rate("meshserve_gateway_tenant_tokens_total", tenant=tenant, kind="completion") for s in recent)
+        table.add_row(tenant, f"{queued:.0f}", _secs(quantile(0.5, waits)), _secs(quantile(0.99, waits)),
+                      f"{refused:.0f}", _num(tokens))
+    return table
+
+
 def _line(label: str, items: Sequence[str]) -> RenderableType:
     from rich.text import Text
 
@@ -438,8 +473,10 @@ def render(snap: Snapshot, width: int) -> RenderableType:
     header.append(f"  {clock}  /s: last {RATE_S:.0f} s · p50/p99, hit %: last {WINDOW_S:.0f} s")
     if wide:
         header.append(f" · {snap.mesh.run_dir}")
-    parts: list[RenderableType] = [header, Text(), _workers(snap, wide), Text(), _gateways(snap, wide), Text(),
-                                   _router(snap), _cache(snap), _envoy(snap)]
+    parts: list[RenderableType] = [header, Text(), _workers(snap, wide), Text(), _gateways(snap, wide), Text()]
+    if (tenants := _tenants(snap)) is not None:
+        parts += [tenants, Text()]
+    parts += [_router(snap), _cache(snap), _envoy(snap)]
     if snap.errors:
         parts.append(Text("unreachable: " + ", ".join(f"{n} ({why})" for n, why in sorted(snap.errors.items())),
                           style="red"))

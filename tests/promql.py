@@ -38,7 +38,9 @@ def exported_names(text: str) -> set[str]:
         if line.startswith("# TYPE "):
             _, _, name, kind = line.split(maxsplit=3)
             names.add(name)
-            if kind == "histogram":
+            if kind == "counter":  # prometheus_client's family name; its samples end in _total
+                names.add(f"{name}_total")
+            elif kind == "histogram":
                 names |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
             elif kind == "summary":
                 names |= {f"{name}_sum", f"{name}_count"}

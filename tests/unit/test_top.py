@@ -201,3 +201,47 @@ def test_several_gateways_have_a_row_each_and_one_for_all(tmp_path: Path) -> Non
     assert _row(lines, "gateway")[:6] == ["gateway", "16", "5.8", "0.5", "0.2", "55ms"]
     assert _row(lines, "gateway-1")[:6] == ["gateway-1", "16", "5.8", "0.5", "0.2", "55ms"]
     assert _row(lines, "all")[:6] == ["all", "32", "11.5", "1.0", "0.5", "55ms"]  # sums; percentiles of both
+
+
+def _tenant_metrics(t: float) -> top.Metrics:
+    """A gateway after ``t`` seconds: tenant "batch" with 3 requests queued, waiting ~0.3 s and
+    refused twice a second (flow control and its limits), "chat" with none of that."""
+    registry = prometheus_client.CollectorRegistry()
+    queued = prometheus_client.Gauge("meshserve_gateway_flow_queued", "", ["tenant"], registry=registry)
+    wait = prometheus_client.Histogram("meshserve_gateway_flow_wait_seconds", "", ["tenant"],
+                                       buckets=[0.1, 0.5, 1.0], registry=registry)
+    flow_refused = prometheus_client.Counter("meshserve_gateway_flow_refused_total", "", ["tenant", "reason"],
+                                             registry=registry)
+    limit_refused = prometheus_client.Counter("meshserve_gateway_limits_refused_total", "", ["tenant", "limit"],
+                                              registry=registry)
+    tokens = prometheus_client.Counter("meshserve_gateway_tenant_tokens_total", "", ["tenant", "kind", "answered"],
+                                       registry=registry)
+    queued.labels("batch").set(3)
+    queued.labels("chat").set(0)
+    for _ in range(int(t)):
+        wait.labels("batch").observe(0.3)
+        wait.labels("chat").observe(0.01)
+    flow_refused.labels("batch", "queue_full").inc(t)
+    limit_refused.labels("batch", "tpm").inc(t)
+    tokens.labels("batch", "completion", "generated").inc(50 * t)
+    tokens.labels("batch", "prompt", "generated").inc(500 * t)  # not output
+    tokens.labels("chat", "completion", "exact").inc(5 * t)
+    return top.parse_prometheus(prometheus_client.generate_latest(registry).decode())
+
+
+def test_the_tenants_table_shows_each_tenants_queue_wait_refusals_and_tokens(tmp_path: Path) -> None:
+    snap = _snapshot(tmp_path, ["worker-0"])
+    for t in (0.0, 10.0):
+        snap.histories["gateway"].add(t, {**_gateway_metrics(t), **_tenant_metrics(t)})
+    console = Console(width=80, record=True, file=io.StringIO())
+    console.print(top.render(snap, 80))
+    lines = console.export_text().splitlines()
+    # tenant, queued, wait p50, wait p99, refused in the last minute, output tokens a second
+    assert _row(lines, "batch") == ["batch", "3", "300ms", "496ms", "20", "50.0"]
+    assert _row(lines, "chat") == ["chat", "0", "50ms", "99ms", "0", "5.0"]
+
+
+def test_no_tenants_table_before_a_gateway_has_seen_a_tenant(tmp_path: Path) -> None:
+    console = Console(width=80, record=True, file=io.StringIO())
+    console.print(top.render(_snapshot(tmp_path, ["worker-0"]), 80))
+    assert not any(line.startswith("tenant") for line in console.export_text().splitlines())
