@@ -395,7 +395,7 @@ def _tenants(snap: Snapshot) -> RenderableType | None:
                      "meshserve_gateway_flow_refused_total", "meshserve_gateway_limits_refused_total"):
             names |= {dict(series).get("tenant", "") for series in span.new.get(name, {})}
     names.discard("")
-    if not names:
+    if not names - {"-"}:  # "-": requests with no tenant (no API keys): a mesh without tenants
         return None
     table = Table(box=None, pad_edge=False, header_style="bold")
     table.add_column("tenant", no_wrap=True)

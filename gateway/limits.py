@@ -24,6 +24,7 @@ the timeout. Settlements Redis could not take are kept (bounded) and made once i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -229,6 +230,7 @@ class Limits:
         self._pending: list[tuple[Reservation, int]] = []  # settlements Redis could not take
         self._tasks: set[asyncio.Task[None]] = set()
         self._alive: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
         if redis is not None:
             self._reserve = redis.register_script(RESERVE)
             self._settle = redis.register_script(SETTLE)
@@ -311,7 +313,7 @@ class Limits:
         """Renews this gateway's id while it holds places (they live while it does) and makes the
         settlements that Redis missed."""
         assert self._redis is not None
-        while True:
+        while not self._stop.is_set():
             try:
                 if self._holding:
                     async with asyncio.timeout(self._timeout_s):
@@ -321,14 +323,19 @@ class Limits:
                     await self._settle_in_redis(r, back)
             except (redis.exceptions.RedisError, OSError, TimeoutError) as e:
                 self._went_away(e)
-            await asyncio.sleep(ALIVE_S)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), ALIVE_S)
 
     async def close(self) -> None:
+        """Lets Redis calls under way finish (bounded): one cancelled mid-way would leave its
+        connection to the pool's close."""
+        self._stop.set()
+        running = [*self._tasks, *([self._alive] if self._alive is not None else [])]
+        if running:
+            await asyncio.wait(running, timeout=2 * self._timeout_s)
         if self._alive is not None:
             self._alive.cancel()
             await asyncio.gather(self._alive, return_exceptions=True)
-        if self._tasks:
-            await asyncio.wait(self._tasks, timeout=self._timeout_s)
 
 
 def _text(value: bytes | str) -> str:
