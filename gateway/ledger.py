@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Self
 
 import prometheus_client
 import redis.asyncio as aioredis
@@ -67,7 +68,7 @@ class Tally:
     completion_tokens: int = 0
     cached_prompt_tokens: int = 0
 
-    def __iadd__(self, other: Tally) -> Tally:
+    def __iadd__(self, other: Tally) -> Self:
         for kind in KINDS:
             setattr(self, kind, getattr(self, kind) + getattr(other, kind))
         return self

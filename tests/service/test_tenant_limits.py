@@ -18,7 +18,6 @@ from google.protobuf import json_format
 from meshserve.gateway.limits import LIMIT_METADATA
 from meshserve.gateway.server import TENANT_METADATA
 from meshserve.services.gen import meshserve_pb2 as pb
-from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
 from tests.service.test_gateway import WAIT_S, Mesh, MeshFactory, collect, greedy, mesh, sample  # noqa: F401
 
 PROMPT = "Hello there, how are you today?"
