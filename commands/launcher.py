@@ -224,14 +224,16 @@ class Mesh:
                                else f"{spec.router.host}:{spec.router.port}")
         self.cache_address = f"{spec.cache.host}:{spec.cache.port}"
         self.envoy_address = f"{spec.envoy.listen_host}:{spec.envoy.listen_port}"
-        self.envoy_tls = spec.envoy
+        # Envoy's settings, with the certificate made for this mesh (--tls-self-signed), whose CA
+        # clients trust ('': none made).
+        self.envoy_tls, self.tls_ca = spec.envoy, ""
         if spec.tls_self_signed and not spec.envoy.tls_cert:
             from meshserve.deploy import tls
 
             pair = tls.make_server_pair(self.run_dir / "tls", list(dict.fromkeys(
                 ["localhost", "127.0.0.1", "::1", spec.envoy.listen_host])))
             self.envoy_tls = dataclasses.replace(spec.envoy, tls_cert=str(pair.cert), tls_key=str(pair.key))
-        self.tls_ca = str(self.run_dir / "tls" / "ca.pem") if spec.tls_self_signed and not spec.envoy.tls_cert else ""
+            self.tls_ca = str(pair.ca)
         self.scheme = "https" if self.envoy_tls.tls_cert else "http"
         self.traces_address = f"{spec.traces.host}:{spec.traces.port}"
         # Where every service and Envoy export spans ('' = nowhere).
