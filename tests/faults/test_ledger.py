@@ -29,6 +29,7 @@ from meshserve.services.gen import meshserve_pb2 as pb
 from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
 from meshserve.services.server import insecure_channel
 from tests.integration.helpers import exact_entries, indexed_texts, mesh_spec, wait_until
+from tests.service.test_usage_ledger import sent
 
 pytestmark = pytest.mark.integration
 
@@ -64,13 +65,7 @@ class Run:
 
     def count(self, key: str, chunks: list[pb.GenerateResponse]) -> str:
         """Adds what a Generate stream's client received; returns how it was answered."""
-        last = chunks[-1]
-        if last.finish_reason and last.HasField("usage"):
-            u = last.usage
-            tally = Tally(1, u.prompt_tokens, u.completion_tokens, u.cached_prompt_tokens)
-        else:
-            tally = Tally(1, 0, sum(len(c.token_ids) for c in chunks), 0)
-        answered = chunks[0].cache_kind or "generated"
+        answered, tally = sent(chunks)
         self.expected[KEYS[key]][answered] += tally
         return answered
 
