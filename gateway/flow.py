@@ -12,10 +12,17 @@ time if that is later, and its finish tag adds prompt + max_tokens over the tena
 queue head with the lowest start tag goes first). A tenant that asks for long answers therefore
 does not crowd out one that asks short questions, and an idle tenant does not bank credit.
 
-When the keys file gives some tenant a more urgent priority than others', the less urgent bands
-get neither the headroom nor a few of the running places (3%, at least one): the engines keep
-those sequences free, so an urgent request starts at once instead of waiting for a running one
-to end (vLLM's priority scheduling preempts for KV blocks, not for a batch slot).
+A new request can only start when a running sequence ends, and on a fleet full of streams of one
+length those end together, a batch at a time: a short question would wait for the next batch to
+end (seconds). So a few of the running places (3%, at least one) are kept free, and the headroom
+held back, from requests that would queue behind them in the engines:
+- when the keys file gives some tenant a more urgent priority than others', from the less urgent
+  bands (vLLM's priority scheduling preempts for KV blocks, not for a batch slot);
+- within a band, from a tenant with requests waiting here (a backlogged one) while another tenant
+  has asked for a place in the last ``LIGHT_TENANT_S`` seconds and has none waiting (a light one,
+  say interactive users beside a batch job): the light tenant's next request starts at once.
+Tenants that are all backlogged (two batch jobs) or a lone tenant keep every place and the
+headroom.
 
 Waiting is bounded: past ``--flow-max-queued`` queued requests, or when a request's estimated
 wait (the requests ahead of it in dispatch order over the recent dispatch rate) is longer than
@@ -31,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -54,6 +61,7 @@ PLACES = prometheus_client.Gauge("meshserve_gateway_flow_places", "Places this g
                                  "(0: not known, nothing is held back)")
 
 RATE_HALF_LIFE_S = 5.0  # of the dispatch-rate estimate a wait is estimated with
+LIGHT_TENANT_S = 10.0   # a tenant that asked for a place this recently, none waiting, has places kept free
 
 
 @dataclass(eq=False)
@@ -102,6 +110,8 @@ class FlowController:
         self._max_wait_s = max_wait_s
         self._clock = clock
         self._bands: dict[int, _Band] = {}
+        self._waiting: Counter[str] = Counter()  # tenant -> its requests queued here
+        self._asked: dict[str, float] = {}        # tenant -> when it last asked for a place
         self.dispatched = 0
         self.queued = 0
         self._dispatches = 0.0    # places given, decayed with RATE_HALF_LIFE_S: the recent dispatch rate
@@ -118,7 +128,8 @@ class FlowController:
         weight = self._weight(tenant)
         cost = prompt_tokens + max_tokens
         start = band.tag(tenant, cost, weight)
-        if not self.queued and self._room(priority):
+        self._asked[tenant] = self._clock()
+        if not self.queued and self._room(priority, tenant):
             self._dispatch(band, start)
         else:
             await self._wait(_Waiter(tenant, priority, cost, start, self._clock(),
@@ -141,24 +152,34 @@ class FlowController:
             band = self._bands[priority]
             waiter = band.head()
             assert waiter is not None
-            if not self._room(priority):
+            if not self._room(priority, waiter.tenant):
                 return
             self._dequeue(band, waiter)
             self._dispatch(band, waiter.start)
             WAIT.labels(waiter.tenant or "-").observe(self._clock() - waiter.since)
             waiter.ready.set_result(None)
 
-    def _room(self, priority: int) -> bool:
+    def _room(self, priority: int, tenant: str) -> bool:
         places = self._places()
         if places <= 0:
             PLACES.set(0)
             return True  # the fleet's size is not known (yet): nothing is held back
         most = math.ceil(places * (1 + self._headroom))
         PLACES.set(most)
-        if priority <= self._best_priority:
+        if priority <= self._best_priority and not (self._waiting[tenant] and self._light_besides(tenant)):
             return self.dispatched < most
-        # Less urgent than some tenant: running sequences only, a few kept free for the urgent.
+        # Running sequences only, a few kept free: for the more urgent, or for a light tenant.
         return self.dispatched < places - (max(1, math.ceil(places * 0.03)) if places > 1 else 0)
+
+    def _light_besides(self, tenant: str) -> bool:
+        """Whether a tenant other than ``tenant`` asked for a place lately and has none waiting."""
+        recent = self._clock() - LIGHT_TENANT_S
+        for other, asked in list(self._asked.items()):
+            if asked < recent:
+                del self._asked[other]  # forgotten until it asks again
+            elif other != tenant and not self._waiting[other]:
+                return True
+        return False
 
     def _dispatch(self, band: _Band, start: float) -> None:
         band.clock = max(band.clock, start)
@@ -187,6 +208,7 @@ class FlowController:
             raise self._too_long(wait)
         band.queues.setdefault(waiter.tenant, deque()).append(waiter)
         self.queued += 1
+        self._waiting[waiter.tenant] += 1
         QUEUED.labels(label).inc()
         self.pump()  # a more urgent band's request may go at once (a place kept for it)
         try:
@@ -208,6 +230,9 @@ class FlowController:
     def _dequeue(self, band: _Band, waiter: _Waiter) -> None:
         band.queues[waiter.tenant].remove(waiter)
         self.queued -= 1
+        self._waiting[waiter.tenant] -= 1
+        if not self._waiting[waiter.tenant]:
+            del self._waiting[waiter.tenant]
         QUEUED.labels(waiter.tenant or "-").dec()
 
     def _ahead(self, waiter: _Waiter) -> int:

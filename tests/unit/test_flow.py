@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from meshserve.gateway.errors import GatewayError
-from meshserve.gateway.flow import RATE_HALF_LIFE_S, FlowController
+from meshserve.gateway.flow import LIGHT_TENANT_S, RATE_HALF_LIFE_S, FlowController
 
 
 class Clock:
@@ -148,6 +148,43 @@ async def test_headroom_goes_to_the_most_urgent_band_only(best_priority: int, ro
     release, busy = await saturate(flow, 20)
     assert (flow.dispatched, flow.queued) == (routine_places, 20 - routine_places)
     await one_by_one(flow, busy, release)
+
+
+@pytest.mark.parametrize(("small_asked_s_ago", "flood_places"), [(1.0, 9), (LIGHT_TENANT_S + 1, 12)])
+async def test_a_place_is_kept_free_from_a_backlog_for_a_light_tenant(small_asked_s_ago: float,
+                                                                       flood_places: int) -> None:
+    """Of 10 running sequences with 20% headroom, a tenant with requests waiting refills at most 9
+    while another tenant asked lately and has none waiting: the light tenant's next request starts
+    at once, not when the flood's batch ends. Once it has been quiet LIGHT_TENANT_S, the flood
+    takes every place and the headroom again."""
+    fleet, clock = Fleet(), Clock()
+    fleet.places = 10
+    flow = controller(fleet, clock, headroom=0.2)
+    await hold(flow, [], "earlier", "small")
+    clock.now += small_asked_s_ago
+    first, batch = await saturate(flow, 12)
+    second, backlog = await saturate(flow, 20)
+    first.set()  # the first batch ends together, as streams of one length do
+    await asyncio.gather(*batch)
+    assert (flow.dispatched, flow.queued) == (flood_places, 20 - flood_places)
+    order: list[str] = []
+    small = asyncio.create_task(hold(flow, order, "small", "small"))
+    await asyncio.sleep(0)
+    assert order == (["small"] if flood_places < 10 else [])  # at once, in the kept place
+    await one_by_one(flow, backlog, second)
+    await small
+
+
+async def test_tenants_all_backlogged_keep_every_place_and_the_headroom() -> None:
+    fleet, clock = Fleet(), Clock()
+    fleet.places = 10
+    flow = controller(fleet, clock, headroom=0.2)
+    release = asyncio.Event()
+    tasks = [asyncio.create_task(hold(flow, [], f"{t}-{i}", t, release=release))
+             for i in range(10) for t in ("left", "right")]
+    await asyncio.sleep(0)
+    assert (flow.dispatched, flow.queued) == (12, 8)
+    await one_by_one(flow, tasks, release)
 
 
 async def test_a_full_queue_refuses_at_once_with_a_retry_hint() -> None:
