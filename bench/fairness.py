@@ -15,8 +15,9 @@ of its tenants and talks to Envoy's gRPC edge with their keys:
   flood-priority  the same with `small` at priority -1 in the keys file (flood at 0)
   two-floods      tenants `left` and `right`, equal weights, 200 streams each: the tokens each was
                   served, and Jain's fairness index of the two
-Only what happens between the warm-up (5 s after the flood started) and --seconds later counts.
-Writes one JSON per run and summary.md.
+Only what happens between the warm-up (5 s after the flood started) and --seconds later counts;
+each run's JSON also lists every question's TTFT by when it was asked (seconds after the window
+opened, negative: during the warm-up). Writes one JSON per run and summary.md.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ VARIANTS = {"on": [], "off": ["--flow-control", "off"]}
 class Tally:
     tokens: dict[str, int] = field(default_factory=dict)   # tenant -> output tokens inside the window
     small_ttfts: list[float] = field(default_factory=list)
+    small_asked: list[tuple[float, float | None]] = field(default_factory=list)  # (s after the window opened, TTFT)
     errors: dict[str, int] = field(default_factory=dict)
 
 
@@ -112,15 +114,15 @@ async def drive(scenario: str, seconds: float) -> Tally:
             i += 1
 
     async def asker() -> None:
-        asks: list[asyncio.Task[float | None]] = []
+        asks: list[tuple[float, asyncio.Task[float | None]]] = []
         i = 0
         while (now := time.monotonic()) < window[1]:
-            task = asyncio.create_task(one(stubs[0], "small", request(16, 16, i), tally, window))
-            if now >= window[0]:
-                asks.append(task)
+            asks.append((now - window[0], asyncio.create_task(one(stubs[0], "small", request(16, 16, i), tally, window))))
             i += 1
             await asyncio.sleep(0.5)
-        tally.small_ttfts = [t for t in await asyncio.gather(*asks) if t is not None]
+        ttfts = await asyncio.gather(*(task for _, task in asks))
+        tally.small_asked = [(round(at, 2), ttft) for (at, _), ttft in zip(asks, ttfts, strict=True)]
+        tally.small_ttfts = [ttft for at, ttft in tally.small_asked if at >= 0 and ttft is not None]
 
     users = [asyncio.create_task(flood_user(t, u)) for t, n in floods.items() for u in range(n)]
     try:
@@ -142,7 +144,9 @@ def figures(scenario: str, variant: str, tally: Tally, seconds: float) -> dict:
     if tally.small_ttfts:
         ttfts = sorted(tally.small_ttfts)
         out |= {"small_requests": len(ttfts), "small_ttft_p50_ms": statistics.median(ttfts) * 1000,
-                "small_ttft_p99_ms": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))] * 1000}
+                "small_ttft_p99_ms": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))] * 1000,
+                "small_ttft_ms_by_when_asked": [[at, None if t is None else round(t * 1000, 1)]
+                                                for at, t in tally.small_asked]}
     shares = [tally.tokens.get(t, 0) for t in SCENARIOS[scenario][0]]
     if len(shares) == 2 and sum(shares):
         out["jain"] = sum(shares) ** 2 / (len(shares) * sum(s * s for s in shares))
