@@ -212,6 +212,10 @@ class UnknownModel(InvalidRequest):
     """The request names a model or adapter the engine does not serve (NOT_FOUND)."""
 
 
+class LoraDisabled(Exception):
+    """An adapter change asked of an engine that serves none (LoRA off: FAILED_PRECONDITION)."""
+
+
 def prompt_chars(request: Request) -> int:
     """About how many characters an engine's chat template and tokenizer go through for
     ``request``: what decides whether its prompt is tokenized off the event loop (services.offload).
@@ -275,6 +279,9 @@ class Engine(abc.ABC):
     load_signal: LoadSignal
     # What its prefix cache holds, for the router (None: this engine reports no KV events).
     kv_cache: KvCacheView | None = None
+    # Changes of the adapters it serves (info.lora.adapters) since it started.
+    adapters_version: int = 0
+    _adapter_changes: asyncio.Lock | None = None
 
     @abc.abstractmethod
     async def start(self) -> None:
@@ -300,3 +307,55 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None:
         """Stops the engine and frees its resources."""
+
+    # -- LoRA adapters at run time (vLLM's /v1/load_lora_adapter, /v1/unload_lora_adapter) ----
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        """Loads the adapter ``path`` as ``name``, as vLLM's serving layer does: InvalidRequest
+        with vLLM's message when the name is empty, the base model's or loaded already, or the
+        engine cannot load it (no such folder, a rank above --max-lora-rank); LoraDisabled when
+        LoRA is off. ``adapters_changed`` is notified once it is served."""
+        lora = self._lora_on()
+        if not name or not path:
+            raise InvalidRequest("Both 'lora_name' and 'lora_path' must be provided.")
+        async with self._adapters_lock():
+            lora = self._lora_on()
+            if name == self.info.model:
+                raise InvalidRequest(f"The lora adapter '{name}' conflicts with a served base model.", param="lora_name")
+            if name in lora.adapters:
+                raise InvalidRequest(f"The lora adapter '{name}' has already been loaded.", param="lora_name")
+            await self._add_adapter(name, path)
+            self._set_adapters({**lora.adapters, name: path})
+
+    async def unload_adapter(self, name: str) -> None:
+        """Unloads the adapter ``name``: UnknownModel (vLLM's 404) when it holds none of that name."""
+        async with self._adapters_lock():
+            lora = self._lora_on()
+            if name not in lora.adapters:
+                raise UnknownModel(f"The lora adapter '{name}' cannot be found.", param="lora_name")
+            await self._remove_adapter(name)
+            self._set_adapters({n: p for n, p in lora.adapters.items() if n != name})
+
+    async def _add_adapter(self, name: str, path: str) -> None:
+        """The engine's own load of an adapter (InvalidRequest with its reason when it cannot)."""
+        raise LoraDisabled(f"the {self.info.engine!r} engine serves no LoRA adapters")
+
+    async def _remove_adapter(self, name: str) -> None:
+        raise LoraDisabled(f"the {self.info.engine!r} engine serves no LoRA adapters")
+
+    def _lora_on(self) -> LoraInfo:
+        if self.info.lora is None:
+            raise LoraDisabled(f"LoRA is off on this {self.info.engine} worker (start it with --enable-lora)")
+        return self.info.lora
+
+    def _adapters_lock(self) -> asyncio.Lock:
+        # One adapter change at a time: a check and the load it guards are one step.
+        if self._adapter_changes is None:
+            self._adapter_changes = asyncio.Lock()
+        return self._adapter_changes
+
+    def _set_adapters(self, adapters: Mapping[str, str]) -> None:
+        assert self.info.lora is not None
+        self.info = replace(self.info, lora=replace(self.info.lora, adapters=dict(adapters)))
+        self.adapters_version += 1
+        self.load_signal.notify()  # load watchers report the change at once

@@ -10,7 +10,7 @@ import itertools
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import grpc
@@ -24,7 +24,7 @@ from meshserve.services.gen import meshserve_pb2 as pb
 from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
 from meshserve.services.prompts import TemplateCall, chat_turns
 from meshserve.services.request_record import RequestRecord, Timings
-from meshserve.worker.engine import Chunker, Delta, Engine, LoraInfo, Request, UnknownModel
+from meshserve.worker.engine import Chunker, Delta, Engine, LoraDisabled, LoraInfo, Request, UnknownModel
 from meshserve.worker.kv_events import KvBatch, KvCacheView, KvWatcher
 from meshserve.worker.session import Session
 
@@ -388,12 +388,18 @@ class WorkerServicer(pb_grpc.WorkerServicer):
         min_gap = max(min(self.cfg.load_report_min_interval_s, self.cfg.load_report_interval_s),
                       request.min_interval_s)
         longest_gap = max(self.cfg.load_report_interval_s, min_gap)
+        adapters_sent = -1  # the engine's adapters_version this stream last sent (-1: none yet)
         with self.engine.load_signal.subscribe() as changed:
             kv = view.subscribe(changed) if view is not None else None
             try:
                 while True:
                     changed.clear()
-                    for report in self._load_reports(view, kv):
+                    reports = self._load_reports(view, kv)
+                    lora = lora_to_pb(self.engine.info.lora)
+                    if lora is not None and adapters_sent != self.engine.adapters_version:
+                        adapters_sent = self.engine.adapters_version
+                        reports[0].lora.CopyFrom(lora)
+                    for report in reports:
                         yield report
                     if self.draining and self.in_flight == 0:
                         return
@@ -420,6 +426,34 @@ class WorkerServicer(pb_grpc.WorkerServicer):
     def _kv_message(self, batch: KvBatch, block_size: int) -> pb.KvEvents:
         return pb.KvEvents(reset=batch.reset, stored=batch.stored, removed=batch.removed,
                            block_size=block_size, sequence=next(self._kv_sequence))
+
+    async def LoadLoraAdapter(self, request: pb.LoadLoraAdapterRequest, context: grpc.aio.ServicerContext
+                              ) -> pb.LoraAdapterResponse:
+        name = request.lora_name
+        await self._change_adapters(self.engine.load_adapter(name, request.lora_path), context)
+        return pb.LoraAdapterResponse(message=f"Success: LoRA adapter '{name}' added successfully.",
+                                      workers=[self.worker_id])
+
+    async def UnloadLoraAdapter(self, request: pb.UnloadLoraAdapterRequest, context: grpc.aio.ServicerContext
+                                ) -> pb.LoraAdapterResponse:
+        name = request.lora_name
+        if not name:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "'lora_name' needs to be provided to unload a LoRA adapter.")
+        await self._change_adapters(self.engine.unload_adapter(name), context)
+        return pb.LoraAdapterResponse(message=f"Success: LoRA adapter '{name}' removed successfully.",
+                                      workers=[self.worker_id])
+
+    async def _change_adapters(self, change: Awaitable[None], context: grpc.aio.ServicerContext) -> None:
+        """Runs an adapter change of the engine; its refusals as vLLM's statuses."""
+        try:
+            await change
+        except UnknownModel as e:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(e), validation.param_metadata(e.param))
+        except validation.InvalidRequest as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e), validation.param_metadata(e.param))
+        except LoraDisabled as e:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"worker {self.worker_id}: {e}")
 
     async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.WorkerInfo:
         info = self.engine.info

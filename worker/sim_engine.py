@@ -64,8 +64,10 @@ Time is injected (``clock``, ``sleep``) so tests run the simulation on a fake cl
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
+import os
 import random
 import time
 from collections import OrderedDict, deque
@@ -371,6 +373,22 @@ class SimEngine(Engine):
             kv_cache_usage=self._pool.usage(),
             prefix_cache_hit_rate=self._prefix_hits / self._prefix_queries if self._prefix_queries else 0.0,
         )
+
+    async def _add_adapter(self, name: str, path: str) -> None:
+        """Takes the adapter if its folder holds one of a rank the slots hold (vLLM's checks and
+        messages); its weights are not read: the simulator's words do not come from weights."""
+        assert self.info.lora is not None
+        try:
+            with open(os.path.join(path, "adapter_config.json"), encoding="utf-8") as f:
+                rank = json.load(f).get("r", 0)
+        except (OSError, ValueError):
+            raise InvalidRequest(f"Loading lora {name} failed: No adapter found for {path}", param="lora_path") from None
+        if rank > self.info.lora.max_lora_rank:
+            raise InvalidRequest(f"LoRA rank {rank} is greater than max_lora_rank {self.info.lora.max_lora_rank}.",
+                                 param="lora_path")
+
+    async def _remove_adapter(self, name: str) -> None:
+        pass  # a request still running on it finishes on it, as in vLLM
 
     async def close(self) -> None:
         if self._task is not None:

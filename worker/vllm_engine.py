@@ -156,6 +156,7 @@ class VllmEngine(Engine):
         # --reasoning-parser: vLLM's combined parser classes, without and with tool calls
         self._parsers: dict[bool, Any] = {}
         self._lora_requests: dict[str, Any] = {}  # adapter name -> vLLM's LoRARequest
+        self._lora_ids = 0  # the last LoRARequest id given (vLLM's ids: unique, from 1)
         # A large prompt is rendered and tokenized off the event loop (the tokenizer is thread-safe
         # for encoding: the loop and this thread may encode at once).
         self._offload = Offload("vllm-tokenizer")
@@ -269,8 +270,9 @@ class VllmEngine(Engine):
         with vLLM's reason, not its first request."""
         from vllm.lora.request import LoRARequest
 
-        for lora_id, (name, path) in enumerate(adapters.items(), start=1):
-            request = LoRARequest(lora_name=name, lora_int_id=lora_id, lora_path=path)
+        for name, path in adapters.items():
+            self._lora_ids += 1
+            request = LoRARequest(lora_name=name, lora_int_id=self._lora_ids, lora_path=path)
             try:
                 await self._llm.add_lora(request)
             except Exception as e:
@@ -279,6 +281,26 @@ class VllmEngine(Engine):
             self._lora_requests[name] = request
         if adapters:
             log.info("LoRA adapters: %s", ", ".join(f"{n}={p}" for n, p in adapters.items()))
+
+    async def _add_adapter(self, name: str, path: str) -> None:
+        """vLLM's add_lora, which reads and checks the adapter in the engine core; its reason for
+        refusing one (no such folder, a rank above --max-lora-rank) is the caller's."""
+        from vllm.lora.request import LoRARequest
+
+        self._lora_ids += 1
+        request = LoRARequest(lora_name=name, lora_int_id=self._lora_ids, lora_path=path)
+        try:
+            await self._llm.add_lora(request)
+        except Exception as e:
+            raise InvalidRequest(str(e), param="lora_path") from None
+        self._lora_requests[name] = request
+        log.info("LoRA adapter loaded: %s=%s", name, path)
+
+    async def _remove_adapter(self, name: str) -> None:
+        # Requests running on it keep their LoRARequest: vLLM loads it again for them if needed.
+        request = self._lora_requests.pop(name)
+        await self._llm.remove_lora(request.lora_int_id)
+        log.info("LoRA adapter unloaded: %s", name)
 
     def _make_stat_logger(self, vllm_config: Any, engine_index: int) -> Any:
         return _make_load_logger(self, vllm_config, engine_index)

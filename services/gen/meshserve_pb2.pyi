@@ -832,6 +832,28 @@ class ModelList(_message.Message):
     data: _containers.RepeatedCompositeFieldContainer[Model]
     def __init__(self, object: _Optional[str] = ..., data: _Optional[_Iterable[_Union[Model, _Mapping]]] = ...) -> None: ...
 
+class LoadLoraAdapterRequest(_message.Message):
+    __slots__ = ("lora_name", "lora_path")
+    LORA_NAME_FIELD_NUMBER: _ClassVar[int]
+    LORA_PATH_FIELD_NUMBER: _ClassVar[int]
+    lora_name: str
+    lora_path: str
+    def __init__(self, lora_name: _Optional[str] = ..., lora_path: _Optional[str] = ...) -> None: ...
+
+class UnloadLoraAdapterRequest(_message.Message):
+    __slots__ = ("lora_name",)
+    LORA_NAME_FIELD_NUMBER: _ClassVar[int]
+    lora_name: str
+    def __init__(self, lora_name: _Optional[str] = ...) -> None: ...
+
+class LoraAdapterResponse(_message.Message):
+    __slots__ = ("message", "workers")
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    message: str
+    workers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, message: _Optional[str] = ..., workers: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class UsageRequest(_message.Message):
     __slots__ = ("tenant",)
     TENANT_FIELD_NUMBER: _ClassVar[int]
@@ -913,7 +935,7 @@ class WatchLoadRequest(_message.Message):
     def __init__(self, kv_events: _Optional[bool] = ..., min_interval_s: _Optional[float] = ...) -> None: ...
 
 class LoadReport(_message.Message):
-    __slots__ = ("worker_id", "num_running", "num_waiting", "kv_cache_usage", "prefix_cache_hit_rate", "max_num_seqs", "draining", "sequence", "num_in_flight", "requests_received", "kv")
+    __slots__ = ("worker_id", "num_running", "num_waiting", "kv_cache_usage", "prefix_cache_hit_rate", "max_num_seqs", "draining", "sequence", "num_in_flight", "requests_received", "kv", "lora")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
@@ -925,6 +947,7 @@ class LoadReport(_message.Message):
     NUM_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     KV_FIELD_NUMBER: _ClassVar[int]
+    LORA_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     num_running: int
     num_waiting: int
@@ -936,7 +959,8 @@ class LoadReport(_message.Message):
     num_in_flight: int
     requests_received: int
     kv: KvEvents
-    def __init__(self, worker_id: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., prefix_cache_hit_rate: _Optional[float] = ..., max_num_seqs: _Optional[int] = ..., draining: _Optional[bool] = ..., sequence: _Optional[int] = ..., num_in_flight: _Optional[int] = ..., requests_received: _Optional[int] = ..., kv: _Optional[_Union[KvEvents, _Mapping]] = ...) -> None: ...
+    lora: LoraConfig
+    def __init__(self, worker_id: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., prefix_cache_hit_rate: _Optional[float] = ..., max_num_seqs: _Optional[int] = ..., draining: _Optional[bool] = ..., sequence: _Optional[int] = ..., num_in_flight: _Optional[int] = ..., requests_received: _Optional[int] = ..., kv: _Optional[_Union[KvEvents, _Mapping]] = ..., lora: _Optional[_Union[LoraConfig, _Mapping]] = ...) -> None: ...
 
 class InfoRequest(_message.Message):
     __slots__ = ()

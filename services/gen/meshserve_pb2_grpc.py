@@ -659,6 +659,142 @@ class GatewayAdmin:
             _registered_method=True)
 
 
+class AdaptersStub:
+    """LoRA adapters loaded and unloaded while the mesh serves, across the fleet: vLLM's
+    /v1/load_lora_adapter and /v1/unload_lora_adapter, through the edge (API-key auth; the gateway
+    takes them with --allow-runtime-lora-updating, from an admin tenant when it has the keys file).
+    A load goes to every serving worker with LoRA enabled, all or none: one that refuses (no such
+    folder, a rank above its --max-lora-rank) leaves the adapter on none, with vLLM's reason. An
+    unload goes to every worker holding the adapter. Either returns once this gateway's fleet view
+    shows the change (routing and /v1/models follow it).
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.LoadLoraAdapter = channel.unary_unary(
+                '/meshserve.v1.Adapters/LoadLoraAdapter',
+                request_serializer=meshserve__pb2.LoadLoraAdapterRequest.SerializeToString,
+                response_deserializer=meshserve__pb2.LoraAdapterResponse.FromString,
+                _registered_method=True)
+        self.UnloadLoraAdapter = channel.unary_unary(
+                '/meshserve.v1.Adapters/UnloadLoraAdapter',
+                request_serializer=meshserve__pb2.UnloadLoraAdapterRequest.SerializeToString,
+                response_deserializer=meshserve__pb2.LoraAdapterResponse.FromString,
+                _registered_method=True)
+
+
+class AdaptersServicer:
+    """LoRA adapters loaded and unloaded while the mesh serves, across the fleet: vLLM's
+    /v1/load_lora_adapter and /v1/unload_lora_adapter, through the edge (API-key auth; the gateway
+    takes them with --allow-runtime-lora-updating, from an admin tenant when it has the keys file).
+    A load goes to every serving worker with LoRA enabled, all or none: one that refuses (no such
+    folder, a rank above its --max-lora-rank) leaves the adapter on none, with vLLM's reason. An
+    unload goes to every worker holding the adapter. Either returns once this gateway's fleet view
+    shows the change (routing and /v1/models follow it).
+    """
+
+    def LoadLoraAdapter(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadLoraAdapter(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_AdaptersServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'LoadLoraAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadLoraAdapter,
+                    request_deserializer=meshserve__pb2.LoadLoraAdapterRequest.FromString,
+                    response_serializer=meshserve__pb2.LoraAdapterResponse.SerializeToString,
+            ),
+            'UnloadLoraAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadLoraAdapter,
+                    request_deserializer=meshserve__pb2.UnloadLoraAdapterRequest.FromString,
+                    response_serializer=meshserve__pb2.LoraAdapterResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'meshserve.v1.Adapters', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('meshserve.v1.Adapters', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Adapters:
+    """LoRA adapters loaded and unloaded while the mesh serves, across the fleet: vLLM's
+    /v1/load_lora_adapter and /v1/unload_lora_adapter, through the edge (API-key auth; the gateway
+    takes them with --allow-runtime-lora-updating, from an admin tenant when it has the keys file).
+    A load goes to every serving worker with LoRA enabled, all or none: one that refuses (no such
+    folder, a rank above its --max-lora-rank) leaves the adapter on none, with vLLM's reason. An
+    unload goes to every worker holding the adapter. Either returns once this gateway's fleet view
+    shows the change (routing and /v1/models follow it).
+    """
+
+    @staticmethod
+    def LoadLoraAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshserve.v1.Adapters/LoadLoraAdapter',
+            meshserve__pb2.LoadLoraAdapterRequest.SerializeToString,
+            meshserve__pb2.LoraAdapterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadLoraAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshserve.v1.Adapters/UnloadLoraAdapter',
+            meshserve__pb2.UnloadLoraAdapterRequest.SerializeToString,
+            meshserve__pb2.LoraAdapterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
 class WorkerStub:
     """Missing associated documentation comment in .proto file."""
 
@@ -702,6 +838,16 @@ class WorkerStub:
                 '/meshserve.v1.Worker/WatchKvEvents',
                 request_serializer=meshserve__pb2.WatchKvEventsRequest.SerializeToString,
                 response_deserializer=meshserve__pb2.KvEvents.FromString,
+                _registered_method=True)
+        self.LoadLoraAdapter = channel.unary_unary(
+                '/meshserve.v1.Worker/LoadLoraAdapter',
+                request_serializer=meshserve__pb2.LoadLoraAdapterRequest.SerializeToString,
+                response_deserializer=meshserve__pb2.LoraAdapterResponse.FromString,
+                _registered_method=True)
+        self.UnloadLoraAdapter = channel.unary_unary(
+                '/meshserve.v1.Worker/UnloadLoraAdapter',
+                request_serializer=meshserve__pb2.UnloadLoraAdapterRequest.SerializeToString,
+                response_deserializer=meshserve__pb2.LoraAdapterResponse.FromString,
                 _registered_method=True)
 
 
@@ -753,6 +899,21 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadLoraAdapter(self, request, context):
+        """Loads a LoRA adapter into the engine / unloads it (vLLM's AsyncLLM add_lora, remove_lora):
+        INVALID_ARGUMENT with vLLM's reason when it cannot be loaded or is loaded already,
+        NOT_FOUND to unload one it does not hold, FAILED_PRECONDITION when LoRA is off.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadLoraAdapter(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -790,6 +951,16 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.WatchKvEvents,
                     request_deserializer=meshserve__pb2.WatchKvEventsRequest.FromString,
                     response_serializer=meshserve__pb2.KvEvents.SerializeToString,
+            ),
+            'LoadLoraAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadLoraAdapter,
+                    request_deserializer=meshserve__pb2.LoadLoraAdapterRequest.FromString,
+                    response_serializer=meshserve__pb2.LoraAdapterResponse.SerializeToString,
+            ),
+            'UnloadLoraAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadLoraAdapter,
+                    request_deserializer=meshserve__pb2.UnloadLoraAdapterRequest.FromString,
+                    response_serializer=meshserve__pb2.LoraAdapterResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -981,6 +1152,60 @@ class Worker:
             '/meshserve.v1.Worker/WatchKvEvents',
             meshserve__pb2.WatchKvEventsRequest.SerializeToString,
             meshserve__pb2.KvEvents.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadLoraAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshserve.v1.Worker/LoadLoraAdapter',
+            meshserve__pb2.LoadLoraAdapterRequest.SerializeToString,
+            meshserve__pb2.LoraAdapterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadLoraAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshserve.v1.Worker/UnloadLoraAdapter',
+            meshserve__pb2.UnloadLoraAdapterRequest.SerializeToString,
+            meshserve__pb2.LoraAdapterResponse.FromString,
             options,
             channel_credentials,
             insecure,
