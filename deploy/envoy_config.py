@@ -32,7 +32,7 @@ from meshserve.services.config import EnvoyConfig
 
 DESCRIPTOR = Path(__file__).resolve().parent / "envoy" / "meshserve.pb"
 STRICT_JSON_LUA = Path(__file__).resolve().parent / "envoy" / "strict_json.lua"
-PUBLIC_SERVICES = ["meshserve.v1.Inference", "meshserve.v1.OpenAI"]
+PUBLIC_SERVICES = ["meshserve.v1.Inference", "meshserve.v1.OpenAI", "meshserve.v1.Adapters"]
 GATEWAY_CLUSTER = "gateway"
 HTTP_GATEWAY_CLUSTER = "gateway_http"  # the gateways' HTTP edges (EnvoyConfig.http_gateways)
 HTTP_EDGE_HEALTH = "/health"            # the HTTP edge's own health check: 200 serving, 503 draining
@@ -381,6 +381,8 @@ def _routes(cfg: EnvoyConfig) -> list[dict[str, Any]]:
     }
     unary = ["Inference/Complete", "OpenAI/ChatCompletions", "OpenAI/Completions", "OpenAI/ListModels",
              "OpenAI/RetrieveModel", "OpenAI/Health", "OpenAI/Tokenize", "OpenAI/Detokenize"]
+    # Adapter changes: not retried (a load that reached the gateway is done, or undone, there).
+    adapters_route = {k: v for k, v in unary_route.items() if k != "retry_policy"}
     # A probe's GET /health (matched before the transcoder turns it into OpenAI/Health): no
     # API key, no rate limit; then routed as the unary call it becomes.
     probe = {
@@ -401,6 +403,7 @@ def _routes(cfg: EnvoyConfig) -> list[dict[str, Any]]:
         *({"match": {"path": f"/meshserve.v1.{m}"}, "route": unary_route} for m in unary),
         {"match": {"prefix": "/meshserve.v1.Inference/"}, "route": stream_route},
         {"match": {"prefix": "/meshserve.v1.OpenAI/"}, "route": stream_route},
+        {"match": {"prefix": "/meshserve.v1.Adapters/"}, "route": adapters_route},
         {"match": {"prefix": "/grpc.health.v1.Health/"}, "route": {"cluster": GATEWAY_CLUSTER, "timeout": "5s"}},
     ]
 

@@ -109,6 +109,16 @@ class FleetView:
         the one model); None before."""
         return next((w.max_model_len for w in self.workers if w.max_model_len), None)
 
+    async def shows(self, check: Callable[[], bool], timeout_s: float) -> bool:
+        """Whether ``check()`` holds of the view within ``timeout_s`` (asked again on each new view)."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                while not check():
+                    await self._changed.wait()
+        except TimeoutError:
+            return False
+        return True
+
     # -- following the router -----------------------------------------------------------------
 
     async def _next_view(self, timeout_s: float) -> None:

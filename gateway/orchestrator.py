@@ -58,17 +58,17 @@ class Orchestrator:
         self._clients = clients
         self._clock = clock
         self.fleet = FleetView(clients.watch_fleet)
-        self._tenants = tenants.load_keys(cfg.api_keys_file)
-        self._admission = Admission(cfg.model, cfg.max_in_flight, self._tenants.of, self.fleet.adapters, cfg)
+        self.tenants = tenants.load_keys(cfg.api_keys_file)  # each tenant's settings
+        self._admission = Admission(cfg.model, cfg.max_in_flight, self.tenants.of, self.fleet.adapters, cfg)
         redis = cache_keys.connect(cfg.redis_url, socket_timeout_s=cfg.limits_timeout_s) if cfg.redis_url else None
-        self._limits = Limits(self._tenants.of, redis, cfg.tenant_key_prefix, cfg.flow_fleet_share,
+        self._limits = Limits(self.tenants.of, redis, cfg.tenant_key_prefix, cfg.flow_fleet_share,
                               cfg.limits_timeout_s, clock)
         self.ledger = Ledger(redis, cfg.tenant_key_prefix, cfg.limits_timeout_s)
         self._redis = redis
         self._flow: FlowController | None = None
         if cfg.flow_control == "on":
-            best = min((s.priority for s in self._tenants.settings.values()), default=tenants.DEFAULT.priority)
-            self._flow = FlowController(self._places, lambda t: self._tenants.of(t).weight,
+            best = min((s.priority for s in self.tenants.settings.values()), default=tenants.DEFAULT.priority)
+            self._flow = FlowController(self._places, lambda t: self.tenants.of(t).weight,
                                         min(best, tenants.DEFAULT.priority), cfg.flow_max_queued,
                                         cfg.flow_max_wait_s, clock, cfg.flow_headroom)
             self.fleet.listen(self._flow.pump)

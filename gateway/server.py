@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import grpc
 
 from meshserve.gateway import admin
+from meshserve.gateway.adapters import AdapterChanges, AdaptersServicer
 from meshserve.gateway.clients import Clients
 from meshserve.gateway.entries import ExactEntries
 from meshserve.gateway.http_edge import HttpEdge
@@ -20,6 +21,7 @@ from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
 from meshserve.services.server import Lifecycle, Running, run_until_signal, start
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Inference"].full_name
+ADAPTERS_SERVICE = pb.DESCRIPTOR.services_by_name["Adapters"].full_name
 # Cache entries are isolated per tenant; the edge (Envoy, auth) sets this header.
 TENANT_METADATA = "x-meshserve-tenant"
 
@@ -71,18 +73,23 @@ def _build(
     if (core is not None) != (cfg.router == EMBEDDED_ROUTER):
         raise ValueError(f"a gateway with --router {EMBEDDED_ROUTER} needs the router's parts and only it takes "
                          "them (`meshserve serve gateway` builds them)")
-    orchestrator = Orchestrator(cfg, Clients(core.servicer if core else cfg.router, cfg.cache, cfg.stall_timeout_s,
-                                             entries))
+    clients = Clients(core.servicer if core else cfg.router, cfg.cache, cfg.stall_timeout_s, entries)
+    orchestrator = Orchestrator(cfg, clients)
     inference = InferenceServicer(orchestrator)
     openai = OpenAIServicer(orchestrator, cfg.model, _tenant, limits=cfg)
     operators = admin.GatewayAdminServicer(orchestrator.ledger)
+    changes = AdapterChanges(orchestrator.fleet, clients.worker, cfg.model, cfg.adapter_change_timeout_s)
+    keys = orchestrator.tenants
+    adapters = AdaptersServicer(changes, cfg.allow_runtime_lora_updating, _tenant,
+                                (lambda t: keys.of(t).admin == 1) if keys.tenants else None)
 
     def register(server: grpc.aio.Server) -> list[str]:
         orchestrator.start()
         pb_grpc.add_InferenceServicer_to_server(inference, server)
         pb_grpc.add_OpenAIServicer_to_server(openai, server)
         pb_grpc.add_GatewayAdminServicer_to_server(operators, server)
-        names = [SERVICE_NAME, OpenAIServicer.SERVICE_NAME, admin.SERVICE_NAME]
+        pb_grpc.add_AdaptersServicer_to_server(adapters, server)
+        names = [SERVICE_NAME, OpenAIServicer.SERVICE_NAME, admin.SERVICE_NAME, ADAPTERS_SERVICE]
         if core is not None:  # the router's view is asked here (meshserve top, a router's clients)
             pb_grpc.add_RouterServicer_to_server(core.servicer, server)
             core.start("gateway's router")

@@ -171,8 +171,9 @@ class WorkerTable:
     Each worker's view is remade when the worker changes (a report, a pick, its stream), so a
     snapshot is a copy of a list, not a view made per worker per pick.
 
-    ``listen(callback)``: called when a worker joins or leaves, connects or disconnects, or starts
-    or stops draining (what the fleet's watchers are told at once; load alone is not)."""
+    ``listen(callback)``: called when a worker joins or leaves, connects or disconnects, starts or
+    stops draining, or changes its adapters (what the fleet's watchers are told at once; load
+    alone is not)."""
 
     def __init__(
         self, addresses: list[str], clock: Callable[[], float] = time.monotonic, pick_ttl_s: float = 2.0
@@ -263,6 +264,13 @@ class WorkerTable:
         draining_changed = entry.view.load is None or entry.view.load.draining != load.draining
         self._refresh(entry, load=load, reported_at=self._clock())
         if draining_changed:
+            self._changed()
+
+    def on_lora(self, address: str, lora: LoraSlots) -> None:
+        """The worker's adapters as its load stream says them now (loaded or unloaded at run time)."""
+        entry = self._workers[address]
+        if entry.view.lora != lora:
+            self._refresh(entry, lora=lora)
             self._changed()
 
     def on_disconnected(self, address: str) -> None:

@@ -55,8 +55,8 @@ def load_to_pb(worker_id: str, load: WorkerLoad) -> pb.LoadReport:
     return pb.LoadReport(worker_id=worker_id, **dataclasses.asdict(load))
 
 
-def lora_from_pb(info: pb.WorkerInfo) -> LoraSlots | None:
-    """The worker's LoRA adapters and slots as a value (None: LoRA off)."""
+def lora_from_pb(info: pb.WorkerInfo | pb.LoadReport) -> LoraSlots | None:
+    """The worker's LoRA adapters and slots as a value (None: LoRA off, or a report that does not say)."""
     if not info.HasField("lora"):
         return None
     lora = info.lora
@@ -216,6 +216,8 @@ class Watcher:
                                          info.max_model_len, info.model, lora_from_pb(info))
                 log.info("worker %s (%s) connected: %s engine", info.worker_id, address, info.engine)
             self._table.on_report(address, load_from_pb(report))
+            if (lora := lora_from_pb(report)) is not None:  # adapters loaded or unloaded at run time
+                self._table.on_lora(address, lora)
             yield report
             if _is_flood(report.kv):
                 await asyncio.sleep(0)  # a flood of events waits for the picks

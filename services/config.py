@@ -399,6 +399,13 @@ class GatewayConfig(ServerConfig, RoutingConfig, RequestLimits):
         "", "the API keys file Envoy authenticates with: the gateway reads each tenant's settings from it "
             "(weight, priority, limits; services/tenants.py); empty: every tenant has the defaults"
     )
+    allow_runtime_lora_updating: bool = _f(
+        False, "serve /v1/load_lora_adapter and /v1/unload_lora_adapter: LoRA adapters loaded and unloaded across "
+               "the fleet while it serves (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING); with API keys, only for a "
+               "tenant whose line of --api-keys-file says admin=1")
+    adapter_change_timeout_s: float = _f(
+        30.0, "a worker loading or unloading a LoRA adapter is waited for this long, and the fleet view showing "
+              "the change after it (both within Envoy's --unary-timeout-s)", minimum=0.0)
     flow_control: str = _f(
         "on", "while the fleet is saturated, requests wait in the gateway in fair per-tenant queues within "
               "priority bands instead of in the engines' queues (off: first come, first served)",

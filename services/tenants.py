@@ -5,6 +5,7 @@ comment)::
 
     sk-team-a-7c0a9d... team-a weight=2 priority=0 max_concurrency=64 tpm=200000
     sk-batch-41e2f8...  batch  weight=1 priority=5 daily_tokens=50000000 max_n=4 max_tokens=4096
+    sk-ops-93b1c0...    ops    admin=1
 
 Envoy reads the keys (authentication, the tenant header); the gateways read the settings (their
 queue's order and share, and the limits). A tenant's settings may stand on any of its lines, and
@@ -40,6 +41,7 @@ class TenantSettings:
     daily_tokens: int = 0        # tokens a day (UTC), counted as tpm is
     max_n: int = 0               # most choices per request
     max_tokens: int = 0          # most tokens one choice may ask for
+    admin: int = 0               # 1: may load and unload the fleet's LoRA adapters at run time
 
 
 DEFAULT = TenantSettings()
@@ -65,6 +67,8 @@ def _setting(name: str, value: str, where: str) -> tuple[str, float | int]:
                         f"got {value!r}") from None
     if name == "weight" and not number > 0:
         raise KeysError(f"{where}: weight must be above 0, got {value}")
+    if name == "admin" and number not in (0, 1):
+        raise KeysError(f"{where}: admin must be 0 or 1, got {value}")
     if name not in ("weight", "priority") and number < 0:
         raise KeysError(f"{where}: {name} must be at least 0, got {value}")
     return name, number

@@ -2,7 +2,8 @@
 --max-loras 2 --lora-modules ...` starts it (two sim workers, router, gateway with its HTTP edge,
 cache, Valkey, Envoy): answers are keyed by the adapter that gave them (the workers' own counters
 and Redis's keys say how many generations and entries there were), an unknown adapter is a 404 in
-OpenAI's shape naming it, and the model list shows each adapter with its parent."""
+OpenAI's shape naming it, the model list shows each adapter with its parent, and vLLM's
+/v1/load_lora_adapter and /v1/unload_lora_adapter change them through the edge."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
     lora = WorkerConfig(enable_lora=True, max_loras=2, lora_modules=[f"{n}={p}" for n, p in ADAPTERS.items()],
                         sim_itl_base_ms=1.0)
     spec = mesh_spec(tmp_path_factory.mktemp("adapters-mesh"), "sim", workers=2, worker=lora,
-                     gateway=GatewayConfig(http_port=free_port()))
+                     gateway=GatewayConfig(http_port=free_port(), allow_runtime_lora_updating=True))
     with Mesh(spec) as m:
         yield m
 
@@ -134,3 +135,40 @@ async def test_bench_spreads_requests_over_the_adapters_by_popularity(mesh: Mesh
 def adapter_requests(mesh: Mesh, adapter: str) -> float:
     return sum(metric_sum(scrape(url), "meshserve_worker_adapter_requests_total", adapter=adapter)
                for name, url in mesh.metrics.items() if name.startswith("worker-"))
+
+
+async def test_adapters_load_and_unload_through_the_edge_as_vllms_endpoints(mesh: Mesh, tmp_path: Path) -> None:
+    """POST /v1/load_lora_adapter and /v1/unload_lora_adapter at Envoy (transcoded to the gateway's
+    Adapters service): the adapter is listed and served at once, refusals are OpenAI's error shape
+    with vLLM's reason and status, and the fleet serves on."""
+    folder = tmp_path / "billing"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(json.dumps({"r": 8, "lora_alpha": 16, "peft_type": "LORA"}))
+    client = openai.AsyncOpenAI(base_url=f"http://{mesh.envoy_address}/v1", api_key="unused", max_retries=0)
+    async with httpx.AsyncClient(base_url=f"http://{mesh.envoy_address}", timeout=30) as http:
+        loaded = await http.post("/v1/load_lora_adapter", json={"lora_name": "billing", "lora_path": str(folder)})
+        assert loaded.status_code == 200, loaded.text
+        assert loaded.json()["message"] == "Success: LoRA adapter 'billing' added successfully."
+        cards = {m.id: m for m in (await client.models.list()).data}
+        assert (cards["billing"].root, cards["billing"].parent) == (str(folder), DEFAULT_MODEL)  # type: ignore[attr-defined]
+        answer = await client.completions.create(model="billing", prompt="hi", max_tokens=2, temperature=0)
+        assert answer.model == "billing"
+
+        twice = await http.post("/v1/load_lora_adapter", json={"lora_name": "billing", "lora_path": str(folder)})
+        assert twice.status_code == 400
+        assert twice.json()["error"]["message"] == "The lora adapter 'billing' has already been loaded."
+        missing = await http.post("/v1/load_lora_adapter", json={"lora_name": "gone", "lora_path": str(tmp_path / "no")})
+        assert missing.status_code == 400
+        assert missing.json()["error"]["message"] == f"Loading lora gone failed: No adapter found for {tmp_path / 'no'}"
+        assert missing.json()["error"]["type"] == "invalid_request_error"
+
+        unloaded = await http.post("/v1/unload_lora_adapter", json={"lora_name": "billing"})
+        assert unloaded.status_code == 200, unloaded.text
+        assert "billing" not in {m.id for m in (await client.models.list()).data}
+        with pytest.raises(openai.NotFoundError):
+            await client.completions.create(model="billing", prompt="hi", max_tokens=2)
+        unknown = await http.post("/v1/unload_lora_adapter", json={"lora_name": "billing"})
+        assert unknown.status_code == 404
+        assert unknown.json()["error"]["message"] == "The lora adapter 'billing' cannot be found."
+    served = await client.completions.create(model=DEFAULT_MODEL, prompt="hi", max_tokens=2)
+    assert served.choices[0].text

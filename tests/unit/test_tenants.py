@@ -15,11 +15,11 @@ def test_keys_map_to_tenants_and_settings_follow_the_tenant() -> None:
         # team a: two keys, its settings on one of them
         {KEY_A}  team-a  weight=2 priority=-1 max_concurrency=64 tpm=200000
         {KEY_A2} team-a
-        {KEY_B}  batch   priority=5 daily_tokens=50000000 max_n=4 max_tokens=4096   # the nightly jobs
+        {KEY_B}  batch   priority=5 daily_tokens=50000000 max_n=4 max_tokens=4096 admin=1   # the nightly jobs
     """, "keys")
     assert keys.tenants == {KEY_A: "team-a", KEY_A2: "team-a", KEY_B: "batch"}
     assert keys.of("team-a") == TenantSettings(weight=2.0, priority=-1, max_concurrency=64, tpm=200000)
-    assert keys.of("batch") == TenantSettings(priority=5, daily_tokens=50_000_000, max_n=4, max_tokens=4096)
+    assert keys.of("batch") == TenantSettings(priority=5, daily_tokens=50_000_000, max_n=4, max_tokens=4096, admin=1)
     assert keys.of("someone-else") == DEFAULT == TenantSettings()
 
 
@@ -32,6 +32,7 @@ def test_keys_map_to_tenants_and_settings_follow_the_tenant() -> None:
     (f"{KEY_A} team-a tpm=-5", "tpm must be at least 0"),
     (f"{KEY_A} team-a priority=high", "priority must be an integer"),
     (f"{KEY_A} team-a fast", "expected name=value"),
+    (f"{KEY_A} team-a admin=2", "admin must be 0 or 1"),
 ])
 def test_a_bad_line_is_refused_naming_it_and_not_its_key(line: str, says: str) -> None:
     with pytest.raises(KeysError) as e:

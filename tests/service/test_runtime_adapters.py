@@ -1,0 +1,184 @@
+"""LoRA adapters loaded and unloaded across a fleet while it serves (the gateway's Adapters
+service): real sim workers, two with LoRA enabled (ranks up to 16 and up to 8) and one without,
+behind gateways with the router embedded. The workers' own Info is what each test reads back."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from meshserve.commands.gateway_service import start as start_gateway
+from meshserve.services.config import DEFAULT_MODEL, EMBEDDED_ROUTER, GatewayConfig, WorkerConfig
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.server import insecure_channel
+from meshserve.worker.server import start_worker
+from tests.integration.helpers import until
+
+TIMEOUT = 10.0
+TENANT = "x-meshserve-tenant"
+
+
+def adapter(folder: Path, rank: int = 8) -> str:
+    """A folder the sim takes as an adapter: its PEFT config (the sim reads no weights)."""
+    folder.mkdir(parents=True)
+    (folder / "adapter_config.json").write_text(json.dumps({"r": rank, "lora_alpha": 2 * rank, "peft_type": "LORA"}))
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+async def workers() -> AsyncIterator[dict[str, str]]:
+    """w0 (LoRA, rank <= 16), w1 (LoRA, rank <= 8), w2 (no LoRA): id -> address."""
+    async with AsyncExitStack() as stack:
+        addresses = {}
+        for i, lora in enumerate([dict(enable_lora=True, max_lora_rank=16), dict(enable_lora=True, max_lora_rank=8), {}]):
+            running, _ = await start_worker(WorkerConfig(host="127.0.0.1", port=0, metrics_port=-1, engine="sim",
+                                                         worker_id=f"w{i}", grace_seconds=1.0, sim_itl_base_ms=1.0,
+                                                         **lora))
+            stack.push_async_callback(running.shutdown)
+            addresses[f"w{i}"] = f"127.0.0.1:{running.port}"
+        yield addresses
+
+
+Gateway = Callable[..., Awaitable[grpc.aio.Channel]]
+
+
+@pytest.fixture
+async def gateway(workers: dict[str, str]) -> AsyncIterator[Gateway]:
+    """Starts a gateway on ``of`` (worker ids; all by default) once it sees them all healthy."""
+    async with AsyncExitStack() as stack:
+
+        async def start(of: tuple[str, ...] = ("w0", "w1", "w2"), **cfg: Any) -> grpc.aio.Channel:
+            running = await start_gateway(GatewayConfig(
+                port=0, metrics_port=-1, grace_seconds=1, router=EMBEDDED_ROUTER, cache="", routing="round-robin",
+                workers=[workers[w] for w in of], **{"allow_runtime_lora_updating": True, **cfg}))
+            stack.push_async_callback(running.shutdown)
+            channel = insecure_channel(f"127.0.0.1:{running.port}")
+            stack.push_async_callback(channel.close)
+            router = pb_grpc.RouterStub(channel)
+
+            async def all_serve() -> bool:
+                listed = (await router.ListWorkers(pb.ListWorkersRequest(), timeout=TIMEOUT)).workers
+                return len(listed) == len(of) and all(w.healthy for w in listed)
+
+            await until(all_serve, "the gateway's router to hear from its workers")
+            return channel
+
+        yield start
+
+
+async def held(workers: dict[str, str]) -> dict[str, list[str]]:
+    """Each worker's adapters, as the worker itself says."""
+    out = {}
+    for worker, address in workers.items():
+        async with insecure_channel(address) as channel:
+            info = await pb_grpc.WorkerStub(channel).Info(pb.InfoRequest(), timeout=TIMEOUT)
+            out[worker] = [a.name for a in info.lora.adapters]
+    return out
+
+
+async def ask(channel: grpc.aio.Channel, model: str, prompt: str = "Where is my parcel?") -> pb.GenerateResponse:
+    req = pb.GenerateRequest(prompt=prompt, max_tokens=4, temperature=0, model=model, cache="off")
+    return [c async for c in pb_grpc.InferenceStub(channel).Generate(req, timeout=TIMEOUT)][-1]
+
+
+async def refusal(call: Awaitable[Any]) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await call
+    return refused.value
+
+
+async def models(channel: grpc.aio.Channel) -> dict[str, pb.Model]:
+    return {m.id: m for m in (await pb_grpc.OpenAIStub(channel).ListModels(pb.ListModelsRequest(), timeout=TIMEOUT)).data}
+
+
+async def test_a_loaded_adapter_is_routed_and_listed_at_once_and_unloading_ends_it(
+    gateway: Gateway, workers: dict[str, str], tmp_path: Path
+) -> None:
+    channel = await gateway()
+    admin = pb_grpc.AdaptersStub(channel)
+    path = adapter(tmp_path / "legal")
+    loaded = await admin.LoadLoraAdapter(pb.LoadLoraAdapterRequest(lora_name="legal", lora_path=path), timeout=TIMEOUT)
+    assert loaded.message == "Success: LoRA adapter 'legal' added successfully."
+    assert sorted(loaded.workers) == ["w0", "w1"]
+    assert await held(workers) == {"w0": ["legal"], "w1": ["legal"], "w2": []}
+    # No wait: the call returned once this gateway's view showed it.
+    card = (await models(channel))["legal"]
+    assert (card.root, card.parent) == (path, DEFAULT_MODEL)
+    assert {(await ask(channel, "legal", f"question {i}")).worker for i in range(4)} == {"w0", "w1"}
+
+    again = await refusal(admin.LoadLoraAdapter(pb.LoadLoraAdapterRequest(lora_name="legal", lora_path=path),
+                                                timeout=TIMEOUT))
+    assert again.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert again.details() == "The lora adapter 'legal' has already been loaded."
+
+    unloaded = await admin.UnloadLoraAdapter(pb.UnloadLoraAdapterRequest(lora_name="legal"), timeout=TIMEOUT)
+    assert unloaded.message == "Success: LoRA adapter 'legal' removed successfully."
+    assert await held(workers) == {"w0": [], "w1": [], "w2": []}
+    assert "legal" not in await models(channel)
+    assert (await refusal(ask(channel, "legal"))).code() == grpc.StatusCode.NOT_FOUND
+    unknown = await refusal(admin.UnloadLoraAdapter(pb.UnloadLoraAdapterRequest(lora_name="legal"), timeout=TIMEOUT))
+    assert unknown.code() == grpc.StatusCode.NOT_FOUND
+    assert unknown.details() == "The lora adapter 'legal' cannot be found."
+
+
+async def test_a_load_one_worker_refuses_is_undone_on_the_others(
+    gateway: Gateway, workers: dict[str, str], tmp_path: Path
+) -> None:
+    channel = await gateway()
+    admin = pb_grpc.AdaptersStub(channel)
+    # Rank 16: w0's slots hold it, w1's (rank <= 8) do not.
+    refused = await refusal(admin.LoadLoraAdapter(
+        pb.LoadLoraAdapterRequest(lora_name="wide", lora_path=adapter(tmp_path / "wide", rank=16)), timeout=TIMEOUT))
+    assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.details() == "LoRA rank 16 is greater than max_lora_rank 8."
+    assert await held(workers) == {"w0": [], "w1": [], "w2": []}
+
+    missing = await refusal(admin.LoadLoraAdapter(
+        pb.LoadLoraAdapterRequest(lora_name="gone", lora_path=str(tmp_path / "nothing")), timeout=TIMEOUT))
+    assert missing.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert missing.details() == f"Loading lora gone failed: No adapter found for {tmp_path / 'nothing'}"
+    assert await held(workers) == {"w0": [], "w1": [], "w2": []}
+    assert "gone" not in await models(channel)
+    assert (await ask(channel, DEFAULT_MODEL)).finish_reason  # the fleet serves on
+
+    for request in (pb.LoadLoraAdapterRequest(lora_name="x"), pb.LoadLoraAdapterRequest(lora_path=str(tmp_path)),
+                    pb.LoadLoraAdapterRequest(lora_name=DEFAULT_MODEL, lora_path=adapter(tmp_path / "b"))):
+        assert (await refusal(admin.LoadLoraAdapter(request, timeout=TIMEOUT))).code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_a_fleet_with_no_lora_worker_refuses_clearly(gateway: Gateway, tmp_path: Path) -> None:
+    channel = await gateway(of=("w2",))
+    refused = await refusal(pb_grpc.AdaptersStub(channel).LoadLoraAdapter(
+        pb.LoadLoraAdapterRequest(lora_name="legal", lora_path=adapter(tmp_path / "legal")), timeout=TIMEOUT))
+    assert refused.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "no serving worker has LoRA enabled" in (refused.details() or "")
+
+
+async def test_only_a_gateway_that_allows_it_and_only_for_an_admin_tenant(
+    gateway: Gateway, workers: dict[str, str], tmp_path: Path
+) -> None:
+    load = pb.LoadLoraAdapterRequest(lora_name="legal", lora_path=adapter(tmp_path / "legal"))
+    off = pb_grpc.AdaptersStub(await gateway(allow_runtime_lora_updating=False))
+    refused = await refusal(off.LoadLoraAdapter(load, timeout=TIMEOUT))
+    assert refused.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "--allow-runtime-lora-updating" in (refused.details() or "")
+
+    keys = tmp_path / "keys"
+    keys.write_text("sk-team-a-000000 team-a\nsk-ops-00000000 ops admin=1\n")
+    admin = pb_grpc.AdaptersStub(await gateway(api_keys_file=str(keys)))
+    for tenant in ("team-a", ""):
+        refused = await refusal(admin.LoadLoraAdapter(load, metadata=((TENANT, tenant),), timeout=TIMEOUT))
+        assert refused.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "admin=1" in (refused.details() or "")
+    assert await held(workers) == {"w0": [], "w1": [], "w2": []}
+    await admin.LoadLoraAdapter(load, metadata=((TENANT, "ops"),), timeout=TIMEOUT)
+    assert await held(workers) == {"w0": ["legal"], "w1": ["legal"], "w2": []}
+    await admin.UnloadLoraAdapter(pb.UnloadLoraAdapterRequest(lora_name="legal"), metadata=((TENANT, "ops"),),
+                                  timeout=TIMEOUT)
