@@ -1,6 +1,8 @@
 """LoRA adapters on the real vLLM engine: a worker started with two adapters made by `meshserve
 make-adapter` answers a request naming one as vLLM's own offline ``LLM`` does with that adapter's
-``LoRARequest`` (greedy, token for token), and not as the base model does."""
+``LoRARequest`` (greedy, token for token), and not as the base model does; an adapter loaded at run
+time through a gateway (/v1/load_lora_adapter's service) answers so too, and one vLLM refuses is
+refused with vLLM's reason while the worker serves on."""
 
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from meshserve.services.config import WorkerConfig
+from meshserve.commands.gateway_service import start as start_gateway
+from meshserve.services.config import EMBEDDED_ROUTER, GatewayConfig, WorkerConfig
 from meshserve.services.gen import meshserve_pb2 as pb
 from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
 from meshserve.services.prompts import block_hashes, chain_root
@@ -48,9 +51,9 @@ print(json.dumps(out))
 """
 
 
-def make_adapter(name: str) -> str:
+def make_adapter(name: str, *flags: str) -> str:
     """The folder `meshserve make-adapter NAME` prints on its last line."""
-    out = subprocess.run([sys.executable, "-m", "meshserve.commands.cli", "make-adapter", name],
+    out = subprocess.run([sys.executable, "-m", "meshserve.commands.cli", "make-adapter", name, *flags],
                          capture_output=True, text=True, check=True, timeout=TIMEOUT)
     return out.stdout.splitlines()[-1]
 
@@ -61,9 +64,15 @@ def adapters() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def offline(tiny_model: Path, adapters: dict[str, str]) -> dict[str, list[list[int]]]:
+def late() -> str:
+    """An adapter the worker does not start with: loaded at run time."""
+    return make_adapter("gamma")
+
+
+@pytest.fixture(scope="module")
+def offline(tiny_model: Path, adapters: dict[str, str], late: str) -> dict[str, list[list[int]]]:
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    args = json.dumps([str(tiny_model), adapters, PROMPTS, MAX_TOKENS, ENGINE])
+    args = json.dumps([str(tiny_model), {**adapters, "gamma": late}, PROMPTS, MAX_TOKENS, ENGINE])
     out = subprocess.run([sys.executable, "-c", OFFLINE, args], capture_output=True, text=True, env=env,
                          timeout=TIMEOUT)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -124,6 +133,75 @@ async def test_an_adapters_blocks_are_reported_under_its_own_chain(
     await until(lambda: asyncio.sleep(0, all(h in view for h in own)), "the adapter's blocks in the KV events",
                 TIMEOUT)
     assert not any(h in view for h in base)
+
+
+# -- adapters at run time, through a gateway ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+async def gateway(worker: tuple[Running, WorkerServicer]) -> AsyncIterator[grpc.aio.Channel]:
+    """A gateway over the module's worker (its router embedded) that loads adapters at run time."""
+    running = await start_gateway(GatewayConfig(
+        port=0, metrics_port=-1, grace_seconds=1, router=EMBEDDED_ROUTER, cache="",
+        workers=[f"127.0.0.1:{worker[0].port}"], allow_runtime_lora_updating=True))
+    channel = insecure_channel(f"127.0.0.1:{running.port}")
+    router = pb_grpc.RouterStub(channel)
+
+    async def serving() -> bool:
+        return any(w.healthy for w in (await router.ListWorkers(pb.ListWorkersRequest(), timeout=TIMEOUT)).workers)
+
+    try:
+        await until(serving, "the gateway's router to hear from the worker", TIMEOUT)
+        yield channel
+    finally:
+        await channel.close()
+        await running.shutdown()
+
+
+async def via_mesh(channel: grpc.aio.Channel, prompt: str, model: str) -> list[int]:
+    request = pb.GenerateRequest(prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True, model=model)
+    return [t async for c in pb_grpc.InferenceStub(channel).Generate(request, timeout=TIMEOUT) for t in c.token_ids]
+
+
+async def engine_loras(worker: tuple[Running, WorkerServicer]) -> set[int]:
+    """The LoRA ids vLLM's engine holds loaded, as vLLM itself lists them."""
+    return set(await worker[1].engine._llm.list_loras())  # type: ignore[attr-defined]
+
+
+async def test_an_adapter_loaded_at_run_time_answers_as_vllm_offline_and_unloaded_is_gone(
+    gateway: grpc.aio.Channel, worker: tuple[Running, WorkerServicer], late: str,
+    offline: dict[str, list[list[int]]],
+) -> None:
+    admin = pb_grpc.AdaptersStub(gateway)
+    before = await engine_loras(worker)
+    await admin.LoadLoraAdapter(pb.LoadLoraAdapterRequest(lora_name="gamma", lora_path=late), timeout=TIMEOUT)
+    [gamma_id] = await engine_loras(worker) - before
+    for i, prompt in enumerate(PROMPTS):
+        assert await via_mesh(gateway, prompt, "gamma") == offline["gamma"][i], prompt
+
+    await admin.UnloadLoraAdapter(pb.UnloadLoraAdapterRequest(lora_name="gamma"), timeout=TIMEOUT)
+    assert gamma_id not in await engine_loras(worker)
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await via_mesh(gateway, PROMPTS[0], "gamma")
+    assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_an_adapter_vllm_refuses_is_refused_with_its_reason_and_the_worker_serves_on(
+    gateway: grpc.aio.Channel, stub: pb_grpc.WorkerStub, adapters: dict[str, str], tmp_path: Path,
+    offline: dict[str, list[list[int]]],
+) -> None:
+    admin = pb_grpc.AdaptersStub(gateway)
+    wide = make_adapter("wide", "--rank", "16")  # the worker's slots hold rank 8 at most
+    cases = {"missing": (str(tmp_path / "nothing"), f"No adapter found for {tmp_path / 'nothing'}"),
+             "wide": (wide, "LoRA rank 16 is greater than max_lora_rank 8")}
+    for name, (path, reason) in cases.items():
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await admin.LoadLoraAdapter(pb.LoadLoraAdapterRequest(lora_name=name, lora_path=path), timeout=TIMEOUT)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert reason in (refused.value.details() or "")
+    info = await stub.Info(pb.InfoRequest(), timeout=TIMEOUT)
+    assert [a.name for a in info.lora.adapters] == list(adapters)
+    assert await via_mesh(gateway, PROMPTS[0], "alpha") == offline["alpha"][0]
 
 
 @pytest.fixture
