@@ -576,7 +576,7 @@ CACHE_FLAGS = ("ttl_seconds", "key_prefix", "max_entry_bytes", "semantic", "sema
                "embed_runtime", "semantic_budget_s")
 GATEWAY_FLAGS = ("coalesce", "cache_mode", "cache_timeout_s", "stall_timeout_s", "migrations",
                  "migration_timeout_s", "pick_timeout_s", "flow_control", "flow_headroom", "flow_max_queued",
-                 "flow_max_wait_s", *REQUEST_LIMIT_FIELDS)
+                 "flow_max_wait_s", "allow_runtime_lora_updating", "lora_registry", *REQUEST_LIMIT_FIELDS)
 ENVOY_FLAGS = ("admin_port", "api_keys_file", "tls_cert", "tls_key", "tls_client_ca")
 SHARED_FLAGS = ("trace_sampling_ratio",)  # every service's and Envoy's: MeshSpec's
 UP_FIELDS: dict[type, tuple[str, ...]] = {

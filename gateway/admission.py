@@ -1,8 +1,8 @@
 """The gateway's first stage: a request is checked and admitted, or refused at once.
 
 Checked: the request itself (services.validation: every field a client sets, what it may hold:
-the gateway's RequestLimits, sizes and counts first, and the model it names: the served one or a
-LoRA adapter the fleet serves) and against its tenant's settings (services.tenants: the priority
+the gateway's RequestLimits, sizes and counts first, and the model it names: the served one, a
+LoRA adapter the fleet serves, or one of the gateway's registry, which a worker loads on demand) and against its tenant's settings (services.tenants: the priority
 it may ask for, its default, the most tokens a choice may ask for); admitted: while fewer than
 ``max_in_flight`` requests are being served by this gateway; past that bound the caller gets
 RESOURCE_EXHAUSTED with a retry hint rather than a place in a queue. (Flow control, gateway.flow,
@@ -26,9 +26,11 @@ from meshserve.services.tenants import DEFAULT, TenantSettings
 
 class Admission:
     def __init__(self, model: str, max_in_flight: int, settings: Callable[[str], TenantSettings] = lambda _: DEFAULT,
-                 adapters: Callable[[], Collection[str]] = tuple, limits: RequestLimits | None = None) -> None:
+                 adapters: Callable[[], Collection[str]] = tuple, limits: RequestLimits | None = None,
+                 registry: Callable[[str], str | None] = lambda _: None) -> None:
         self._model = model
         self._adapters = adapters  # the LoRA adapters the fleet serves now
+        self._registry = registry  # an adapter's folder, for those a worker may load on demand
         self._max_in_flight = max_in_flight
         self._settings = settings
         self._limits = limits or RequestLimits()
@@ -51,9 +53,15 @@ class Admission:
         if request.continue_token_ids:
             raise invalid(grpc.StatusCode.INVALID_ARGUMENT, "'continue_token_ids' is set by the gateway when it "
                           "migrates a stream; clients may not set it", "continue_token_ids")
+        if request.lora_path:
+            raise invalid(grpc.StatusCode.INVALID_ARGUMENT, "'lora_path' is set by the gateway from its LoRA "
+                          "registry; clients may not set it", "lora_path")
+        on_demand = None  # the folder of an adapter no worker holds that the registry has
         if request.model and request.model != self._model and request.model not in (adapters := self._adapters()):
-            raise invalid(grpc.StatusCode.NOT_FOUND, validation.unknown_model(request.model, self._model, adapters),
-                          "model")
+            on_demand = self._registry(request.model)
+            if on_demand is None:
+                raise invalid(grpc.StatusCode.NOT_FOUND, validation.unknown_model(request.model, self._model, adapters),
+                              "model")
         own = self._settings(tenant)
         if request.HasField("priority") and request.priority < own.priority:
             raise invalid(grpc.StatusCode.INVALID_ARGUMENT, f"'priority' {request.priority} is more urgent than "
@@ -66,6 +74,8 @@ class Admission:
         if req.model == self._model:  # the base model: every worker serves it, under whatever name
             req.ClearField("model")
         req.request_id = uuid.uuid4().hex
+        if on_demand is not None:
+            req.lora_path = on_demand
         if not req.HasField("priority"):
             req.priority = own.priority
         if own.max_tokens and not req.HasField("max_tokens") and validation.max_tokens(req) > own.max_tokens:

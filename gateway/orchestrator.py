@@ -30,6 +30,7 @@ from meshserve.gateway.flights import Flight
 from meshserve.gateway.flow import FlowController
 from meshserve.gateway.ledger import Bill, Ledger, Sent
 from meshserve.gateway.limits import Limits
+from meshserve.gateway.registry import LoraRegistry
 from meshserve.gateway.relay import add_tool_call_piece
 from meshserve.gateway.response_cache import CacheKey, ResponseCache
 from meshserve.gateway.selector import WorkerSelector
@@ -59,7 +60,8 @@ class Orchestrator:
         self._clock = clock
         self.fleet = FleetView(clients.watch_fleet)
         self.tenants = tenants.load_keys(cfg.api_keys_file)  # each tenant's settings
-        self._admission = Admission(cfg.model, cfg.max_in_flight, self.tenants.of, self.fleet.adapters, cfg)
+        registry = LoraRegistry(cfg.lora_registry).path if cfg.lora_registry else (lambda _: None)
+        self._admission = Admission(cfg.model, cfg.max_in_flight, self.tenants.of, self.fleet.adapters, cfg, registry)
         redis = cache_keys.connect(cfg.redis_url, socket_timeout_s=cfg.limits_timeout_s) if cfg.redis_url else None
         self._limits = Limits(self.tenants.of, redis, cfg.tenant_key_prefix, cfg.flow_fleet_share,
                               cfg.limits_timeout_s, clock)

@@ -112,6 +112,7 @@ class WorkerSelector:
                 pick = await self._picks.pick(
                     pb.PickRequest(request_id=req.request_id, prompt=req.prompt, messages=req.messages,
                                    exclude=exclude, session_key=req.user, adapter=req.model,
+                                   adapter_loadable=bool(req.lora_path),
                                    trace_context=dict(telemetry.outgoing_metadata()),
                                    deadline_unix_ms=int((time.time() + self._timeout_s) * 1000)),
                     self._timeout_s)
@@ -123,19 +124,21 @@ class WorkerSelector:
             if not waited:  # the request went on without it; a router that is away shows on the next wait
                 log.debug("request %s: the router's pick, not waited for, failed: %s", req.request_id, e.detail)
                 return None
-            return self._without_router(e, exclude, req.model)
+            return self._without_router(e, exclude, req)
         if not self._router_ok:
             log.info("router is answering in time again")
             self._router_ok = True
         return pick
 
-    def _without_router(self, e: PickFailed, exclude: Sequence[str], adapter: str) -> pb.PickResponse:
+    def _without_router(self, e: PickFailed, exclude: Sequence[str], req: pb.GenerateRequest) -> pb.PickResponse:
         """A router that is away or late: the request goes to a worker the fleet view shows. One
         that refused (no worker fits) is a refusal still."""
         late = e.code == grpc.StatusCode.DEADLINE_EXCEEDED  # no answer in time, or dropped by a router behind
         if not late and (isinstance(e, PickRefused) or e.code != grpc.StatusCode.UNAVAILABLE):
             raise GatewayError(e.code, f"router: {e.detail}") from None
-        candidates = self._reachable(exclude, adapter)
+        candidates = self._reachable(exclude, req.model)
+        if not candidates and req.lora_path:  # an adapter no worker holds: one with LoRA enabled loads it
+            candidates = [w for w in self._reachable(exclude, "") if w.HasField("lora")]
         if not candidates:
             raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"router unavailable: {e.detail}") from None
         if self._clock() - self._warned_at >= PICK_FAILURE_LOG_S:

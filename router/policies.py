@@ -32,6 +32,7 @@ class PickContext:
     first_user: str = ""                    # a chat's first user message ("" for a plain prompt)
     exclude: frozenset[str] = frozenset()   # worker ids that already failed this request
     adapter: str = ""                       # the LoRA adapter it runs on ("": the base model)
+    adapter_loadable: bool = False          # a worker with LoRA enabled can load it (its lora_path)
     session_key: str = ""                   # same key, same worker (session affinity)
     # The prompt's full-block hash chain and, by worker address, how many leading blocks of it
     # each worker holds (from the KV index the policy reads); None when the router has no view.
@@ -88,7 +89,9 @@ class Picker(abc.ABC):
 
 
 class AdapterFilter(Filter):
-    """Workers that serve the request's LoRA adapter (every worker serves the base model)."""
+    """Workers that serve the request's LoRA adapter (every worker serves the base model). While
+    none does, an adapter the request can have loaded (``adapter_loadable``) admits the workers
+    with LoRA enabled: the one picked loads it."""
 
     def keep(self, ctx: PickContext, fleet: Fleet, mask: np.ndarray) -> np.ndarray:
         if not ctx.adapter:
@@ -96,6 +99,9 @@ class AdapterFilter(Filter):
         kept = mask.copy()
         for row in mask.nonzero()[0]:
             kept[row] = fleet.views[row].serves(ctx.adapter)
+        if ctx.adapter_loadable and not kept.any():
+            for row in mask.nonzero()[0]:
+                kept[row] = fleet.views[row].lora is not None
         return kept
 
     def why_empty(self, ctx: PickContext) -> str:

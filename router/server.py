@@ -329,6 +329,7 @@ class RouterServicer(pb_grpc.RouterServicer):
             exclude=frozenset(request.exclude),
             session_key=request.session_key,
             adapter=request.adapter,
+            adapter_loadable=request.adapter_loadable,
         )
         try:
             pick = self._router.pick(ctx, messages or None, hashes)

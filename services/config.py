@@ -403,6 +403,10 @@ class GatewayConfig(ServerConfig, RoutingConfig, RequestLimits):
         False, "serve /v1/load_lora_adapter and /v1/unload_lora_adapter: LoRA adapters loaded and unloaded across "
                "the fleet while it serves (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING); with API keys, only for a "
                "tenant whose line of --api-keys-file says admin=1")
+    lora_registry: str = _f(
+        "", "LoRA adapters served on demand: a folder whose subfolders are adapters (named by their folder, as "
+            "vLLM's filesystem resolver reads them) or a file of name=path lines; a request naming one no worker "
+            "holds goes to a worker with LoRA enabled, which loads it first (paths as the workers see them)")
     adapter_change_timeout_s: float = _f(
         30.0, "a worker loading or unloading a LoRA adapter is waited for this long, and the fleet view showing "
               "the change after it (both within Envoy's --unary-timeout-s)", minimum=0.0)

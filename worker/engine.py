@@ -319,13 +319,25 @@ class Engine(abc.ABC):
         if not name or not path:
             raise InvalidRequest("Both 'lora_name' and 'lora_path' must be provided.")
         async with self._adapters_lock():
-            lora = self._lora_on()
-            if name == self.info.model:
-                raise InvalidRequest(f"The lora adapter '{name}' conflicts with a served base model.", param="lora_name")
-            if name in lora.adapters:
+            if name in self._lora_on().adapters:
                 raise InvalidRequest(f"The lora adapter '{name}' has already been loaded.", param="lora_name")
-            await self._add_adapter(name, path)
-            self._set_adapters({**lora.adapters, name: path})
+            await self._load_new_adapter(name, path)
+
+    async def ensure_adapter(self, name: str, path: str) -> None:
+        """Loads ``path`` as ``name`` unless the engine holds ``name`` already (a request for an
+        adapter of the gateway's registry): requests that ask at once wait for one load."""
+        if name in self._lora_on().adapters:
+            return
+        async with self._adapters_lock():
+            if name not in self._lora_on().adapters:
+                await self._load_new_adapter(name, path)
+
+    async def _load_new_adapter(self, name: str, path: str) -> None:
+        """Loads an adapter the engine does not hold (the adapter lock held)."""
+        if name == self.info.model:
+            raise InvalidRequest(f"The lora adapter '{name}' conflicts with a served base model.", param="lora_name")
+        await self._add_adapter(name, path)
+        self._set_adapters({**self._lora_on().adapters, name: path})
 
     async def unload_adapter(self, name: str) -> None:
         """Unloads the adapter ``name``: UnknownModel (vLLM's 404) when it holds none of that name."""

@@ -236,6 +236,8 @@ class WorkerServicer(pb_grpc.WorkerServicer):
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
                        ) -> AsyncIterator[pb.GenerateResponse]:
         self.requests_received += 1  # refused ones too: the router's pick has arrived either way
+        if request.lora_path and request.model:  # an adapter of the gateway's registry: loaded on first use
+            await self._ensure_adapter(request.model, request.lora_path, context)
         try:  # a large request (a long prompt, a JSON schema) is checked off the event loop
             req = await self._offload.run(validation.check_cost(request), self._engine_request, request)
         except UnknownModel as e:
@@ -443,6 +445,15 @@ class WorkerServicer(pb_grpc.WorkerServicer):
         await self._change_adapters(self.engine.unload_adapter(name), context)
         return pb.LoraAdapterResponse(message=f"Success: LoRA adapter '{name}' removed successfully.",
                                       workers=[self.worker_id])
+
+    async def _ensure_adapter(self, name: str, path: str, context: grpc.aio.ServicerContext) -> None:
+        try:
+            await self.engine.ensure_adapter(name, path)
+        except validation.InvalidRequest as e:  # the request's model is at fault, not a field it set
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the LoRA adapter {name!r} cannot be loaded: {e}",
+                                validation.param_metadata("model"))
+        except LoraDisabled as e:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"worker {self.worker_id}: {e}")
 
     async def _change_adapters(self, change: Awaitable[None], context: grpc.aio.ServicerContext) -> None:
         """Runs an adapter change of the engine; its refusals as vLLM's statuses."""

@@ -33,7 +33,7 @@ class ToolCall(_message.Message):
     def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., arguments: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "messages", "max_tokens", "temperature", "top_p", "seed", "stop", "ignore_eos", "request_id", "skip_cache", "model", "stream_interval", "user", "cache", "continue_token_ids", "presence_penalty", "frequency_penalty", "repetition_penalty", "top_k", "min_p", "min_tokens", "stop_token_ids", "logit_bias", "include_stop_str_in_output", "skip_special_tokens", "logprobs", "structured_outputs", "tools", "parse_tool_calls", "chat_template_kwargs", "include_reasoning", "add_generation_prompt", "continue_final_message", "priority")
+    __slots__ = ("prompt", "messages", "max_tokens", "temperature", "top_p", "seed", "stop", "ignore_eos", "request_id", "skip_cache", "model", "stream_interval", "user", "cache", "continue_token_ids", "presence_penalty", "frequency_penalty", "repetition_penalty", "top_k", "min_p", "min_tokens", "stop_token_ids", "logit_bias", "include_stop_str_in_output", "skip_special_tokens", "logprobs", "structured_outputs", "tools", "parse_tool_calls", "chat_template_kwargs", "include_reasoning", "add_generation_prompt", "continue_final_message", "priority", "lora_path")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -75,6 +75,7 @@ class GenerateRequest(_message.Message):
     ADD_GENERATION_PROMPT_FIELD_NUMBER: _ClassVar[int]
     CONTINUE_FINAL_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    LORA_PATH_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     max_tokens: int
@@ -109,7 +110,8 @@ class GenerateRequest(_message.Message):
     add_generation_prompt: bool
     continue_final_message: bool
     priority: int
-    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., ignore_eos: _Optional[bool] = ..., request_id: _Optional[str] = ..., skip_cache: _Optional[bool] = ..., model: _Optional[str] = ..., stream_interval: _Optional[int] = ..., user: _Optional[str] = ..., cache: _Optional[str] = ..., continue_token_ids: _Optional[_Iterable[int]] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., include_stop_str_in_output: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ..., logprobs: _Optional[int] = ..., structured_outputs: _Optional[_Union[StructuredOutputs, _Mapping]] = ..., tools: _Optional[str] = ..., parse_tool_calls: _Optional[bool] = ..., chat_template_kwargs: _Optional[str] = ..., include_reasoning: _Optional[bool] = ..., add_generation_prompt: _Optional[bool] = ..., continue_final_message: _Optional[bool] = ..., priority: _Optional[int] = ...) -> None: ...
+    lora_path: str
+    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., ignore_eos: _Optional[bool] = ..., request_id: _Optional[str] = ..., skip_cache: _Optional[bool] = ..., model: _Optional[str] = ..., stream_interval: _Optional[int] = ..., user: _Optional[str] = ..., cache: _Optional[str] = ..., continue_token_ids: _Optional[_Iterable[int]] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., min_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., include_stop_str_in_output: _Optional[bool] = ..., skip_special_tokens: _Optional[bool] = ..., logprobs: _Optional[int] = ..., structured_outputs: _Optional[_Union[StructuredOutputs, _Mapping]] = ..., tools: _Optional[str] = ..., parse_tool_calls: _Optional[bool] = ..., chat_template_kwargs: _Optional[str] = ..., include_reasoning: _Optional[bool] = ..., add_generation_prompt: _Optional[bool] = ..., continue_final_message: _Optional[bool] = ..., priority: _Optional[int] = ..., lora_path: _Optional[str] = ...) -> None: ...
 
 class StructuredOutputs(_message.Message):
     __slots__ = ("json", "json_object", "regex", "choice", "grammar")
@@ -1074,7 +1076,7 @@ class SessionError(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., param: _Optional[str] = ...) -> None: ...
 
 class PickRequest(_message.Message):
-    __slots__ = ("request_id", "prompt", "exclude", "pick_id", "trace_context", "messages", "session_key", "deadline_unix_ms", "adapter")
+    __slots__ = ("request_id", "prompt", "exclude", "pick_id", "trace_context", "messages", "session_key", "deadline_unix_ms", "adapter", "adapter_loadable")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -1091,6 +1093,7 @@ class PickRequest(_message.Message):
     SESSION_KEY_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_LOADABLE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt: str
     exclude: _containers.RepeatedScalarFieldContainer[str]
@@ -1100,7 +1103,8 @@ class PickRequest(_message.Message):
     session_key: str
     deadline_unix_ms: int
     adapter: str
-    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., exclude: _Optional[_Iterable[str]] = ..., pick_id: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., session_key: _Optional[str] = ..., deadline_unix_ms: _Optional[int] = ..., adapter: _Optional[str] = ...) -> None: ...
+    adapter_loadable: bool
+    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., exclude: _Optional[_Iterable[str]] = ..., pick_id: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., session_key: _Optional[str] = ..., deadline_unix_ms: _Optional[int] = ..., adapter: _Optional[str] = ..., adapter_loadable: _Optional[bool] = ...) -> None: ...
 
 class PickResponse(_message.Message):
     __slots__ = ("worker_id", "address", "reason", "pick_id", "error_code", "error_message", "predicted_cached_tokens")

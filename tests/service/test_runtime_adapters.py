@@ -4,6 +4,7 @@ behind gateways with the router embedded. The workers' own Info is what each tes
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
@@ -18,7 +19,7 @@ from meshserve.services.config import DEFAULT_MODEL, EMBEDDED_ROUTER, GatewayCon
 from meshserve.services.gen import meshserve_pb2 as pb
 from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
 from meshserve.services.server import insecure_channel
-from meshserve.worker.server import start_worker
+from meshserve.worker.server import WorkerServicer, start_worker
 from tests.integration.helpers import until
 
 TIMEOUT = 10.0
@@ -33,16 +34,23 @@ def adapter(folder: Path, rank: int = 8) -> str:
 
 
 @pytest.fixture(scope="module")
-async def workers() -> AsyncIterator[dict[str, str]]:
+def servicers() -> dict[str, WorkerServicer]:
+    """The workers' servicers by id (their engines)."""
+    return {}
+
+
+@pytest.fixture(scope="module")
+async def workers(servicers: dict[str, WorkerServicer]) -> AsyncIterator[dict[str, str]]:
     """w0 (LoRA, rank <= 16), w1 (LoRA, rank <= 8), w2 (no LoRA): id -> address."""
     async with AsyncExitStack() as stack:
         addresses = {}
         for i, lora in enumerate([dict(enable_lora=True, max_lora_rank=16), dict(enable_lora=True, max_lora_rank=8), {}]):
-            running, _ = await start_worker(WorkerConfig(host="127.0.0.1", port=0, metrics_port=-1, engine="sim",
-                                                         worker_id=f"w{i}", grace_seconds=1.0, sim_itl_base_ms=1.0,
-                                                         **lora))
+            running, servicer = await start_worker(WorkerConfig(
+                host="127.0.0.1", port=0, metrics_port=-1, engine="sim", worker_id=f"w{i}", grace_seconds=1.0,
+                sim_itl_base_ms=1.0, **lora))
             stack.push_async_callback(running.shutdown)
             addresses[f"w{i}"] = f"127.0.0.1:{running.port}"
+            servicers[f"w{i}"] = servicer
         yield addresses
 
 
@@ -182,3 +190,46 @@ async def test_only_a_gateway_that_allows_it_and_only_for_an_admin_tenant(
     assert await held(workers) == {"w0": ["legal"], "w1": ["legal"], "w2": []}
     await admin.UnloadLoraAdapter(pb.UnloadLoraAdapterRequest(lora_name="legal"), metadata=((TENANT, "ops"),),
                                   timeout=TIMEOUT)
+
+
+async def test_an_adapter_of_the_registry_is_loaded_on_demand_by_the_worker_picked(
+    gateway: Gateway, workers: dict[str, str], servicers: dict[str, WorkerServicer], tmp_path: Path
+) -> None:
+    registry = tmp_path / "registry"
+    adapter(registry / "faq")
+    channel = await gateway(lora_registry=str(registry))
+    assert "faq" not in await models(channel)  # listed once a worker holds it, as vLLM lists loaded ones
+    versions = {w: servicers[w].engine.adapters_version for w in ("w0", "w1")}
+    # At once: the requests that find no worker holding it all go to workers with LoRA enabled.
+    answers = await asyncio.gather(*(ask(channel, "faq", f"question {i}") for i in range(6)))
+    serving = {a.worker for a in answers}
+    assert serving <= {"w0", "w1"}
+    now = await held(workers)
+    assert {w for w, names in now.items() if "faq" in names} == serving and now["w2"] == []
+    for w in serving:  # each loaded it once, however many requests asked at once
+        assert servicers[w].engine.adapters_version == versions[w] + 1
+
+    async def listed() -> bool:
+        return "faq" in await models(channel)
+
+    await until(listed, "the model list to show the adapter a worker loaded")
+    unknown = await refusal(ask(channel, "nowhere"))
+    assert unknown.code() == grpc.StatusCode.NOT_FOUND
+    sneaky = pb.GenerateRequest(prompt="hi", max_tokens=2, model="other", lora_path=str(registry / "faq"))
+    refused = await refusal(pb_grpc.InferenceStub(channel).Complete(sneaky, timeout=TIMEOUT))
+    assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "'lora_path' is set by the gateway" in (refused.details() or "")
+    await pb_grpc.AdaptersStub(channel).UnloadLoraAdapter(pb.UnloadLoraAdapterRequest(lora_name="faq"), timeout=TIMEOUT)
+
+
+async def test_an_adapter_of_the_registry_a_worker_cannot_load_is_refused_with_the_reason(
+    gateway: Gateway, workers: dict[str, str], tmp_path: Path
+) -> None:
+    registry = tmp_path / "registry.txt"
+    registry.write_text(f"broken={tmp_path / 'not-there'}\n")
+    channel = await gateway(of=("w0", "w2"), lora_registry=str(registry))
+    refused = await refusal(ask(channel, "broken"))
+    assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"No adapter found for {tmp_path / 'not-there'}" in (refused.details() or "")
+    assert await held(workers) == {"w0": [], "w1": [], "w2": []}
+    assert (await ask(channel, DEFAULT_MODEL)).finish_reason  # the fleet serves on

@@ -77,3 +77,14 @@ def test_a_lora_adapter_the_fleet_serves_is_admitted_and_the_base_models_name_cl
     assert e.message == "the model 'legal' does not exist; this mesh serves 'm' and the LoRA adapters 'support'"
     adapters["legal"] = "/a/legal"  # the fleet's view is read at each request
     assert admission.checked(pb.GenerateRequest(prompt="hi", model="legal")).model == "legal"
+
+
+def test_an_adapter_only_the_registry_has_goes_with_its_folder_and_clients_may_not_give_one() -> None:
+    registry = {"faq": "/registry/faq"}
+    admission = Admission("m", 1, adapters=lambda: {"support": "/a/support"}, registry=registry.get)
+    on_demand = admission.checked(pb.GenerateRequest(prompt="hi", model="faq"))
+    assert (on_demand.model, on_demand.lora_path) == ("faq", "/registry/faq")
+    assert admission.checked(pb.GenerateRequest(prompt="hi", model="support")).lora_path == ""  # a worker holds it
+    assert refusal(admission, pb.GenerateRequest(prompt="hi", model="legal")).code == grpc.StatusCode.NOT_FOUND
+    e = refusal(admission, pb.GenerateRequest(prompt="hi", model="support", lora_path="/etc"))
+    assert e.code == grpc.StatusCode.INVALID_ARGUMENT and validation.param_of(e.trailers) == "lora_path"

@@ -95,6 +95,12 @@ def picked(picker: Picker, scored: list[float], seed: int) -> str:
         (AdapterFilter(), PickContext(adapter="x"), [w("a"), serving(w("b"), "x", "y"), serving(w("c"), "y")], ["b"]),
         (AdapterFilter(), PickContext(), [w("a"), serving(w("b"), "x")], ["a", "b"]),  # the base model: any
         (AdapterFilter(), PickContext(adapter="z"), [w("a"), serving(w("b"), "x")], []),
+        # An adapter workers can load: those with LoRA enabled while none holds it, else its holders.
+        (AdapterFilter(), PickContext(adapter="z", adapter_loadable=True), [w("a"), serving(w("b"), "x"),
+                                                                            serving(w("c"))], ["b", "c"]),
+        (AdapterFilter(), PickContext(adapter="x", adapter_loadable=True), [w("a"), serving(w("b"), "x"),
+                                                                            serving(w("c"))], ["b"]),
+        (AdapterFilter(), PickContext(adapter="z", adapter_loadable=True), [w("a")], []),
     ],
 )
 def test_filters(filter_: Filter, ctx: PickContext, workers: list[WorkerView], kept_ids: list[str]) -> None:
