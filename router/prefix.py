@@ -22,7 +22,15 @@ from dataclasses import dataclass
 import prometheus_client
 
 from meshserve.services.offload import Offload
-from meshserve.services.prompts import ROOT_HASH, SIM_TOKENIZER, Encoder, block_hashes, cacheable_blocks, load_encoder
+from meshserve.services.prompts import (
+    ROOT_HASH,
+    SIM_TOKENIZER,
+    Encoder,
+    block_hashes,
+    cacheable_blocks,
+    chain_root,
+    load_encoder,
+)
 
 log = logging.getLogger(__name__)
 
@@ -217,25 +225,33 @@ class PromptBlocks:
         self.tokenizer_name, self.block_size = tokenizer, block_size
         log.info("prefix view: tokenizer %s, blocks of %d tokens", tokenizer, block_size)
 
-    def chain(self, prompt: str, messages: Sequence[Mapping[str, str]] | None) -> tuple[int, ...]:
+    def chain(self, prompt: str, messages: Sequence[Mapping[str, str]] | None, adapter: str = "") -> tuple[int, ...]:
         """The hashes of the prompt's blocks an engine could take from its cache ((): not ready),
-        on the event loop: never waits for the thread."""
-        return self._chain(prompt, messages, wait=False)
+        on the LoRA ``adapter``'s own chain ("": the base model's), on the event loop: never waits
+        for the thread."""
+        return self._chain(prompt, messages, False, adapter)
 
     def large(self, chars: int) -> bool:
         """Whether a prompt of about ``chars`` characters is hashed off the loop."""
         return self._offload.large(chars)
 
-    async def chain_off_loop(self, prompt: str, messages: Sequence[Mapping[str, str]] | None) -> tuple[int, ...]:
+    async def chain_off_loop(self, prompt: str, messages: Sequence[Mapping[str, str]] | None, adapter: str = ""
+                             ) -> tuple[int, ...]:
         """``chain``, in the thread (for a large prompt: ``large``)."""
-        return await self._offload.in_thread(self._chain, prompt, messages, True)
+        return await self._offload.in_thread(self._chain, prompt, messages, True, adapter)
 
-    def _chain(self, prompt: str, messages: Sequence[Mapping[str, str]] | None, wait: bool) -> tuple[int, ...]:
+    def _chain(self, prompt: str, messages: Sequence[Mapping[str, str]] | None, wait: bool, adapter: str = ""
+               ) -> tuple[int, ...]:
         reuse = self._reuse
         if reuse is None:
             return ()
         text, special = reuse.encoder.render(prompt, messages)
-        if self._reuse_lock.acquire(blocking=wait):
+        if adapter:
+            # An adapter's blocks chain from its own root, as vLLM hashes the adapter into them (the
+            # kept tokens' hashes are the base model's chain: the tokens are encoded afresh).
+            ids, _ = reuse.encoder.encode(text, special)
+            n, hashes = len(ids), block_hashes(ids, self.block_size, parent=chain_root(adapter))
+        elif self._reuse_lock.acquire(blocking=wait):
             try:
                 n, hashes = reuse.tokens(text, special)
             finally:

@@ -138,14 +138,9 @@ class Router:
             # One worker to choose from: the prompt's blocks would change nothing. Not worked out
             # (no tokenizing, not even the text hash), no cached tokens predicted.
             known.update(block_hashes=(), cached_blocks={})
-        elif view and ctx.adapter:
-            # An adapter's blocks are its own in the engine (vLLM hashes the adapter into them), and
-            # the router's chain is the base model's: it would credit a worker with blocks it holds
-            # for another model. The prefix view leaves adapter requests out.
-            known.update(block_hashes=(), cached_blocks={})
         elif view and self.prefix.ready:
-            if hashes is None:
-                hashes = self.prefix.chain(ctx.prompt if not messages else "", messages)
+            if hashes is None:  # an adapter's blocks on its own chain (vLLM hashes the adapter into them)
+                hashes = self.prefix.chain(ctx.prompt if not messages else "", messages, ctx.adapter)
             known.update(block_hashes=hashes, cached_blocks=self._cached(view, hashes, now, fleet.rows))
         ctx = replace(ctx, **known)
         try:
@@ -274,9 +269,8 @@ class RouterServicer(pb_grpc.RouterServicer):
                 task.cancel()
 
     def _large(self, request: pb.PickRequest) -> bool:
-        """Whether ``request``'s prompt is hashed off the loop before its pick (an adapter's
-        request is not hashed at all: ``Router.pick``)."""
-        return (bool(self._router.policy.prefix_view) and self._router.prefix.ready and not request.adapter
+        """Whether ``request``'s prompt is hashed off the loop before its pick."""
+        return (bool(self._router.policy.prefix_view) and self._router.prefix.ready
                 and self._router.prefix.large(len(request.prompt) + sum(len(m.content) for m in request.messages)))
 
     async def hashes(self, request: pb.PickRequest) -> tuple[int, ...] | None:
@@ -285,7 +279,8 @@ class RouterServicer(pb_grpc.RouterServicer):
         if not self._large(request):
             return None
         messages = [{"role": m.role, "content": m.content} for m in request.messages]
-        return await self._router.prefix.chain_off_loop(request.prompt if not messages else "", messages or None)
+        return await self._router.prefix.chain_off_loop(request.prompt if not messages else "", messages or None,
+                                                        request.adapter)
 
     async def answer_off_loop(self, request: pb.PickRequest, embedded: bool = False) -> pb.PickResponse:
         """``answer``, with a large prompt hashed off the event loop first."""

@@ -18,14 +18,16 @@ import grpc
 import pytest
 
 from meshserve.commands.gateway_service import start as start_gateway
-from meshserve.services.config import EMBEDDED_ROUTER, GatewayConfig, WorkerConfig
+from meshserve.router.server import start_router
+from meshserve.services.config import EMBEDDED_ROUTER, GatewayConfig, RouterConfig, WorkerConfig
 from meshserve.services.gen import meshserve_pb2 as pb
 from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
 from meshserve.services.prompts import block_hashes, chain_root
 from meshserve.services.server import Running, insecure_channel
 from meshserve.worker.engine import Request
 from meshserve.worker.server import WorkerServicer, start_worker
-from tests.integration.helpers import until
+from tests.conftest import free_port
+from tests.integration.helpers import index_blocks, prefix_view_ready, until
 
 pytestmark = pytest.mark.engine
 
@@ -202,6 +204,72 @@ async def test_an_adapter_vllm_refuses_is_refused_with_its_reason_and_the_worker
     info = await stub.Info(pb.InfoRequest(), timeout=TIMEOUT)
     assert [a.name for a in info.lora.adapters] == list(adapters)
     assert await via_mesh(gateway, PROMPTS[0], "alpha") == offline["alpha"][0]
+
+
+async def test_an_adapter_of_the_registry_is_loaded_once_for_requests_that_ask_at_once(
+    worker: tuple[Running, WorkerServicer], late: str, offline: dict[str, list[list[int]]], tmp_path: Path,
+) -> None:
+    registry = tmp_path / "adapters.txt"
+    registry.write_text(f"gamma={late}\n")
+    running = await start_gateway(GatewayConfig(
+        port=0, metrics_port=-1, grace_seconds=1, router=EMBEDDED_ROUTER, cache="", lora_registry=str(registry),
+        workers=[f"127.0.0.1:{worker[0].port}"], allow_runtime_lora_updating=True))
+    channel = insecure_channel(f"127.0.0.1:{running.port}")
+    try:
+        before = await engine_loras(worker)
+        answers = await asyncio.gather(*(via_mesh(channel, PROMPTS[1], "gamma") for _ in range(4)))
+        assert answers == [offline["gamma"][1]] * 4
+        assert len(await engine_loras(worker) - before) == 1  # one load, by vLLM's own list
+        await pb_grpc.AdaptersStub(channel).UnloadLoraAdapter(pb.UnloadLoraAdapterRequest(lora_name="gamma"),
+                                                              timeout=TIMEOUT)
+    finally:
+        await channel.close()
+        await running.shutdown()
+
+
+LONG = " ".join(f"Parcel {i} left the depot at dawn and reached the hub by noon." for i in range(12))
+
+
+async def test_the_router_predicts_the_tokens_vllm_finds_cached_for_an_adapter(
+    worker: tuple[Running, WorkerServicer], stub: pb_grpc.WorkerStub,
+) -> None:
+    """vLLM hashes an adapter into its blocks; the router hashes the adapter's prompt on the
+    adapter's own chain from vLLM's KV events, and predicts for the next request on it the cached
+    tokens vLLM reports, within a block."""
+    # A router of its own over the worker and one that is down: with one worker to choose from, a
+    # router predicts nothing.
+    router = await start_router(RouterConfig(port=0, metrics_port=-1, grace_seconds=0.5, routing="kv-aware",
+                                             workers=[f"127.0.0.1:{worker[0].port}", f"127.0.0.1:{free_port()}"]))
+    channel = insecure_channel(f"127.0.0.1:{router.port}")
+    picks = pb_grpc.RouterStub(channel)
+
+    async def ready() -> bool:
+        listing = await picks.ListWorkers(pb.ListWorkersRequest(), timeout=5)
+        return prefix_view_ready() == 1 and any(w.healthy for w in listing.workers)
+
+    block = worker[1].engine.info.block_size
+    try:
+        await until(ready, "the router to hear from the worker and load its tokenizer", TIMEOUT)
+        before = index_blocks() or 0
+        first = pb.GenerateRequest(prompt=LONG + " First?", max_tokens=2, temperature=0, model="beta")
+        prompt_tokens = [c async for c in stub.Generate(first, timeout=TIMEOUT)][-1].usage.prompt_tokens
+        assert prompt_tokens > 4 * block
+
+        async def indexed() -> bool:
+            return (index_blocks() or 0) >= before + 4
+
+        await until(indexed, "the router to index the adapter's new blocks", TIMEOUT)
+        pick = await picks.Pick(pb.PickRequest(request_id="kv-beta", prompt=LONG + " Second?", adapter="beta"),
+                                timeout=10)
+        on_base = await picks.Pick(pb.PickRequest(request_id="kv-base", prompt=LONG + " Second?"), timeout=10)
+    finally:
+        await channel.close()
+        await router.shutdown()
+    second = pb.GenerateRequest(prompt=LONG + " Second?", max_tokens=2, temperature=0, model="beta")
+    cached = [c async for c in stub.Generate(second, timeout=TIMEOUT)][-1].usage.cached_prompt_tokens
+    assert cached >= 4 * block, "vLLM found the adapter's prefix cached"
+    assert abs(pick.predicted_cached_tokens - cached) <= block
+    assert on_base.predicted_cached_tokens == 0  # the base model's chain holds none of it
 
 
 @pytest.fixture

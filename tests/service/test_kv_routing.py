@@ -287,3 +287,36 @@ async def test_an_older_worker_s_kv_events_are_read_from_their_own_stream(monkey
         await channel.close()
         for running, _ in workers:
             await running.shutdown()
+
+
+async def test_an_adapters_cached_tokens_are_predicted_on_its_own_chain() -> None:
+    """A prompt computed on a LoRA adapter is cached on the adapter's chain: the router predicts
+    for the next request on that adapter the tokens the engine then finds cached, and none for
+    the same prompt on the base model (whose blocks those are not)."""
+    started = []
+    for i in range(2):
+        running, _ = await start_worker(WorkerConfig(
+            host="127.0.0.1", port=0, metrics_port=-1, engine="sim", worker_id=f"kv{i}", grace_seconds=1.0,
+            sim_itl_base_ms=1.0, enable_lora=True, lora_modules=["alpha=/adapters/alpha"]))
+        started.append((running, f"127.0.0.1:{running.port}"))
+    addresses = [a for _, a in started]
+    router, stub, channel = await router_on(addresses)
+    try:
+        async with insecure_channel(addresses[1]) as worker:
+            first = pb.GenerateRequest(prompt=PREFIX + " first question", max_tokens=2, temperature=0, model="alpha")
+            [c async for c in pb_grpc.WorkerStub(worker).Generate(first, timeout=10)]
+        await until(indexed, "the router to index kv1's blocks of the adapter")
+        second = PREFIX + " second question"
+        base = await stub.Pick(pb.PickRequest(request_id="base", prompt=second), timeout=5)
+        assert base.predicted_cached_tokens == 0
+        choice = await stub.Pick(pb.PickRequest(request_id="alpha", prompt=second, adapter="alpha"), timeout=5)
+        assert choice.worker_id == "kv1"
+        async with insecure_channel(choice.address) as worker:
+            request = pb.GenerateRequest(prompt=second, max_tokens=2, temperature=0, model="alpha")
+            answer = [c async for c in pb_grpc.WorkerStub(worker).Generate(request, timeout=10)]
+        assert answer[-1].usage.cached_prompt_tokens == choice.predicted_cached_tokens == 12 * 16
+    finally:
+        await channel.close()  # type: ignore[attr-defined]
+        await router.shutdown()
+        for running, _ in started:
+            await running.shutdown()
