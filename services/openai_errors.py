@@ -11,6 +11,7 @@ TYPES: dict[grpc.StatusCode, str] = {
     grpc.StatusCode.CANCELLED: "cancelled",
     grpc.StatusCode.INVALID_ARGUMENT: "invalid_request_error",
     grpc.StatusCode.OUT_OF_RANGE: "invalid_request_error",
+    grpc.StatusCode.FAILED_PRECONDITION: "invalid_request_error",  # a 400: the fleet cannot do what was asked
     grpc.StatusCode.NOT_FOUND: "not_found_error",
     grpc.StatusCode.UNAUTHENTICATED: "authentication_error",
     grpc.StatusCode.PERMISSION_DENIED: "permission_error",
