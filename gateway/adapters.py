@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import grpc
 
@@ -84,11 +84,11 @@ class AdapterChanges:
             log.info("LoRA adapter %s unloaded from %s", name, ", ".join(w.worker_id for w in holders))
             return [w.worker_id for w in holders]
 
-    async def _on_each(self, workers: Sequence[pb.WorkerState], call: Callable[[pb_grpc.WorkerStub], object]
+    async def _on_each(self, workers: Sequence[pb.WorkerState],
+                       call: Callable[[pb_grpc.WorkerStub], Awaitable[pb.LoraAdapterResponse]]
                        ) -> dict[str, grpc.aio.AioRpcError]:
         """Calls each worker at once; the failures by worker id."""
-        results = await asyncio.gather(*(call(self._worker(w.address)) for w in workers),  # type: ignore[misc]
-                                       return_exceptions=True)
+        results = await asyncio.gather(*(call(self._worker(w.address)) for w in workers), return_exceptions=True)
         failures: dict[str, grpc.aio.AioRpcError] = {}
         for worker, result in zip(workers, results, strict=True):
             if isinstance(result, grpc.aio.AioRpcError):
