@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -164,3 +165,16 @@ def test_up_passes_the_lora_settings_to_the_workers_on_the_default_engine(capsys
     assert argv[argv.index("--lora-modules") + 1:][:2] == ["a=/x", "b=/y"] and "--enable-lora" in argv
     assert main(["up", "--lora-modules", "a=/x"]) == 2  # refused before anything starts
     assert "--lora-modules needs --enable-lora" in capsys.readouterr().err
+
+
+def test_up_passes_run_time_adapter_settings_to_the_gateways(tmp_path: Path) -> None:
+    from meshserve.commands.cli import build_parser
+    from meshserve.commands.launcher import spec_from_args
+
+    args = build_parser().parse_args(["up", "--enable-lora", "--allow-runtime-lora-updating",
+                                      "--lora-registry", str(tmp_path)])
+    gateway = spec_from_args(args).gateway
+    assert (gateway.allow_runtime_lora_updating, gateway.lora_registry) == (True, str(tmp_path))
+    argv = config.to_argv(gateway)  # what each gateway process is started with
+    assert "--allow-runtime-lora-updating" in argv and argv[argv.index("--lora-registry") + 1] == str(tmp_path)
+    assert not config.GatewayConfig().allow_runtime_lora_updating  # off unless asked for, as vLLM's
