@@ -33,6 +33,7 @@ pytestmark = pytest.mark.integration
 KEYS = {"sk-alice-0123456789": "alice", "sk-bob-0123456789": "bob", "sk-carol-0123456789": "carol"}
 ALICE, BOB, CAROL = KEYS
 DAVE, DAVE_TPM = "sk-dave-0123456789", 200  # a tenant with a budget of tokens a minute
+OPS = "sk-ops-0123456789"  # the operators' tenant: may change the fleet's LoRA adapters
 MODEL = DEFAULT_MODEL
 MAX_BODY = 64 * 1024
 WEIGHTS = "sim-weights-v7"  # the workers' --weights-id: the answers' system_fingerprint
@@ -43,7 +44,8 @@ LONG = 1500  # max_tokens of a stream that stays open for seconds (sim: ~7 ms pe
 @pytest.fixture(scope="module")
 def keys_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("keys") / "api-keys.txt"
-    path.write_text("# test keys\n" + "".join(f"{k} {t}\n" for k, t in KEYS.items()) + f"{DAVE} dave tpm={DAVE_TPM}\n")
+    path.write_text("# test keys\n" + "".join(f"{k} {t}\n" for k, t in KEYS.items()) + f"{DAVE} dave tpm={DAVE_TPM}\n"
+                    + f"{OPS} ops admin=1\n")
     return path
 
 
@@ -53,8 +55,9 @@ def mesh(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     proxied to its HTTP edge (``meshserve up --openai-edge http``)."""
     http_port = free_port() if request.param == "http" else -1
     spec = mesh_spec(tmp_path_factory.mktemp("openai-mesh"), "sim", grace_seconds=1,
-                     worker=WorkerConfig(weights_id=WEIGHTS),
-                     gateway=GatewayConfig(max_in_flight=GATEWAY_MAX_IN_FLIGHT, http_port=http_port),
+                     worker=WorkerConfig(weights_id=WEIGHTS, enable_lora=True),
+                     gateway=GatewayConfig(max_in_flight=GATEWAY_MAX_IN_FLIGHT, http_port=http_port,
+                                           allow_runtime_lora_updating=True),
                      envoy=EnvoyConfig(api_keys_file=str(keys_file), max_request_bytes=MAX_BODY))
     with Mesh(spec) as m:
         yield m
@@ -686,3 +689,23 @@ async def test_tool_choice_auto_without_a_tool_parser_is_a_400_saying_how_to_get
         served = await http.post("/v1/chat/completions", json={
             "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "tools": tools, "tool_choice": "none"})
     assert served.status_code == 200 and served.json()["choices"][0]["finish_reason"] == "length"
+
+
+async def test_only_an_admin_tenant_changes_the_adapters_at_the_edge(mesh: Mesh, tmp_path: Path) -> None:
+    """/v1/load_lora_adapter is behind the edge's API-key auth, and the gateway takes it only from
+    a tenant marked admin=1 in the keys file: others get OpenAI's 403."""
+    folder = tmp_path / "ops-adapter"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(json.dumps({"r": 8, "lora_alpha": 16, "peft_type": "LORA"}))
+    load = {"lora_name": "ops-adapter", "lora_path": str(folder)}
+    async with httpx.AsyncClient(base_url=f"http://{mesh.envoy_address}", timeout=30) as http:
+        assert (await http.post("/v1/load_lora_adapter", json=load)).status_code == 401
+        refused = await http.post("/v1/load_lora_adapter", json=load, headers=auth(ALICE))
+        assert refused.status_code == 403, refused.text
+        assert refused.json()["error"]["type"] == "permission_error" and "admin=1" in refused.json()["error"]["message"]
+        assert "ops-adapter" not in {m.id for m in (await client(mesh).models.list()).data}
+        loaded = await http.post("/v1/load_lora_adapter", json=load, headers=auth(OPS))
+        assert loaded.status_code == 200, loaded.text
+        assert "ops-adapter" in {m.id for m in (await client(mesh).models.list()).data}
+        unloaded = await http.post("/v1/unload_lora_adapter", json={"lora_name": "ops-adapter"}, headers=auth(OPS))
+        assert unloaded.status_code == 200, unloaded.text
