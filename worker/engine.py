@@ -314,8 +314,8 @@ class Engine(abc.ABC):
         """Loads the adapter ``path`` as ``name``, as vLLM's serving layer does: InvalidRequest
         with vLLM's message when the name is empty, the base model's or loaded already, or the
         engine cannot load it (no such folder, a rank above --max-lora-rank); LoraDisabled when
-        LoRA is off. ``adapters_changed`` is notified once it is served."""
-        lora = self._lora_on()
+        LoRA is off. The load watchers are told once it is served."""
+        self._lora_on()
         if not name or not path:
             raise InvalidRequest("Both 'lora_name' and 'lora_path' must be provided.")
         async with self._adapters_lock():

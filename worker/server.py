@@ -397,10 +397,10 @@ class WorkerServicer(pb_grpc.WorkerServicer):
                 while True:
                     changed.clear()
                     reports = self._load_reports(view, kv)
-                    lora = lora_to_pb(self.engine.info.lora)
-                    if lora is not None and adapters_sent != self.engine.adapters_version:
+                    if adapters_sent != self.engine.adapters_version:  # first, or the adapters changed
                         adapters_sent = self.engine.adapters_version
-                        reports[0].lora.CopyFrom(lora)
+                        if (lora := lora_to_pb(self.engine.info.lora)) is not None:
+                            reports[0].lora.CopyFrom(lora)
                     for report in reports:
                         yield report
                     if self.draining and self.in_flight == 0:
