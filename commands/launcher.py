@@ -568,7 +568,8 @@ WORKER_FLAGS = ("engine", "model", "tensor_parallel_size", "max_model_len", "max
                 "enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras", "lora_modules",
                 "engine_core_cpus", "engine_priority", "stream_interval", "sim_prefill_ms_per_token",
                 "sim_itl_base_ms", "sim_itl_per_seq_ms", "sim_num_kv_blocks", "sim_max_num_batched_tokens",
-                "sim_seed", "weights_id")  # not sim_speed: one per worker (--sim-speed)
+                "sim_seed", "sim_lora_load_ms", "sim_lora_disk_load_ms", "sim_lora_step_overhead",
+                "sim_lora_adapter_ms", "weights_id")  # not sim_speed: one per worker (--sim-speed)
 ROUTER_MODES = ("service", EMBEDDED_ROUTER)  # MeshSpec.router_mode
 ROUTER_FLAGS = ("routing", "load_bound", "kv_load_weight", "kv_home_weight", "kv_full_usage", "kv_pending_s")
 CACHE_FLAGS = ("ttl_seconds", "key_prefix", "max_entry_bytes", "semantic", "semantic_threshold",

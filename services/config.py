@@ -167,6 +167,23 @@ class WorkerConfig(ServerConfig):
         "decode; 0: no budget, every prompt prefilled in one step", minimum=0,
     )
     sim_seed: int = _f(0, "sim: seed of the simulated token stream")
+    # LoRA costs (docs/operations.md, "The simulator's LoRA adapters" says where they come from).
+    sim_lora_load_ms: float = _f(
+        5.0, "sim: bringing a LoRA adapter from CPU memory into a free or evicted adapter slot, ms (the "
+        "step that first runs it lasts this much longer)", minimum=0.0,
+    )
+    sim_lora_disk_load_ms: float = _f(
+        50.0, "sim: reading a LoRA adapter from disk into CPU memory first, when it is not among the "
+        "--max-cpu-loras held there, ms", minimum=0.0,
+    )
+    sim_lora_step_overhead: float = _f(
+        0.2, "sim: a step whose batch runs any LoRA adapter costs this fraction more (the LoRA kernels beside "
+        "the base model's)", minimum=0.0,
+    )
+    sim_lora_adapter_ms: float = _f(
+        0.05, "sim: added step time per distinct LoRA adapter in the batch, ms (each adapter's weights are "
+        "read every step)", minimum=0.0,
+    )
     sim_speed: float = _f(
         1.0, "sim: speed of the simulated accelerator (0.5: every step takes twice as long)", minimum=0.01,
     )

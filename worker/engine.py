@@ -159,6 +159,9 @@ class Load:
     num_waiting: int = 0
     kv_cache_usage: float = 0.0
     prefix_cache_hit_rate: float = 0.0
+    # The LoRA adapters loaded in the engine's slots on the device, least recently used first (the
+    # sim); vLLM says only those its running requests use (its vllm:lora_requests_info).
+    active_adapters: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -371,3 +374,8 @@ class Engine(abc.ABC):
         self.info = replace(self.info, lora=replace(self.info.lora, adapters=dict(adapters)))
         self.adapters_version += 1
         self.load_signal.notify()  # load watchers report the change at once
+
+    def adapter_loads(self) -> Mapping[str, int]:
+        """How many times each LoRA adapter was brought into a slot since the engine started
+        (empty: the engine does not count them)."""
+        return {}

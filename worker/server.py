@@ -88,6 +88,11 @@ class WorkerMetrics:
         self.adapter_requests = _metric(Counter, "meshserve_worker_adapter_requests_total",
                                         "Generate requests a worker took on each of its LoRA adapters",
                                         ["worker", "adapter"]).labels
+        # Adapters brought into a slot (the sim's; brought up to date as requests end).
+        self.adapter_loads = _metric(Counter, "meshserve_worker_adapter_loads_total",
+                                     "LoRA adapters a worker brought into an adapter slot (loaded or swapped in)",
+                                     ["worker", "adapter"]).labels
+        self._adapter_loads_seen: dict[str, int] = {}
         self.worker_id = worker_id
         self._engine = engine
         self.timings = Timings()  # the vllm:* latency histograms, when this worker exports them
@@ -129,6 +134,11 @@ class WorkerMetrics:
 
     def finished(self, reason: str, last: Delta | None = None) -> None:
         self.requests(self.worker_id, reason).inc()
+        for adapter, count in self._engine.adapter_loads().items():
+            seen = self._adapter_loads_seen.get(adapter, 0)
+            if count > seen:
+                self.adapter_loads(self.worker_id, adapter).inc(count - seen)
+                self._adapter_loads_seen[adapter] = count
         if self.prefix_queries is not None and last is not None:
             self.prefix_queries.inc(last.prompt_tokens)
             self.prefix_hits.inc(last.cached_prompt_tokens)

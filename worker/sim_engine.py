@@ -22,7 +22,8 @@ How one engine step is simulated (one scheduler task, like vLLM v1's ``EngineCor
    the running requests for its whole prefill). A budget of 0 is none: every admitted prompt is
    prefilled in one step.
 3. The step lasts ``prefill_ms_per_token * prompt tokens computed + itl_base_ms +
-   itl_per_seq_ms * batch size`` — one forward pass of the whole batch.
+   itl_per_seq_ms * batch size`` — one forward pass of the whole batch — with LoRA adapters'
+   costs on top (below).
 4. Every request of the batch whose prompt is all computed then gets one token. A request
    finishes with "stop" when its text contains one of its stop strings (cut before it, held back
    while it could still be a partial match, like vLLM), else with "length" at ``max_tokens``; the
@@ -52,11 +53,20 @@ distribution (every word equally likely). Fields that only change which word is 
 effect: they do not change how long a step takes. A ``structured_outputs`` constraint is refused
 (INVALID_ARGUMENT naming it): the simulator cannot make its words match a schema.
 
-LoRA adapters (``--enable-lora``, ``--lora-modules``, ``--max-loras``) are modelled by their slots
-alone: a request on an adapter draws its own words, its blocks hash apart from the base model's
-and other adapters' (as vLLM's do), and it joins the running batch only while its adapter runs
-already or fewer than ``max_loras`` adapters do; until then it waits and the requests behind it
-go on, as in vLLM's scheduler. Loading an adapter and a batch of several adapters cost no time.
+LoRA adapters (``--enable-lora``, ``--lora-modules``, ``--max-loras``, ``--max-cpu-loras``) are
+modelled as vLLM serves them. A request on an adapter draws its own words, its blocks hash apart
+from the base model's and other adapters' (as vLLM's do), and it joins the running batch only
+while its adapter runs already or fewer than ``max_loras`` adapters do; until then it waits and
+the requests behind it go on, as in vLLM's scheduler. The device has ``max_loras`` slots
+(``AdapterSlots``): an adapter stays in its slot after its requests end, and one that is not in
+a slot when a request of it is admitted takes a free slot or evicts the least recently used
+adapter no running request uses, as vLLM's LRU adapter manager does. Bringing it in makes that
+step ``sim_lora_load_ms`` longer, plus ``sim_lora_disk_load_ms`` when it is not among the
+``max_cpu_loras`` adapters held in CPU memory (LRU too). At start, as `vllm serve` loads
+``--lora-modules`` one after the other, the last ``max_loras`` of them are in the slots and the
+last ``max_cpu_loras`` in CPU memory, at no cost. A step whose batch runs adapters costs
+``sim_lora_step_overhead`` more, plus ``sim_lora_adapter_ms`` per distinct adapter (vLLM's
+punica kernels run beside the base model's and read each adapter's weights).
 
 Time is injected (``clock``, ``sleep``) so tests run the simulation on a fake clock.
 """
@@ -70,8 +80,8 @@ import math
 import os
 import random
 import time
-from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections import Counter, OrderedDict, deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Set
 from dataclasses import dataclass, field
 
 from meshserve.services.config import WorkerConfig
@@ -212,6 +222,70 @@ class BlockPool:
                     self._free.move_to_end(block, last=False)  # nothing cached: reuse it first
 
 
+class AdapterSlots:
+    """vLLM's LoRA adapters on a device: ``max_loras`` slots, and the ``max_cpu_loras`` adapters
+    kept in CPU memory, each least recently used first. Counts every adapter brought into a slot."""
+
+    def __init__(self, max_loras: int, max_cpu_loras: int, load_ms: float, disk_load_ms: float,
+                 preloaded: Iterable[str] = ()) -> None:
+        self.max_loras = max_loras
+        self.max_cpu_loras = max_cpu_loras
+        self.load_ms = load_ms
+        self.disk_load_ms = disk_load_ms
+        self.loads: Counter[str] = Counter()       # brought into a slot
+        self.disk_loads: Counter[str] = Counter()  # of them, read from disk first
+        self._device: OrderedDict[str, None] = OrderedDict()
+        self._cpu: OrderedDict[str, None] = OrderedDict()
+        for name in preloaded:  # `vllm serve` loads --lora-modules in turn at start
+            self._keep(self._cpu, name, self.max_cpu_loras)
+            self._keep(self._device, name, self.max_loras)
+
+    @property
+    def active(self) -> tuple[str, ...]:
+        """The adapters in the slots, least recently used first."""
+        return tuple(self._device)
+
+    def bring(self, adapter: str, busy: Set[str]) -> float:
+        """Puts ``adapter`` in a slot, evicting the least recently used adapter not in ``busy``
+        (those running requests use) when every slot is taken; the ms it costs. The scheduler
+        calls it only when fewer than ``max_loras`` adapters are busy, so one can be evicted."""
+        if adapter in self._device:
+            self._device.move_to_end(adapter)
+            return 0.0
+        if len(self._device) >= self.max_loras:
+            del self._device[next(a for a in self._device if a not in busy)]
+        ms = self.load_ms
+        if adapter not in self._cpu:
+            ms += self.disk_load_ms
+            self.disk_loads[adapter] += 1
+        self._keep(self._cpu, adapter, self.max_cpu_loras)
+        self._device[adapter] = None
+        self.loads[adapter] += 1
+        return ms
+
+    def added(self, name: str) -> None:
+        """An adapter loaded at run time: read into CPU memory (a slot takes it when it runs)."""
+        self._keep(self._cpu, name, self.max_cpu_loras)
+
+    def forget(self, name: str) -> None:
+        """An adapter unloaded at run time: out of CPU memory, its slot free."""
+        self._cpu.pop(name, None)
+        self._device.pop(name, None)
+
+    def used(self, adapters: Iterable[str]) -> None:
+        """Marks the adapters a step ran as the most recently used."""
+        for adapter in adapters:
+            if adapter in self._device:
+                self._device.move_to_end(adapter)
+
+    @staticmethod
+    def _keep(lru: OrderedDict[str, None], name: str, capacity: int) -> None:
+        lru[name] = None
+        lru.move_to_end(name)
+        while len(lru) > capacity:
+            lru.popitem(last=False)
+
+
 class _Collector:
     """A request's unread output: merges deltas the reader has not taken yet (like vLLM's
     RequestOutputCollector), so a slow reader never makes it grow."""
@@ -307,6 +381,9 @@ class SimEngine(Engine):
         self._sleep = sleep
         self._block_size = cfg.block_size
         self._pool = BlockPool(cfg.sim_num_kv_blocks, self.kv_cache)
+        lora = self.info.lora
+        self._slots = None if lora is None else AdapterSlots(
+            lora.max_loras, lora.max_cpu_loras, cfg.sim_lora_load_ms, cfg.sim_lora_disk_load_ms, lora.adapters)
         self._waiting: deque[_Seq] = deque()  # in arrival order, or by (priority, arrival)
         self._arrivals = 0
         self._by_priority = cfg.scheduling_policy == "priority"
@@ -372,6 +449,7 @@ class SimEngine(Engine):
             num_waiting=len(self._waiting),
             kv_cache_usage=self._pool.usage(),
             prefix_cache_hit_rate=self._prefix_hits / self._prefix_queries if self._prefix_queries else 0.0,
+            active_adapters=() if self._slots is None else self._slots.active,
         )
 
     async def _add_adapter(self, name: str, path: str) -> None:
@@ -387,8 +465,16 @@ class SimEngine(Engine):
             raise InvalidRequest(f"LoRA rank {rank} is greater than max_lora_rank {self.info.lora.max_lora_rank}.",
                                  param="lora_path")
 
+        if self._slots is not None:
+            self._slots.added(name)
+
     async def _remove_adapter(self, name: str) -> None:
-        pass  # a request still running on it finishes on it, as in vLLM
+        # A request still running on it finishes on it, as in vLLM; then its slot is free.
+        if self._slots is not None:
+            self._slots.forget(name)
+
+    def adapter_loads(self) -> Mapping[str, int]:
+        return {} if self._slots is None else self._slots.loads
 
     async def close(self) -> None:
         if self._task is not None:
@@ -549,6 +635,7 @@ class SimEngine(Engine):
         # One on an adapter that finds every adapter slot taken by others waits, and those behind
         # it go on (vLLM's scheduler skips it likewise).
         skipped: list[_Seq] = []
+        load_ms = 0.0
         while not preempted and budget > 0 and self._waiting and len(self._running) < self._cfg.max_num_seqs:
             seq = self._waiting[0]
             if not self._adapter_fits(seq):
@@ -571,16 +658,23 @@ class SimEngine(Engine):
                 seq.cached_prompt_tokens = cached
             self._record_prefix_query(seq.num_tokens, cached)
             seq.prefill_left = seq.num_tokens - cached
+            if seq.request.adapter is not None and self._slots is not None:
+                load_ms += self._slots.bring(seq.request.adapter, self._running_adapters())
             self._running.append(seq)
             prefill(seq)
         self._waiting.extendleft(reversed(skipped))
         cfg = self._cfg
-        ms = (
-            prefill_tokens * cfg.sim_prefill_ms_per_token
-            + cfg.sim_itl_base_ms
-            + cfg.sim_itl_per_seq_ms * len(batch)
-        ) / cfg.sim_speed
-        return batch, ms / 1000.0
+        ms = prefill_tokens * cfg.sim_prefill_ms_per_token + cfg.sim_itl_base_ms + cfg.sim_itl_per_seq_ms * len(batch)
+        adapters = {seq.request.adapter for seq in batch} - {None}
+        if adapters and self._slots is not None:
+            # 3. The LoRA kernels beside the base model's, then the adapters brought into slots
+            # before the forward pass (vLLM activates them in the step that first runs them).
+            self._slots.used(a for a in adapters if a)
+            ms = ms * (1.0 + cfg.sim_lora_step_overhead) + cfg.sim_lora_adapter_ms * len(adapters)
+        return batch, (ms + load_ms) / cfg.sim_speed / 1000.0
+
+    def _running_adapters(self) -> set[str]:
+        return {a for a in (s.request.adapter for s in self._running) if a is not None}
 
     def _adapter_fits(self, seq: _Seq) -> bool:
         """Whether ``seq`` may join the running batch: its adapter (if any) has a slot, that is,
@@ -588,7 +682,7 @@ class SimEngine(Engine):
         adapter = seq.request.adapter
         if adapter is None or self.info.lora is None:
             return True
-        running = {s.request.adapter for s in self._running} - {None}
+        running = self._running_adapters()
         return adapter in running or len(running) < self.info.lora.max_loras
 
     def _victim(self) -> _Seq:

@@ -529,6 +529,10 @@ def _make_load_logger(engine: VllmEngine, vllm_config: Any, engine_index: int) -
                 num_waiting=scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs,
                 kv_cache_usage=scheduler_stats.kv_cache_usage,
                 prefix_cache_hit_rate=self.prefix_cache.hit_rate,
+                # vLLM tells which adapters its running requests use, not which idle ones its
+                # slots still hold (the same names as its vllm:lora_requests_info gauge).
+                active_adapters=tuple(sorted(
+                    name for name, n in scheduler_stats.running_lora_adapters.items() if n)),
             ))
 
         def log_engine_initialized(self) -> None:

@@ -499,6 +499,65 @@ async def test_an_adapters_blocks_are_reported_on_its_own_chain(make_engine: Mak
     assert len({chain_root(None), chain_root("a"), chain_root("b")}) == 3
 
 
+# (start: the slots' and CPU's adapters, then requests as (adapter, its running neighbours)) ->
+# each request's load cost, and the slots and CPU after.
+SLOT_CASES = [
+    pytest.param(["a", "b"], [("b", set())], [0.0], ("a", "b"), ("a", "b"), id="in-a-slot-costs-nothing"),
+    pytest.param([], [("a", set())], [55.0], ("a",), ("a",), id="a-free-slot-from-disk"),
+    pytest.param(["a", "b", "c"], [("a", set())], [5.0], ("c", "a"), ("b", "c", "a"),
+                 id="evicts-the-lru-slot-from-cpu"),
+    pytest.param(["a", "b", "c"], [("a", {"b"}), ("b", {"a"})], [5.0, 0.0], ("a", "b"), ("b", "c", "a"),
+                 id="a-busy-adapter-is-not-evicted"),
+    pytest.param(["a", "b", "c", "d"], [("a", set())], [55.0], ("d", "a"), ("c", "d", "a"),
+                 id="evicted-from-cpu-too-reads-disk"),
+]
+
+
+@pytest.mark.parametrize(("preloaded", "requests", "costs", "slots", "cpu"), SLOT_CASES)
+def test_adapter_slots_load_what_they_lack_and_evict_the_least_recently_used_idle_one(
+    preloaded: list[str], requests: list[tuple[str, set[str]]], costs: list[float],
+    slots: tuple[str, ...], cpu: tuple[str, ...],
+) -> None:
+    held = sim_engine.AdapterSlots(max_loras=2, max_cpu_loras=3, load_ms=5.0, disk_load_ms=50.0, preloaded=preloaded)
+    assert [held.bring(adapter, busy) for adapter, busy in requests] == costs
+    assert held.active == slots
+    assert tuple(held._cpu) == cpu  # noqa: SLF001
+    assert sum(held.loads.values()) == sum(1 for c in costs if c)
+    assert sum(held.disk_loads.values()) == sum(1 for c in costs if c > 5.0)
+
+
+def test_a_step_using_an_adapter_keeps_it_from_eviction() -> None:
+    held = sim_engine.AdapterSlots(2, 2, 5.0, 50.0, preloaded=["a", "b"])
+    held.used(["a"])  # a ran in the last step: b is now the least recently used
+    held.bring("c", set())
+    assert held.active == ("a", "c")
+
+
+LORA_COSTS = {**LORA, "max_loras": 1, "max_cpu_loras": 1, "sim_lora_load_ms": 5.0, "sim_lora_disk_load_ms": 50.0,
+              "sim_lora_step_overhead": 0.5, "sim_lora_adapter_ms": 1.0, "sim_prefill_ms_per_token": 0.0,
+              "sim_itl_per_seq_ms": 0.0}
+
+
+async def test_bringing_an_adapter_into_a_slot_lengthens_its_first_step(make_engine: Make) -> None:
+    """One slot and one adapter in CPU memory (c, the last loaded at start): c runs at once, a is
+    read from disk and evicts c, a again costs nothing, then c comes back from disk."""
+    engine, clock = await make_engine(**LORA_COSTS)
+    step = 7.0 * 1.5 + 1.0  # the base step with the LoRA kernels and one adapter's weights
+    assert engine.load().active_adapters == ("c",)
+    ttfts = [(await run(engine, clock, req(words(f"t{a}{i}", 8), 1, adapter=a))).ttft
+             for i, a in enumerate(["c", "a", "a", "c"])]
+    assert ttfts == pytest.approx([ms(step), ms(step + 55.0), ms(step), ms(step + 55.0)])
+    assert dict(engine.adapter_loads()) == {"a": 1, "c": 1}
+    assert engine.load().active_adapters == ("c",)
+
+
+async def test_a_batch_of_two_adapters_reads_both_every_step(make_engine: Make) -> None:
+    engine, clock = await make_engine(**{**LORA_COSTS, "max_loras": 2, "max_cpu_loras": 3})
+    together = await asyncio.gather(*(run(engine, clock, req(words(f"u{a}", 8), 6, adapter=a)) for a in "bc"))
+    assert together[0].itls == pytest.approx([ms(7.0 * 1.5 + 2.0)] * 5)
+    assert engine.adapter_loads() == {}  # b and c were in the slots from the start
+
+
 @pytest.mark.parametrize(("prompt_chars", "on_the_loop"), [(OFFLOAD_CHARS - 1, True), (OFFLOAD_CHARS, False)])
 async def test_a_large_prompt_is_tokenized_off_the_event_loop(
     make_engine: Make, monkeypatch: pytest.MonkeyPatch, prompt_chars: int, on_the_loop: bool
