@@ -28,6 +28,7 @@ class WorkerLoad:
     sequence: int = 0
     num_in_flight: int = 0
     requests_received: int = 0
+    active_adapters: tuple[str, ...] = ()  # the LoRA adapters in its slots, least recently used first
 
 
 @dataclass(frozen=True)

@@ -385,6 +385,7 @@ class WorkerServicer(pb_grpc.WorkerServicer):
             sequence=next(self._sequence),
             num_in_flight=self.in_flight,
             requests_received=self.requests_received,
+            active_adapters=load.active_adapters,
         )
 
     async def WatchLoad(self, request: pb.WatchLoadRequest, context: grpc.aio.ServicerContext

@@ -464,7 +464,6 @@ class SimEngine(Engine):
         if rank > self.info.lora.max_lora_rank:
             raise InvalidRequest(f"LoRA rank {rank} is greater than max_lora_rank {self.info.lora.max_lora_rank}.",
                                  param="lora_path")
-
         if self._slots is not None:
             self._slots.added(name)
 
