@@ -571,7 +571,8 @@ WORKER_FLAGS = ("engine", "model", "tensor_parallel_size", "max_model_len", "max
                 "sim_seed", "sim_lora_load_ms", "sim_lora_disk_load_ms", "sim_lora_step_overhead",
                 "sim_lora_adapter_ms", "weights_id")  # not sim_speed: one per worker (--sim-speed)
 ROUTER_MODES = ("service", EMBEDDED_ROUTER)  # MeshSpec.router_mode
-ROUTER_FLAGS = ("routing", "load_bound", "kv_load_weight", "kv_home_weight", "kv_full_usage", "kv_pending_s")
+ROUTER_FLAGS = ("routing", "load_bound", "kv_load_weight", "kv_home_weight", "kv_full_usage", "kv_adapter_weight",
+                "kv_pending_s")
 CACHE_FLAGS = ("ttl_seconds", "key_prefix", "max_entry_bytes", "semantic", "semantic_threshold",
                "semantic_threshold_added", "semantic_threshold_swapped", "semantic_max_entries", "embed_threads",
                "embed_runtime", "semantic_budget_s")

@@ -263,6 +263,34 @@ class KvAwareScorer(Scorer):
         return beyond
 
 
+class AdapterSlotScorer(Scorer):
+    """For a request on a LoRA adapter, where it can start soonest: 1 for a worker whose adapter
+    slots hold the adapter already (its last report's ``active_adapters``), ``free`` for one
+    with a free slot (it loads the adapter, evicting none), 0 for one whose slots all hold other
+    adapters (it must evict one, and waits while all of them run). A request on the base model
+    scores 0 everywhere: no worker is better for it."""
+
+    name = "adapter"
+
+    def __init__(self, free: float = 0.5) -> None:
+        self.free = free
+
+    def score(self, ctx: PickContext, fleet: Fleet, rows: np.ndarray) -> np.ndarray:
+        scores = np.zeros(len(rows))
+        if not ctx.adapter:
+            return scores
+        for i, row in enumerate(rows):
+            scores[i] = self._slot_score(fleet.views[row], ctx.adapter)
+        return scores
+
+    def _slot_score(self, view: WorkerView, adapter: str) -> float:
+        active = () if view.load is None else view.load.active_adapters
+        if adapter in active:
+            return 1.0
+        slots = 0 if view.lora is None else view.lora.max_loras
+        return self.free if len(active) < slots else 0.0
+
+
 def _column(blocks: Mapping[str, int], fleet: Fleet) -> np.ndarray:
     """``blocks`` (by worker address) as a column over ``fleet``'s rows (0 for the others)."""
     if isinstance(blocks, HeldBlocks) and blocks.rows is fleet.rows:
@@ -396,6 +424,7 @@ class Tuning:
     kv_load_weight: float = RoutingConfig.kv_load_weight
     kv_home_weight: float = RoutingConfig.kv_home_weight
     kv_full_usage: float = RoutingConfig.kv_full_usage
+    kv_adapter_weight: float = RoutingConfig.kv_adapter_weight
 
     def __post_init__(self) -> None:
         if self.load_bound < 1.0:
@@ -404,6 +433,8 @@ class Tuning:
             raise ValueError(f"kv_load_weight must be at least 0, got {self.kv_load_weight}")
         if self.kv_home_weight < 0:
             raise ValueError(f"kv_home_weight must be at least 0, got {self.kv_home_weight}")
+        if self.kv_adapter_weight < 0:
+            raise ValueError(f"kv_adapter_weight must be at least 0, got {self.kv_adapter_weight}")
         if not 0.0 <= self.kv_full_usage <= 1.0:
             raise ValueError(f"kv_full_usage must be between 0 (off) and 1, got {self.kv_full_usage}")
 
@@ -433,10 +464,14 @@ POLICIES: dict[str, Callable[[Tuning], Policy]] = {
     # A prompt no engine holds goes to its text hash's home (kv_home_weight), so a prefix
     # evicted everywhere is computed again where it was, not wherever load points. A holder whose
     # KV cache is kv_full_usage full while it queues requests gets credit for the share it runs.
+    # A request on a LoRA adapter prefers a worker whose slots hold it, then one with a free slot
+    # (kv_adapter_weight): loading an adapter stalls a step, and a worker whose slots run other
+    # adapters queues it.
     "kv-aware": lambda t: Policy(
         "kv-aware", _bounded(t),
         [(KvAwareScorer(unheld=PrefixAffinityScorer(prefix_chars=256, homes=2), full=t.kv_full_usage), 1.0),
-         (LeastLoadScorer(), t.kv_load_weight), (PrefixAffinityScorer(prefix_chars=256), t.kv_home_weight)],
+         (LeastLoadScorer(), t.kv_load_weight), (PrefixAffinityScorer(prefix_chars=256), t.kv_home_weight),
+         (AdapterSlotScorer(), t.kv_adapter_weight)],
         MaxScorePicker(), prefix_view="kv",
     ),
     # The same over the router's own record of the prompts it sent to each worker (SGLang's

@@ -392,7 +392,7 @@ class RouterCore:
         self.cfg = cfg
         policy = build_policy(cfg.routing, cfg.stale_after_s, load_bound=cfg.load_bound,
                               kv_load_weight=cfg.kv_load_weight, kv_home_weight=cfg.kv_home_weight,
-                              kv_full_usage=cfg.kv_full_usage)
+                              kv_full_usage=cfg.kv_full_usage, kv_adapter_weight=cfg.kv_adapter_weight)
         table = WorkerTable(list(dict.fromkeys(cfg.workers)), clock=clock, pick_ttl_s=cfg.stale_after_s)
         self.router = Router(table, policy, cfg.stale_after_s, rng, cfg.approx_blocks_per_worker,
                              cfg.kv_pending_s, clock)

@@ -254,6 +254,11 @@ class RoutingConfig:
         0.95, "kv-aware: a worker whose KV cache is at least this full while its engine queues requests gets "
         "credit for its cached blocks only in the share of its requests it runs (0: off)", minimum=0.0,
     )
+    kv_adapter_weight: float = _f(
+        1.5, "kv-aware: weight of a worker's LoRA adapter slots for a request on an adapter: 1 when they hold it, "
+        "half when one is free, 0 when it must evict another adapter (0: off); above 1 + --kv-load-weight, "
+        "a slot that holds the adapter outweighs a prompt's text-hash home and load", minimum=0.0,
+    )
     kv_pending_s: float = _f(
         10.0, "kv-aware routing: how long the router counts a prompt it sent as cached on its worker "
         "before the worker's KV events confirm it (they follow the prefill)",

@@ -12,6 +12,7 @@ import pytest
 from meshserve.router.policies import (
     POLICIES,
     AdapterFilter,
+    AdapterSlotScorer,
     BoundedLoadFilter,
     ExcludeFilter,
     Filter,
@@ -129,6 +130,45 @@ def test_every_policy_picks_among_the_workers_that_serve_the_adapter(name: str) 
 )
 def test_least_load_scorer(workers: list[WorkerView], expected: list[float]) -> None:
     assert scores(LeastLoadScorer(), PickContext(), workers) == pytest.approx(expected)
+
+
+def slots(view: WorkerView, *active: str) -> WorkerView:
+    """``view`` serving adapters x, y and z with two slots, ``active`` in them (its last report)."""
+    load = replace(view.load or WorkerLoad(), active_adapters=active)
+    return serving(view, "x", "y", "z")._replace(load=load)
+
+
+@pytest.mark.parametrize(
+    ("ctx", "workers", "expected"),
+    [
+        # In a slot, then a free slot, then a worker that must evict.
+        (PickContext(adapter="x"), [slots(w("a"), "y", "x"), slots(w("b"), "y"), slots(w("c"), "y", "z")],
+         [1.0, 0.5, 0.0]),
+        (PickContext(adapter="x"), [slots(w("a")), slots(w("b"), "x")], [0.5, 1.0]),  # nothing loaded yet: a free slot
+        (PickContext(adapter="x"), [slots(w("a", age=None)), slots(w("b"), "y", "z")], [0.5, 0.0]),  # no report yet
+        (PickContext(), [slots(w("a"), "x"), slots(w("b"))], [0.0, 0.0]),  # the base model: no preference
+    ],
+)
+def test_adapter_slot_scorer(ctx: PickContext, workers: list[WorkerView], expected: list[float]) -> None:
+    assert scores(AdapterSlotScorer(), ctx, workers) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("workers", "prompts", "chosen"),
+    [
+        # The slot that holds it beats a lighter worker that must evict, whichever worker is the
+        # prompt's text-hash home...
+        ([slots(w("a", 4), "x", "y"), slots(w("b", 2), "y", "z")], [f"p{i}" for i in range(20)], "a"),
+        # ...a free slot beats eviction...
+        ([slots(w("a", 4), "x"), slots(w("b", 3), "y", "z")], [""], "a"),
+        # ...but not past the load bound: there the lighter worker loads it.
+        ([slots(w("a", 12), "x", "y"), slots(w("b", 2), "y", "z")], [f"p{i}" for i in range(20)], "b"),
+    ],
+)
+def test_kv_aware_sends_an_adapter_where_its_slot_is(workers: list[WorkerView], prompts: list[str], chosen: str) -> None:
+    policy = build_policy("kv-aware", 2.0)
+    assert {policy.pick(PickContext(adapter="x", prompt=p), workers, random.Random(0)).worker.worker_id
+            for p in prompts} == {chosen}
 
 
 def test_prefix_affinity_prefers_one_worker_per_prefix_consistently() -> None:
@@ -511,14 +551,16 @@ def test_a_choice_says_what_each_scorer_gave_the_chosen_worker() -> None:
     choice = build_policy("kv-aware", 2.0).pick(ctx, [w("a", running=4), w("b", running=5), w("c", running=6)],
                                                 random.Random(0))
     assert choice.worker.worker_id == "b"
-    assert choice.scores == {"kv": 0.75, "load": 0.5}  # a scorer at weight 0 (prefix-home) is off
+    # A scorer at weight 0 (prefix-home) is off; the adapter scorer has no adapter to score.
+    assert choice.scores == {"kv": 0.75, "load": 0.5, "adapter": 0.0}
     assert choice.score == pytest.approx(0.75 + 0.3 * 0.5)
     assert build_policy("round-robin", 2.0).pick(ctx, [w("a")], random.Random(0)).scores == {}
 
 
 @pytest.mark.parametrize(("knobs", "named"), [({"load_bound": 0.9}, "load_bound"), ({"kv_load_weight": -1}, "kv_load_weight"),
                                               ({"kv_home_weight": -0.1}, "kv_home_weight"),
-                                              ({"kv_full_usage": 1.5}, "kv_full_usage")])
+                                              ({"kv_full_usage": 1.5}, "kv_full_usage"),
+                                              ({"kv_adapter_weight": -1}, "kv_adapter_weight")])
 def test_bad_weights_are_refused_naming_the_knob(knobs: dict, named: str) -> None:
     with pytest.raises(ValueError, match=named):
         build_policy("kv-aware", 2.0, **knobs)
