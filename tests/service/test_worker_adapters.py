@@ -72,3 +72,31 @@ async def test_a_worker_without_lora_says_so_and_serves_no_adapter() -> None:
             assert refused.value.code() == grpc.StatusCode.NOT_FOUND
     finally:
         await running.shutdown()
+
+
+async def test_load_reports_name_the_adapter_in_the_slot_and_loads_are_counted() -> None:
+    """One slot, two adapters: legal (loaded last at start) is in it; a request on support
+    swaps support in, which the next load report says and the loads counter counts."""
+    from prometheus_client import REGISTRY
+
+    from meshserve.services.server import insecure_channel
+
+    cfg = WorkerConfig(host="127.0.0.1", port=0, metrics_port=-1, engine="sim", model="base", grace_seconds=5.0,
+                       sim_itl_base_ms=1.0, enable_lora=True, max_loras=1, worker_id="one-slot",
+                       lora_modules=["support=/adapters/support", "legal=/adapters/legal"])
+    running, _ = await start_worker(cfg)
+    loads = {"worker": "one-slot", "adapter": "support"}
+    try:
+        async with insecure_channel(f"127.0.0.1:{running.port}") as channel:
+            stub = pb_grpc.WorkerStub(channel)
+            reports = stub.WatchLoad(pb.WatchLoadRequest(), timeout=TIMEOUT)
+            assert list((await reports.read()).active_adapters) == ["legal"]
+            assert not REGISTRY.get_sample_value("meshserve_worker_adapter_loads_total", loads)
+            await text(stub, "support")
+            while list((report := await reports.read()).active_adapters) == ["legal"]:
+                pass
+            assert list(report.active_adapters) == ["support"]
+            assert REGISTRY.get_sample_value("meshserve_worker_adapter_loads_total", loads) == 1
+            reports.cancel()
+    finally:
+        await running.shutdown()
