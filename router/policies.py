@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from meshserve.router.kv_index import HeldBlocks
-from meshserve.router.state import Fleet, WorkerView
+from meshserve.router.state import Fleet, WorkerLoad, WorkerView
 from meshserve.services.config import ROUTING_POLICIES, RoutingConfig
 
 
@@ -265,10 +265,12 @@ class KvAwareScorer(Scorer):
 
 class AdapterSlotScorer(Scorer):
     """For a request on a LoRA adapter, where it can start soonest: 1 for a worker whose adapter
-    slots hold the adapter already (its last report's ``active_adapters``), ``free`` for one
-    with a free slot (it loads the adapter, evicting none), 0 for one whose slots all hold other
-    adapters (it must evict one, and waits while all of them run). A request on the base model
-    scores 0 everywhere: no worker is better for it."""
+    slots hold the adapter (its last report's ``active_adapters``, or a pick on it the worker has
+    not reported yet: a burst of one adapter's requests meets on the worker the first went to),
+    ``free`` for one with a slot it can load the adapter into at once (free, or holding an
+    adapter none of its requests runs), 0 for one whose slots all run other adapters (the request
+    waits until one of them is idle). A request on the base model scores 0 everywhere: no worker
+    is better for it."""
 
     name = "adapter"
 
@@ -284,11 +286,12 @@ class AdapterSlotScorer(Scorer):
         return scores
 
     def _slot_score(self, view: WorkerView, adapter: str) -> float:
-        active = () if view.load is None else view.load.active_adapters
-        if adapter in active:
+        load = view.load or WorkerLoad()
+        if adapter in load.active_adapters or adapter in view.picked_adapters:
             return 1.0
+        busy = set(load.running_adapters).union(view.picked_adapters)
         slots = 0 if view.lora is None else view.lora.max_loras
-        return self.free if len(active) < slots else 0.0
+        return self.free if len(busy) < slots else 0.0
 
 
 def _column(blocks: Mapping[str, int], fleet: Fleet) -> np.ndarray:

@@ -149,7 +149,7 @@ class Router:
             NO_WORKER.inc()
             raise
         address = choice.worker.address
-        self.table.on_assigned(address)
+        self.table.on_assigned(address, ctx.adapter)
         if view == "approx" and ctx.block_hashes:
             self.approx.stored(address, ctx.block_hashes)
             self.approx.evict_oldest(address, self._approx_keep)

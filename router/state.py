@@ -29,6 +29,7 @@ class WorkerLoad:
     num_in_flight: int = 0
     requests_received: int = 0
     active_adapters: tuple[str, ...] = ()  # the LoRA adapters in its slots, least recently used first
+    running_adapters: tuple[str, ...] = ()  # of them, those its running requests use
 
 
 @dataclass(frozen=True)
@@ -62,14 +63,17 @@ class WorkerView(NamedTuple):
     max_model_len: int = 0               # WorkerInfo.max_model_len, from its connection
     model: str = ""                      # WorkerInfo.model: the base model it serves
     lora: LoraSlots | None = None        # WorkerInfo.lora: its adapters and slots (None: LoRA off)
+    # The LoRA adapters of its unreported picks: the slots it is about to fill, before a report says so.
+    picked_adapters: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, worker_id: str, address: str, connected: bool = False, load: WorkerLoad | None = None,
            reported_at: float | None = None, assigned_unreported: int = 0, weights_id: str = "",
-           max_model_len: int = 0, model: str = "", lora: LoraSlots | None = None) -> WorkerView:
+           max_model_len: int = 0, model: str = "", lora: LoraSlots | None = None,
+           picked_adapters: tuple[str, ...] = ()) -> WorkerView:
         engine = 0 if load is None else max(load.num_running + load.num_waiting, load.num_in_flight)
         return cls(worker_id, address, connected, load, reported_at, assigned_unreported,
-                   engine + assigned_unreported, weights_id, max_model_len, model, lora)
+                   engine + assigned_unreported, weights_id, max_model_len, model, lora, picked_adapters)
 
     def serves(self, adapter: str) -> bool:
         """Whether it serves the LoRA adapter ``adapter`` ("": the base model, which every worker does)."""
@@ -239,7 +243,7 @@ class WorkerTable:
         while self._picks and self._picks[0][0] < cutoff:
             made, e = self._picks.popleft()
             # Still unsettled (reports settle the oldest first), and its worker still known.
-            if e.picks and e.picks[0] <= made and self._workers.get(e.view.address) is e:
+            if e.picks and e.picks[0][0] <= made and self._workers.get(e.view.address) is e:
                 e.picks.popleft()
                 changed.add(e)
         for e in changed:
@@ -278,18 +282,20 @@ class WorkerTable:
         self._refresh(self._workers[address], connected=False)
         self._changed()
 
-    def on_assigned(self, address: str) -> None:
+    def on_assigned(self, address: str, adapter: str = "") -> None:
+        """A pick of the worker, for a request on the LoRA ``adapter`` ("": the base model)."""
         entry = self._workers[address]
         now = self._clock()
-        entry.picks.append(now)
+        entry.picks.append((now, adapter))
         self._picks.append((now, entry))
         self._refresh(entry)
 
     def _refresh(self, entry: _Entry, **changed: Any) -> None:
         """Remakes the worker's view with ``changed`` fields and its current unsettled picks."""
         v = entry.view._replace(**changed)
+        picked = tuple(dict.fromkeys(a for _, a in entry.picks if a)) if v.lora is not None else ()
         entry.view = WorkerView.of(v.worker_id, v.address, v.connected, v.load, v.reported_at, len(entry.picks),
-                                   v.weights_id, v.max_model_len, v.model, v.lora)
+                                   v.weights_id, v.max_model_len, v.model, v.lora, picked)
         self._views[entry.index] = entry.view
         self._columns.set(entry.index, entry.view)
 
@@ -301,4 +307,4 @@ class _Entry:
         self.view = view                            # the worker as picks see it (remade on change)
         self.index = index                          # its place in the table's list of views
         self.received: int | None = None           # requests_received of the last report
-        self.picks: deque[float] = deque()          # when each unsettled pick was made
+        self.picks: deque[tuple[float, str]] = deque()  # when each unsettled pick was made, its adapter

@@ -162,6 +162,7 @@ class Load:
     # The LoRA adapters loaded in the engine's slots on the device, least recently used first (the
     # sim); vLLM says only those its running requests use (its vllm:lora_requests_info).
     active_adapters: tuple[str, ...] = ()
+    running_adapters: tuple[str, ...] = ()  # of them, those its running requests use
 
 
 @dataclass(frozen=True)

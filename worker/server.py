@@ -386,6 +386,7 @@ class WorkerServicer(pb_grpc.WorkerServicer):
             num_in_flight=self.in_flight,
             requests_received=self.requests_received,
             active_adapters=load.active_adapters,
+            running_adapters=load.running_adapters,
         )
 
     async def WatchLoad(self, request: pb.WatchLoadRequest, context: grpc.aio.ServicerContext

@@ -450,6 +450,7 @@ class SimEngine(Engine):
             kv_cache_usage=self._pool.usage(),
             prefix_cache_hit_rate=self._prefix_hits / self._prefix_queries if self._prefix_queries else 0.0,
             active_adapters=() if self._slots is None else self._slots.active,
+            running_adapters=tuple(sorted(self._running_adapters())),
         )
 
     async def _add_adapter(self, name: str, path: str) -> None:

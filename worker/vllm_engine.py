@@ -524,6 +524,7 @@ def _make_load_logger(engine: VllmEngine, vllm_config: Any, engine_index: int) -
             if scheduler_stats is None:
                 return
             self.prefix_cache.observe(scheduler_stats.prefix_cache_stats)
+            running = tuple(sorted(name for name, n in scheduler_stats.running_lora_adapters.items() if n))
             engine._on_scheduler_stats(Load(
                 num_running=scheduler_stats.num_running_reqs,
                 num_waiting=scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs,
@@ -531,8 +532,7 @@ def _make_load_logger(engine: VllmEngine, vllm_config: Any, engine_index: int) -
                 prefix_cache_hit_rate=self.prefix_cache.hit_rate,
                 # vLLM tells which adapters its running requests use, not which idle ones its
                 # slots still hold (the same names as its vllm:lora_requests_info gauge).
-                active_adapters=tuple(sorted(
-                    name for name, n in scheduler_stats.running_lora_adapters.items() if n)),
+                active_adapters=running, running_adapters=running,
             ))
 
         def log_engine_initialized(self) -> None:

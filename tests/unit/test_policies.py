@@ -132,19 +132,25 @@ def test_least_load_scorer(workers: list[WorkerView], expected: list[float]) -> 
     assert scores(LeastLoadScorer(), PickContext(), workers) == pytest.approx(expected)
 
 
-def slots(view: WorkerView, *active: str) -> WorkerView:
-    """``view`` serving adapters x, y and z with two slots, ``active`` in them (its last report)."""
-    load = replace(view.load or WorkerLoad(), active_adapters=active)
-    return serving(view, "x", "y", "z")._replace(load=load)
+def slots(view: WorkerView, *active: str, running: tuple[str, ...] | None = None,
+          picked: tuple[str, ...] = ()) -> WorkerView:
+    """``view`` serving adapters x, y and z with two slots, ``active`` in them (its last report),
+    of which ``running`` (default: all) run requests, and picks on ``picked`` not reported yet."""
+    load = replace(view.load or WorkerLoad(), active_adapters=active,
+                   running_adapters=active if running is None else running)
+    return serving(view, "x", "y", "z")._replace(load=load, picked_adapters=picked)
 
 
 @pytest.mark.parametrize(
     ("ctx", "workers", "expected"),
     [
-        # In a slot, then a free slot, then a worker that must evict.
-        (PickContext(adapter="x"), [slots(w("a"), "y", "x"), slots(w("b"), "y"), slots(w("c"), "y", "z")],
-         [1.0, 0.5, 0.0]),
-        (PickContext(adapter="x"), [slots(w("a")), slots(w("b"), "x")], [0.5, 1.0]),  # nothing loaded yet: a free slot
+        # In a slot; a free slot; every slot running others; a slot whose adapter is idle.
+        (PickContext(adapter="x"), [slots(w("a"), "y", "x"), slots(w("b"), "y"), slots(w("c"), "y", "z"),
+                                    slots(w("d"), "y", "z", running=("y",))], [1.0, 0.5, 0.0, 0.5]),
+        # A pick on x the worker has not reported yet holds its slot; picks on others fill the slots.
+        (PickContext(adapter="x"), [slots(w("a"), "y", "z", picked=("x",)), slots(w("b"), picked=("y", "z"))],
+         [1.0, 0.0]),
+        (PickContext(adapter="x"), [slots(w("a")), slots(w("b"), "x")], [0.5, 1.0]),  # nothing loaded yet
         (PickContext(adapter="x"), [slots(w("a", age=None)), slots(w("b"), "y", "z")], [0.5, 0.0]),  # no report yet
         (PickContext(), [slots(w("a"), "x"), slots(w("b"))], [0.0, 0.0]),  # the base model: no preference
     ],
@@ -153,14 +159,30 @@ def test_adapter_slot_scorer(ctx: PickContext, workers: list[WorkerView], expect
     assert scores(AdapterSlotScorer(), ctx, workers) == pytest.approx(expected)
 
 
+def test_a_burst_on_one_adapter_meets_on_one_worker_and_another_adapter_goes_elsewhere() -> None:
+    """Before any report shows an adapter loaded, the picks themselves say where each went."""
+    table = WorkerTable(["a:1", "b:1"], clock=lambda: 0.0)
+    lora = LoraSlots((("x", "/x"), ("y", "/y")), max_loras=1)
+    for address in ("a:1", "b:1"):
+        table.on_connected(address, address, lora=lora)
+        table.on_report(address, WorkerLoad())
+    policy = build_policy("kv-aware", 2.0)
+    chosen = {}
+    for adapter in ("x", "x", "y", "y"):
+        choice = policy.pick(PickContext(adapter=adapter, now=0.0), table.fleet(), random.Random(0))
+        table.on_assigned(choice.worker.address, adapter)
+        chosen.setdefault(adapter, set()).add(choice.worker.worker_id)
+    assert len(chosen["x"]) == len(chosen["y"]) == 1 and chosen["x"] != chosen["y"]
+
+
 @pytest.mark.parametrize(
     ("workers", "prompts", "chosen"),
     [
         # The slot that holds it beats a lighter worker that must evict, whichever worker is the
         # prompt's text-hash home...
         ([slots(w("a", 4), "x", "y"), slots(w("b", 2), "y", "z")], [f"p{i}" for i in range(20)], "a"),
-        # ...a free slot beats eviction...
-        ([slots(w("a", 4), "x"), slots(w("b", 3), "y", "z")], [""], "a"),
+        # ...a slot it can load into at once beats waiting for one...
+        ([slots(w("a", 4), "z", "y", running=("y",)), slots(w("b", 3), "y", "z")], [""], "a"),
         # ...but not past the load bound: there the lighter worker loads it.
         ([slots(w("a", 12), "x", "y"), slots(w("b", 2), "y", "z")], [f"p{i}" for i in range(20)], "b"),
     ],
