@@ -3,7 +3,7 @@ prefers a worker whose adapter slots hold the request's adapter) against round r
 round by round.
 
     .venv/bin/python bench/adapters.py OUT_DIR [--rounds 2] [--policies kv-aware,round-robin]
-        [--num-prompts 2400] [--tree DIR] [--variant "LABEL=POLICY [FLAGS]" ...]
+        [--num-prompts 2400] [--up "FLAGS"] [--tree DIR] [--variant "LABEL=POLICY [FLAGS]" ...]
 
 Each run starts `meshserve up --engine sim --workers 4 --enable-lora --max-loras 2` with 8
 adapters (--max-cpu-loras left at vLLM's default, --max-loras: the other adapters wait on disk)
@@ -15,7 +15,9 @@ adapter in stalls a step (the sim's LoRA costs, docs/operations.md). Adapter loa
 workers' meshserve_worker_adapter_loads_total over the run. Writes one JSON per run (the
 bench's summary with its per-adapter breakdown, and the loads), rows.json and summary.md
 (medians over rounds, ratios to round robin). A --variant is a label, a policy and extra
-`meshserve up` flags, run as one more policy.
+`meshserve up` flags, run as one more policy; --up adds flags to every run (`--sim-speed 0.25`:
+engines 4x slower per token, a larger model than the sim's 8B default, so that the engines'
+time and not the mesh's CPU on a small machine is what routing changes).
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ def main() -> int:
     parser.add_argument("--num-prompts", type=int, default=2400)
     parser.add_argument("--tree", type=Path, default=REPO, help="source tree to run (default: this one)")
     parser.add_argument("--variant", action="append", default=[], metavar="LABEL=POLICY [FLAGS]")
+    parser.add_argument("--up", default="", metavar="FLAGS", help="more `meshserve up` flags for every run")
     args = parser.parse_args()
     runs = {p: ["--routing", p] for p in args.policies.split(",") if p}
     for v in args.variant:
@@ -92,7 +95,7 @@ def main() -> int:
         order = policies if r % 2 == 0 else policies[::-1]  # alternated: neither always runs first
         for policy in order:
             started = time.monotonic()
-            result = run_one(args.out, policy, runs[policy], args.num_prompts, 1000 + r, tree)
+            result = run_one(args.out, policy, [*runs[policy], *shlex.split(args.up)], args.num_prompts, 1000 + r, tree)
             rows.setdefault(policy, []).append(result)
             print(f"round {r + 1} {policy:<12} " + " ".join(f"{k} {result[k]:.1f}" for k in HEADLINE)
                   + f" ({time.monotonic() - started:.0f}s)", flush=True)
