@@ -269,13 +269,17 @@ class AdapterSlotScorer(Scorer):
     not reported yet: a burst of one adapter's requests meets on the worker the first went to),
     ``free`` for one with a slot it can load the adapter into at once (free, or holding an
     adapter none of its requests runs), 0 for one whose slots all run other adapters (the request
-    waits until one of them is idle). A request on the base model scores 0 everywhere: no worker
-    is better for it."""
+    waits until one of them is idle). A worker whose engine holds requests waiting for a slot
+    (``waiting_adapters``: vLLM's scheduler runs them only once a running adapter has no request
+    left, which new requests on it put off for ever) scores ``yield_`` for the adapters it runs,
+    so their requests go elsewhere while its slots drain. A request on the base model scores 0
+    everywhere: no worker is better for it."""
 
     name = "adapter"
 
-    def __init__(self, free: float = 0.5) -> None:
+    def __init__(self, free: float = 0.5, yield_: float = 0.25) -> None:
         self.free = free
+        self.yield_ = yield_
 
     def score(self, ctx: PickContext, fleet: Fleet, rows: np.ndarray) -> np.ndarray:
         scores = np.zeros(len(rows))
@@ -288,7 +292,8 @@ class AdapterSlotScorer(Scorer):
     def _slot_score(self, view: WorkerView, adapter: str) -> float:
         load = view.load or WorkerLoad()
         if adapter in load.active_adapters or adapter in view.picked_adapters:
-            return 1.0
+            starving = load.waiting_adapters and adapter in load.running_adapters
+            return self.yield_ if starving else 1.0
         busy = set(load.running_adapters).union(view.picked_adapters)
         slots = 0 if view.lora is None else view.lora.max_loras
         return self.free if len(busy) < slots else 0.0

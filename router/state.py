@@ -30,6 +30,7 @@ class WorkerLoad:
     requests_received: int = 0
     active_adapters: tuple[str, ...] = ()  # the LoRA adapters in its slots, least recently used first
     running_adapters: tuple[str, ...] = ()  # of them, those its running requests use
+    waiting_adapters: tuple[str, ...] = ()  # adapters whose requests wait for a slot
 
 
 @dataclass(frozen=True)

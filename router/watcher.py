@@ -25,14 +25,15 @@ log = logging.getLogger(__name__)
 
 # WorkerLoad mirrors LoadReport field for field (less worker_id); the conversions derive from it.
 _LOAD_FIELDS = [f.name for f in dataclasses.fields(WorkerLoad)]
-_REPEATED = ("active_adapters", "running_adapters")  # repeated fields: made values of their own
+_REPEATED = ("active_adapters", "running_adapters", "waiting_adapters")  # repeated fields: made values of their own
 
 
 def load_from_pb(report: pb.LoadReport) -> WorkerLoad:
     """The report as a value; counts a worker cannot have (negative, usage outside 0..1) are
     clamped, so one confused worker cannot steer every pick."""
     load = WorkerLoad(**{name: getattr(report, name) for name in _LOAD_FIELDS if name not in _REPEATED},
-                      active_adapters=tuple(report.active_adapters), running_adapters=tuple(report.running_adapters))
+                      active_adapters=tuple(report.active_adapters), running_adapters=tuple(report.running_adapters),
+                      waiting_adapters=tuple(report.waiting_adapters))
     if (min(load.num_running, load.num_waiting, load.num_in_flight) >= 0
             and 0.0 <= load.kv_cache_usage <= 1.0 and 0.0 <= load.prefix_cache_hit_rate <= 1.0):
         return load  # the usual case: nothing to clamp

@@ -163,6 +163,7 @@ class Load:
     # sim); vLLM says only those its running requests use (its vllm:lora_requests_info).
     active_adapters: tuple[str, ...] = ()
     running_adapters: tuple[str, ...] = ()  # of them, those its running requests use
+    waiting_adapters: tuple[str, ...] = ()  # adapters whose requests wait for a slot (none runs)
 
 
 @dataclass(frozen=True)

@@ -387,6 +387,7 @@ class WorkerServicer(pb_grpc.WorkerServicer):
             requests_received=self.requests_received,
             active_adapters=load.active_adapters,
             running_adapters=load.running_adapters,
+            waiting_adapters=load.waiting_adapters,
         )
 
     async def WatchLoad(self, request: pb.WatchLoadRequest, context: grpc.aio.ServicerContext

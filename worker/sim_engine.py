@@ -444,13 +444,15 @@ class SimEngine(Engine):
                              "they cannot be turned back into text", param="tokens")
 
     def load(self) -> Load:
+        running = self._running_adapters()
         return Load(
             num_running=len(self._running),
             num_waiting=len(self._waiting),
             kv_cache_usage=self._pool.usage(),
             prefix_cache_hit_rate=self._prefix_hits / self._prefix_queries if self._prefix_queries else 0.0,
             active_adapters=() if self._slots is None else self._slots.active,
-            running_adapters=tuple(sorted(self._running_adapters())),
+            running_adapters=tuple(sorted(running)),
+            waiting_adapters=tuple(sorted({s.request.adapter for s in self._waiting if s.request.adapter} - running)),
         )
 
     async def _add_adapter(self, name: str, path: str) -> None:

@@ -533,6 +533,8 @@ def _make_load_logger(engine: VllmEngine, vllm_config: Any, engine_index: int) -
                 # vLLM tells which adapters its running requests use, not which idle ones its
                 # slots still hold (the same names as its vllm:lora_requests_info gauge).
                 active_adapters=running, running_adapters=running,
+                waiting_adapters=tuple(sorted(
+                    name for name, n in scheduler_stats.waiting_lora_adapters.items() if n and name not in running)),
             ))
 
         def log_engine_initialized(self) -> None:

@@ -937,7 +937,7 @@ class WatchLoadRequest(_message.Message):
     def __init__(self, kv_events: _Optional[bool] = ..., min_interval_s: _Optional[float] = ...) -> None: ...
 
 class LoadReport(_message.Message):
-    __slots__ = ("worker_id", "num_running", "num_waiting", "kv_cache_usage", "prefix_cache_hit_rate", "max_num_seqs", "draining", "sequence", "num_in_flight", "requests_received", "kv", "lora", "active_adapters", "running_adapters")
+    __slots__ = ("worker_id", "num_running", "num_waiting", "kv_cache_usage", "prefix_cache_hit_rate", "max_num_seqs", "draining", "sequence", "num_in_flight", "requests_received", "kv", "lora", "active_adapters", "running_adapters", "waiting_adapters")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
@@ -952,6 +952,7 @@ class LoadReport(_message.Message):
     LORA_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    WAITING_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     num_running: int
     num_waiting: int
@@ -966,7 +967,8 @@ class LoadReport(_message.Message):
     lora: LoraConfig
     active_adapters: _containers.RepeatedScalarFieldContainer[str]
     running_adapters: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, worker_id: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., prefix_cache_hit_rate: _Optional[float] = ..., max_num_seqs: _Optional[int] = ..., draining: _Optional[bool] = ..., sequence: _Optional[int] = ..., num_in_flight: _Optional[int] = ..., requests_received: _Optional[int] = ..., kv: _Optional[_Union[KvEvents, _Mapping]] = ..., lora: _Optional[_Union[LoraConfig, _Mapping]] = ..., active_adapters: _Optional[_Iterable[str]] = ..., running_adapters: _Optional[_Iterable[str]] = ...) -> None: ...
+    waiting_adapters: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, worker_id: _Optional[str] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., prefix_cache_hit_rate: _Optional[float] = ..., max_num_seqs: _Optional[int] = ..., draining: _Optional[bool] = ..., sequence: _Optional[int] = ..., num_in_flight: _Optional[int] = ..., requests_received: _Optional[int] = ..., kv: _Optional[_Union[KvEvents, _Mapping]] = ..., lora: _Optional[_Union[LoraConfig, _Mapping]] = ..., active_adapters: _Optional[_Iterable[str]] = ..., running_adapters: _Optional[_Iterable[str]] = ..., waiting_adapters: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class InfoRequest(_message.Message):
     __slots__ = ()

@@ -133,11 +133,12 @@ def test_least_load_scorer(workers: list[WorkerView], expected: list[float]) -> 
 
 
 def slots(view: WorkerView, *active: str, running: tuple[str, ...] | None = None,
-          picked: tuple[str, ...] = ()) -> WorkerView:
+          picked: tuple[str, ...] = (), waiting: tuple[str, ...] = ()) -> WorkerView:
     """``view`` serving adapters x, y and z with two slots, ``active`` in them (its last report),
-    of which ``running`` (default: all) run requests, and picks on ``picked`` not reported yet."""
+    of which ``running`` (default: all) run requests, ``waiting`` adapters waiting for a slot, and
+    picks on ``picked`` not reported yet."""
     load = replace(view.load or WorkerLoad(), active_adapters=active,
-                   running_adapters=active if running is None else running)
+                   running_adapters=active if running is None else running, waiting_adapters=waiting)
     return serving(view, "x", "y", "z")._replace(load=load, picked_adapters=picked)
 
 
@@ -151,6 +152,9 @@ def slots(view: WorkerView, *active: str, running: tuple[str, ...] | None = None
         (PickContext(adapter="x"), [slots(w("a"), "y", "z", picked=("x",)), slots(w("b"), picked=("y", "z"))],
          [1.0, 0.0]),
         (PickContext(adapter="x"), [slots(w("a")), slots(w("b"), "x")], [0.5, 1.0]),  # nothing loaded yet
+        # Requests on z wait for a slot at a: it yields its running x and y until one drains.
+        (PickContext(adapter="x"), [slots(w("a"), "x", "y", waiting=("z",)), slots(w("b"), "y", "z")], [0.25, 0.0]),
+        (PickContext(adapter="x"), [slots(w("a"), "x", "y", running=("y",), waiting=("z",))], [1.0]),  # x idle: z takes its slot
         (PickContext(adapter="x"), [slots(w("a", age=None)), slots(w("b"), "y", "z")], [0.5, 0.0]),  # no report yet
         (PickContext(), [slots(w("a"), "x"), slots(w("b"))], [0.0, 0.0]),  # the base model: no preference
     ],

@@ -19,7 +19,7 @@ def test_worker_load_mirrors_every_load_report_field() -> None:
 def test_round_trip() -> None:
     load = WorkerLoad(num_running=3, num_waiting=2, kv_cache_usage=0.5, prefix_cache_hit_rate=0.25,
                       max_num_seqs=64, draining=True, sequence=9, num_in_flight=5, active_adapters=("b", "a"),
-                      running_adapters=("a",))
+                      running_adapters=("a",), waiting_adapters=("c",))
     report = load_to_pb("w1", load)
     assert report.worker_id == "w1"
     assert load_from_pb(report) == load

@@ -476,6 +476,7 @@ async def test_requests_on_more_adapters_than_slots_wait_for_one(make_engine: Ma
                                      for i, a in enumerate(["a", "b", "c", None])))
     assert results[0].loads[0].num_running == 3 and results[0].loads[0].num_waiting == 1
     assert results[0].loads[0].running_adapters == ("a", "b")  # c waits: both slots run others
+    assert results[0].loads[0].waiting_adapters == ("c",)
     first_two_done = max(r.times[-1] for r in results[:2])
     assert results[2].times[0] > first_two_done
     assert results[3].times[0] < first_two_done
