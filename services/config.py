@@ -50,6 +50,13 @@ DISCOVERY_MODES = ("static", "kubernetes")
 # The Redis URL (CacheConfig/GatewayConfig.redis_url) when no --redis-url is given: it may carry a
 # password, so Kubernetes passes it from a Secret in the environment, never on the command line.
 REDIS_URL_ENV = "MESHSERVE_REDIS_URL"
+# Mutual TLS inside the mesh (ServerConfig.mesh_tls_dir): each certificate's common name is who
+# holds it. Only the edge may name a request's tenant to a gateway, and only a gateway may name it
+# to the cache service; a service's own name is also the name its clients check its certificate for.
+EDGE_IDENTITY = "meshserve-edge"
+SERVICE_IDENTITIES = {name: f"meshserve-{name}" for name in ("gateway", "router", "cache", "worker", "traces")}
+# The launcher's and the local tools' own (health checks, `meshserve top`, `meshserve usage`).
+OPERATOR_IDENTITY = "meshserve-operator"
 # The LoRA ranks vLLM sizes its adapter slots for (WorkerConfig.max_lora_rank; its MaxLoRARanks).
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
@@ -74,6 +81,11 @@ class ServerConfig:
     trace_sampling_ratio: float = _f(
         1.0, "fraction of new traces sampled (none without --otlp-endpoint); a caller's decision (traceparent) "
         "is always followed"
+    )
+    mesh_tls_dir: str = _f(
+        "", "mutual TLS inside the mesh: a directory with this service's certificate (tls.crt, tls.key) and the "
+        "mesh CA's (ca.crt), a Kubernetes TLS Secret as mounted; it serves only clients with a certificate of "
+        "that CA and presents its own to every service it calls; '': plaintext"
     )
 
 
@@ -533,6 +545,10 @@ class EnvoyConfig:
     tls_key: str = _f("", "the PEM private key of --tls-cert")
     tls_client_ca: str = _f("", "PEM CA certificates: with TLS, every client must present a certificate one of "
                                 "them signed (mutual TLS at the edge); empty: no client certificate asked")
+    mesh_tls_dir: str = _f(
+        "", "mutual TLS to the gateways: a directory with the edge's certificate (tls.crt, tls.key; its common name "
+        f"is {EDGE_IDENTITY}, the only caller a gateway takes a tenant from) and the mesh CA's (ca.crt), which "
+        "each gateway's certificate must chain to; '': plaintext to the gateways")
     rate_limit_requests: int = _f(0, "global rate limit: requests per window for all clients together (0: off)")
     rate_limit_per_key_requests: int = _f(0, "per-API-key (tenant) rate limit: requests per window (0: off)")
     rate_limit_window_s: float = _f(1.0, "the rate-limit window (token bucket refill interval), seconds")

@@ -24,6 +24,7 @@ from grpc_reflection.v1alpha import reflection
 
 from meshserve.services import telemetry
 from meshserve.services.config import ServerConfig
+from meshserve.services.mesh_tls import MeshTls, channel
 
 log = logging.getLogger(__name__)
 
@@ -89,12 +90,19 @@ def stall_options(stall_timeout_s: float) -> list[tuple[str, int]]:
             ("grpc.http2.ping_timeout_ms", timeout_ms), ("grpc.min_reconnect_backoff_ms", timeout_ms)]
 
 
-def insecure_channel(address: str, extra: list[tuple[str, int]] | None = None) -> grpc.aio.Channel:
+def mesh_channel(address: str, tls: MeshTls | None, peer: str = "",
+                 extra: list[tuple[str, int]] | None = None) -> grpc.aio.Channel:
     """An aio channel to another meshserve service, with the mesh's channel options (``extra``
-    ones override them)."""
-    options = dict(CHANNEL_OPTIONS)
+    ones override them), over mutual TLS when ``tls`` is given (``peer``: the identity the
+    server's certificate must carry; services.mesh_tls.channel)."""
+    options: dict[str, int | str] = dict(CHANNEL_OPTIONS)
     options.update(extra or [])
-    return grpc.aio.insecure_channel(address, options=list(options.items()))
+    return channel(address, tls, peer, list(options.items()))
+
+
+def insecure_channel(address: str, extra: list[tuple[str, int]] | None = None) -> grpc.aio.Channel:
+    """A plaintext ``mesh_channel`` (a mesh without mutual TLS, Envoy's public port)."""
+    return mesh_channel(address, None, "", extra)
 
 
 @dataclass
@@ -295,8 +303,11 @@ async def start(
         server,
     )
     await port_free(name, "gRPC", cfg.host, cfg.port)
+    tls = MeshTls.of(cfg)
     try:
-        port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+        address = f"{cfg.host}:{cfg.port}"
+        port = server.add_insecure_port(address) if tls is None else server.add_secure_port(
+            address, tls.server_credentials())
     except RuntimeError:  # grpc's own message says only "Failed to bind"
         raise CannotListen(name, "gRPC", cfg.host, cfg.port, "--port") from None
     metrics_port = -1
@@ -316,7 +327,8 @@ async def start(
         os.replace(tmp, cfg.ready_file)
     for svc in ["", *service_names]:
         await health_servicer.set(svc, health_pb2.HealthCheckResponse.SERVING)
-    log.info("%s serving gRPC on %s:%d, metrics on :%d", name, cfg.host, port, metrics_port)
+    log.info("%s serving gRPC%s on %s:%d, metrics on :%d", name, " (mutual TLS)" if tls else "", cfg.host, port,
+             metrics_port)
     return Running(server, port, metrics_port, health_servicer, lifecycle or Lifecycle(), service_names,
                    cfg.grace_seconds, asyncio.create_task(watch_loop_lag(), name="loop lag"))
 
