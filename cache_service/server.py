@@ -24,9 +24,10 @@ from meshserve.cache_service.semantic import SemanticStore
 from meshserve.cache_service.store import ExactStore
 from meshserve.services import validation
 from meshserve.services.cache_keys import connect, refusal
-from meshserve.services.config import CacheConfig
+from meshserve.services.config import SERVICE_IDENTITIES, CacheConfig
 from meshserve.services.gen import meshserve_pb2 as pb
 from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.mesh_tls import peer_identity
 from meshserve.services.server import Lifecycle, Running, serve, start
 
 log = logging.getLogger(__name__)
@@ -55,13 +56,23 @@ REDIS_STATS_S = 5.0
 
 
 class CacheServicer(pb_grpc.CacheServicer):
-    """Exact entries, then semantic ones; a Redis error is UNAVAILABLE (the caller serves uncached)."""
+    """Exact entries, then semantic ones; a Redis error is UNAVAILABLE (the caller serves uncached).
+    With mutual TLS (``mutual_tls``) only a gateway may name a tenant: it is the one that believes
+    a tenant only from the edge."""
 
-    def __init__(self, exact: ExactStore, semantic: SemanticStore | None = None) -> None:
+    def __init__(self, exact: ExactStore, semantic: SemanticStore | None = None, mutual_tls: bool = False) -> None:
         self._exact = exact
         self._semantic = semantic
+        self._mutual_tls = mutual_tls
+
+    async def _check_tenant(self, tenant: str, context: grpc.aio.ServicerContext) -> None:
+        gateway = SERVICE_IDENTITIES["gateway"]
+        if tenant and self._mutual_tls and (caller := peer_identity(context)) != gateway:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"only a gateway ({gateway}) may name a tenant; this caller is {caller or 'anonymous'}")
 
     async def Lookup(self, request: pb.LookupRequest, context: grpc.aio.ServicerContext) -> pb.LookupResponse:
+        await self._check_tenant(request.tenant, context)
         mode = request.mode or validation.CACHE_SEMANTIC
         if self._semantic is None:
             mode = validation.CACHE_EXACT
@@ -105,6 +116,7 @@ class CacheServicer(pb_grpc.CacheServicer):
                                  similarity=similarity if kind != self._exact.kind else 0.0)
 
     async def Store(self, request: pb.StoreRequest, context: grpc.aio.ServicerContext) -> pb.StoreResponse:
+        await self._check_tenant(request.tenant, context)
         if request.index_only:
             return self._index_only(request)
         try:
@@ -173,7 +185,7 @@ def _build(cfg: CacheConfig) -> tuple[CacheServicer, Lifecycle]:
         await asyncio.wait([stats], timeout=2.0)
 
     lifecycle.on_close.insert(0, stop_stats)
-    return CacheServicer(exact, semantic), lifecycle
+    return CacheServicer(exact, semantic, mutual_tls=bool(cfg.mesh_tls_dir)), lifecycle
 
 
 def _register(servicer: CacheServicer) -> Callable[[grpc.aio.Server], list[str]]:

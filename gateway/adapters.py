@@ -126,7 +126,8 @@ class AdaptersServicer(pb_grpc.AdaptersServicer):
     """Thin: who may change the adapters, then ``AdapterChanges``. Off unless the gateway runs
     with --allow-runtime-lora-updating; with API keys, only for a tenant marked admin=1."""
 
-    def __init__(self, changes: AdapterChanges, allowed: bool, tenant: Callable[[grpc.aio.ServicerContext], str],
+    def __init__(self, changes: AdapterChanges, allowed: bool,
+                 tenant: Callable[[grpc.aio.ServicerContext], Awaitable[str]],
                  admin: Callable[[str], bool] | None) -> None:
         self._changes = changes
         self._allowed = allowed
@@ -136,7 +137,7 @@ class AdaptersServicer(pb_grpc.AdaptersServicer):
     async def LoadLoraAdapter(self, request: pb.LoadLoraAdapterRequest, context: grpc.aio.ServicerContext
                               ) -> pb.LoraAdapterResponse:
         try:
-            self._authorize(context)
+            await self._authorize(context)
             workers = await self._changes.load(request.lora_name, request.lora_path)
         except GatewayError as e:
             await context.abort(e.code, e.message)
@@ -147,7 +148,7 @@ class AdaptersServicer(pb_grpc.AdaptersServicer):
     async def UnloadLoraAdapter(self, request: pb.UnloadLoraAdapterRequest, context: grpc.aio.ServicerContext
                                 ) -> pb.LoraAdapterResponse:
         try:
-            self._authorize(context)
+            await self._authorize(context)
             workers = await self._changes.unload(request.lora_name)
         except GatewayError as e:
             await context.abort(e.code, e.message)
@@ -155,12 +156,12 @@ class AdaptersServicer(pb_grpc.AdaptersServicer):
         return pb.LoraAdapterResponse(message=f"Success: LoRA adapter '{request.lora_name}' removed successfully.",
                                       workers=workers)
 
-    def _authorize(self, context: grpc.aio.ServicerContext) -> None:
+    async def _authorize(self, context: grpc.aio.ServicerContext) -> None:
         if not self._allowed:
             raise GatewayError(grpc.StatusCode.PERMISSION_DENIED,
                                "loading and unloading LoRA adapters at run time is off: start the gateway with "
                                "--allow-runtime-lora-updating (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING)")
-        if self._admin is not None and not self._admin(tenant := self._tenant(context)):
+        if self._admin is not None and not self._admin(tenant := await self._tenant(context)):
             raise GatewayError(grpc.StatusCode.PERMISSION_DENIED,
                                f"tenant {tenant!r} may not change the fleet's LoRA adapters: only a tenant whose line "
                                "of the API keys file says admin=1")

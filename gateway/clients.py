@@ -15,7 +15,9 @@ from meshserve.gateway.picks import LocalPicks, Picks, PickStream, RouterInProce
 from meshserve.gateway.relay import WorkerSession
 from meshserve.services.gen import meshserve_pb2 as pb
 from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
-from meshserve.services.server import insecure_channel, stall_options
+from meshserve.services.config import SERVICE_IDENTITIES
+from meshserve.services.mesh_tls import MeshTls
+from meshserve.services.server import mesh_channel, stall_options
 
 
 class Clients:
@@ -26,25 +28,28 @@ class Clients:
     the pool follows the fleet instead of growing with every address the router ever named.
 
     ``router`` is the router service's address, or the router itself when the gateway picks in
-    its own process (``--router embedded``).
+    its own process (``--router embedded``). ``tls``: mutual TLS on every channel (each peer's
+    certificate must name its service).
     """
 
     def __init__(
         self, router: str | RouterInProcess, cache: str, stall_timeout_s: float = 0.0,
-        entries: ExactEntries | None = None,
+        entries: ExactEntries | None = None, tls: MeshTls | None = None,
     ) -> None:
+        self._tls = tls
         self._router_channel: grpc.aio.Channel | None = None
         self.picks: Picks
         self.watch_fleet: Callable[[], AsyncIterator[pb.FleetUpdate]]
         if isinstance(router, str):
-            self._router_channel = insecure_channel(router)
+            self._router_channel = mesh_channel(router, tls, SERVICE_IDENTITIES["router"])
             stub = pb_grpc.RouterStub(self._router_channel)
             self.picks = PickStream(stub)
             self.watch_fleet = lambda: aiter(stub.WatchFleet(pb.WatchFleetRequest()))
         else:
             self.picks = LocalPicks(router)
             self.watch_fleet = router.fleet_updates
-        self._cache_channel: grpc.aio.Channel | None = insecure_channel(cache) if cache else None
+        self._cache_channel: grpc.aio.Channel | None = (mesh_channel(cache, tls, SERVICE_IDENTITIES["cache"])
+                                                        if cache else None)
         self.cache = pb_grpc.CacheStub(self._cache_channel) if self._cache_channel else None
         self.entries = entries  # exact entries read from the cache's Redis, when the gateway has its URL
         self._workers: dict[str, tuple[grpc.aio.Channel, pb_grpc.WorkerStub]] = {}
@@ -54,7 +59,7 @@ class Clients:
 
     def worker(self, address: str) -> pb_grpc.WorkerStub:
         if address not in self._workers:
-            channel = insecure_channel(address, self._worker_options)
+            channel = mesh_channel(address, self._tls, SERVICE_IDENTITIES["worker"], self._worker_options)
             self._workers[address] = (channel, pb_grpc.WorkerStub(channel))
         return self._workers[address][1]
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -75,13 +76,18 @@ class Aborted(Exception):
 
 class HttpContext:
     """What OpenAIServicer uses of a grpc.aio ServicerContext, for a request served over HTTP:
-    the request's headers as invocation metadata, and ``abort``."""
+    the request's headers as invocation metadata, the common name of the client's certificate
+    (over mutual TLS) as gRPC's auth context names it, and ``abort``."""
 
-    def __init__(self, headers: dict[str, str]) -> None:
+    def __init__(self, headers: dict[str, str], peer_common_name: str = "") -> None:
         self._metadata = tuple(headers.items())
+        self._auth = {"x509_common_name": [peer_common_name.encode()]} if peer_common_name else {}
 
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
         return self._metadata
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return self._auth
 
     async def abort(self, code: grpc.StatusCode, details: str = "",
                     trailing_metadata: tuple[tuple[str, str], ...] = ()) -> None:
@@ -171,12 +177,23 @@ class SseResponse(web.StreamResponse):
     _send_headers_immediately = False
 
 
+def _peer_common_name(request: web.Request) -> str:
+    """The common name of the client certificate the connection was made with ('' if none)."""
+    cert = request.transport.get_extra_info("peercert") if request.transport else None
+    for rdn in (cert or {}).get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return str(value)
+    return ""
+
+
 class HttpEdge:
     """The streaming OpenAI paths on ``host:port`` over HTTP/1.1, served by ``servicer``."""
 
     def __init__(self, servicer: OpenAIServicer, host: str, port: int, grace_seconds: float,
-                 max_body_bytes: int = 2 * 2**20) -> None:
+                 max_body_bytes: int = 2 * 2**20, ssl_context: ssl.SSLContext | None = None) -> None:
         self._servicer = servicer
+        self._ssl_context = ssl_context  # mutual TLS: only clients with a mesh certificate
         self._host, self._port = host, port
         self._draining = False
         app = web.Application(client_max_size=max_body_bytes)  # as the gRPC side's bound (413 past it)
@@ -192,14 +209,16 @@ class HttpEdge:
 
     async def start(self) -> None:
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self._port, reuse_port=False, backlog=LISTEN_BACKLOG)
+        site = web.TCPSite(self._runner, self._host, self._port, reuse_port=False, backlog=LISTEN_BACKLOG,
+                           ssl_context=self._ssl_context)
         await port_free("gateway", "the OpenAI HTTP edge", self._host, self._port)
         try:
             await site.start()
         except OSError:
             raise CannotListen("gateway", "the OpenAI HTTP edge", self._host, self._port, "--http-port") from None
         self.port = self._runner.addresses[0][1]
-        log.info("gateway serving the OpenAI streaming edge over HTTP on %s:%d", self._host, self.port)
+        log.info("gateway serving the OpenAI streaming edge over HTTP%s on %s:%d",
+                 "S (mutual TLS)" if self._ssl_context else "", self._host, self.port)
 
     async def drain(self) -> None:
         """Stop taking new requests (health 503, listener closed) and let streams finish."""
@@ -240,7 +259,7 @@ class HttpEdge:
             response: web.StreamResponse | None = None
             last = b""  # the usage chunk, which ends a stream: sent with the end of the response
             try:
-                async with contextlib.aclosing(method(call, HttpContext(headers))) as stream:
+                async with contextlib.aclosing(method(call, HttpContext(headers, _peer_common_name(request)))) as stream:
                     async for chunk in stream:
                         data = b"data: " + chunk_json(chunk) + b"\n\n"
                         if response is None:

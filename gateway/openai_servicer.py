@@ -42,7 +42,7 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
         self,
         orchestrator: Orchestrator,
         model: str,
-        tenant: Callable[[grpc.aio.ServicerContext], str],
+        tenant: Callable[[grpc.aio.ServicerContext], Awaitable[str]],
         clock: Callable[[], float] = time.time,
         limits: RequestLimits | None = None,
     ) -> None:
@@ -214,7 +214,7 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
     ) -> list[pb.CompleteResponse]:
         """Every choice's completion, generated at once; the first failure ends the call (and
         cancels the other choices). ``limit``: what the client called the token limit."""
-        tenant = self._tenant(context)
+        tenant = await self._tenant(context)
         failure: GatewayError
         try:
             async with self._orch.account(reqs, tenant) as bill:
@@ -247,7 +247,7 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
         ``limit``: what the client called the token limit."""
         sent = False
         usages: dict[int, pb.Usage] = {}
-        tenant = self._tenant(context)
+        tenant = await self._tenant(context)
         try:
             async with AsyncExitStack() as stack:
                 bill = await stack.enter_async_context(self._orch.account(reqs, tenant))

@@ -27,9 +27,10 @@ from meshserve.router.state import Fleet, WorkerTable, WorkerView
 from meshserve.router.watcher import Watcher
 from meshserve.services import server as bootstrap
 from meshserve.services import telemetry
-from meshserve.services.config import RouterConfig, RoutingConfig
+from meshserve.services.config import RouterConfig, RoutingConfig, ServerConfig
 from meshserve.services.gen import meshserve_pb2 as pb
 from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.mesh_tls import MeshTls
 
 log = logging.getLogger(__name__)
 
@@ -399,7 +400,7 @@ class RouterCore:
         self.servicer = RouterServicer(self.router, FleetFeed(table, self.router.workers, clock=clock))
         self.watcher = Watcher(table, cfg.stale_after_s, max(cfg.lost_after_s, cfg.stale_after_s),
                                kv=self.router.kv if policy.prefix_view == "kv" else None, prefix=self.router.prefix,
-                               fleet_reports_per_s=cfg.fleet_reports_per_s)
+                               fleet_reports_per_s=cfg.fleet_reports_per_s, tls=MeshTls.of(cfg) if isinstance(cfg, ServerConfig) else None)
         self.discovery = None
         if cfg.discovery == "kubernetes":
             self.namespace = cfg.kubernetes_namespace or own_namespace()

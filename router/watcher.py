@@ -18,7 +18,9 @@ from meshserve.router.state import LoraSlots, WorkerLoad, WorkerTable
 from meshserve.services.config import RoutingConfig
 from meshserve.services.gen import meshserve_pb2 as pb
 from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
-from meshserve.services.server import insecure_channel
+from meshserve.services.config import SERVICE_IDENTITIES
+from meshserve.services.mesh_tls import MeshTls
+from meshserve.services.server import mesh_channel
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +89,10 @@ class Watcher:
         kv: KvIndex | None = None,
         prefix: PromptBlocks | None = None,
         fleet_reports_per_s: float = RoutingConfig.fleet_reports_per_s,
+        tls: MeshTls | None = None,
     ) -> None:
         self._table = table
+        self._tls = tls  # mutual TLS to the workers
         self._fleet_reports_per_s = fleet_reports_per_s
         self._kv = kv
         self._prefix = prefix
@@ -144,7 +148,7 @@ class Watcher:
             backoff = min(backoff * 2, self._max_backoff_s)
 
     async def _stream(self, address: str):  # -> AsyncIterator[None], one item per report
-        async with insecure_channel(address) as channel:
+        async with mesh_channel(address, self._tls, SERVICE_IDENTITIES["worker"]) as channel:
             stub = pb_grpc.WorkerStub(channel)
             info = await stub.Info(pb.InfoRequest(), timeout=self._stale_after_s)
             if self._prefix is not None:  # meanwhile the worker's reports flow
