@@ -33,6 +33,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from meshserve.commands.supervisor import RestartPolicy, Supervisor
 from meshserve.services import config
+from meshserve.services.mesh_tls import MeshTls
 from meshserve.services.config import (
     EMBEDDED_ROUTER,
     REQUEST_LIMIT_FIELDS,
@@ -98,6 +99,10 @@ class MeshSpec:
     # TLS at the edge with a certificate authority made for this mesh (run_dir/tls/ca.pem), unless
     # envoy.tls_cert names a certificate.
     tls_self_signed: bool = False
+    # Mutual TLS between the mesh's services (and from Envoy to the gateways), with a mesh CA and a
+    # certificate per service made in run_dir/mesh-tls (deploy/tls.make_mesh). The local trace
+    # receiver stays plaintext (on loopback).
+    mesh_tls: bool = False
     # Restart a process that exits (`meshserve up` does). None: it stays down, as tests that
     # kill one expect.
     supervise: RestartPolicy | None = None
@@ -138,9 +143,12 @@ def _process_alive(proc: Proc) -> None:
         raise StartupError(f"{proc.name} exited with code {proc.popen.returncode}:\n{tail}{hint}")
 
 
-def wait_grpc_serving(proc: Proc, address: str, deadline: float) -> None:
-    """Blocks until ``address`` answers the gRPC health check with SERVING."""
-    with grpc.insecure_channel(address) as channel:
+def wait_grpc_serving(proc: Proc, address: str, deadline: float,
+                      credentials: grpc.ChannelCredentials | None = None) -> None:
+    """Blocks until ``address`` answers the gRPC health check with SERVING (over mutual TLS with
+    ``credentials``)."""
+    with (grpc.insecure_channel(address) if credentials is None
+          else grpc.secure_channel(address, credentials)) as channel:
         ready = grpc.channel_ready_future(channel)
         while True:
             _process_alive(proc)
@@ -235,6 +243,16 @@ class Mesh:
             self.envoy_tls = dataclasses.replace(spec.envoy, tls_cert=str(pair.cert), tls_key=str(pair.key))
             self.tls_ca = str(pair.ca)
         self.scheme = "https" if self.envoy_tls.tls_cert else "http"
+        # Mutual TLS inside: each identity's directory (ca.crt, tls.crt, tls.key), by identity.
+        self.mesh_tls: dict[str, Path] = {}
+        if spec.mesh_tls:
+            from meshserve.deploy import tls
+
+            hosts = [spec.gateway.host, spec.router.host, spec.cache.host, spec.worker.host]
+            self.mesh_tls = tls.make_mesh(self.run_dir / "mesh-tls", [
+                *config.SERVICE_IDENTITIES.values(), config.EDGE_IDENTITY, config.OPERATOR_IDENTITY,
+            ], list(dict.fromkeys(["localhost", "127.0.0.1", "::1", *hosts])))
+            self.envoy_tls = dataclasses.replace(self.envoy_tls, mesh_tls_dir=str(self.mesh_tls[config.EDGE_IDENTITY]))
         self.traces_address = f"{spec.traces.host}:{spec.traces.port}"
         # Where every service and Envoy export spans ('' = nowhere).
         self.otlp_endpoint = (spec.otlp_endpoint or self.traces_address) if spec.tracing else ""
@@ -296,15 +314,20 @@ class Mesh:
 
     def _serve(self, name: str, service: str, cfg: config.ServerConfig) -> Proc:
         ready_file = self.run_dir / f"{name}.ready"
+        identity = config.SERVICE_IDENTITIES[service]
+        in_mesh_tls = identity in self.mesh_tls and service != "traces"
         cfg = dataclasses.replace(
             cfg, ready_file=str(ready_file), trace_sampling_ratio=self.spec.trace_sampling_ratio,
             otlp_endpoint=self.otlp_endpoint if service != "traces" else "",  # the receiver never traces itself
+            mesh_tls_dir=str(self.mesh_tls[identity]) if in_mesh_tls else "",
         )
+        credentials = self.operator_credentials() if in_mesh_tls else None
         env: dict[str, str] = {}
         argv = [sys.executable, "-m", "meshserve.commands.cli", "serve", service, *config.to_argv(cfg, env)]
 
         def ready(proc: Proc) -> None:
-            wait_grpc_serving(proc, f"{cfg.host}:{cfg.port}", time.monotonic() + self.spec.ready_timeout_s)
+            wait_grpc_serving(proc, f"{cfg.host}:{cfg.port}", time.monotonic() + self.spec.ready_timeout_s,
+                              credentials)
             # The service wrote "host:port metrics_port" before it reported SERVING; without it, the
             # SERVING answer came from some other process on that port.
             if not ready_file.exists():
@@ -315,6 +338,12 @@ class Mesh:
                 self.metrics[name] = f"http://{cfg.host}:{metrics_port}/metrics"
 
         return self._start(name, argv, ready, ready_file, env)
+
+    def operator_credentials(self) -> grpc.ChannelCredentials | None:
+        """Channel credentials of the operator's certificate (readiness checks, local tools), when
+        the mesh runs mutual TLS."""
+        directory = self.mesh_tls.get(config.OPERATOR_IDENTITY)
+        return None if directory is None else MeshTls.load(directory).channel_credentials()
 
     def _start_valkey(self) -> None:
         import redis
@@ -510,6 +539,8 @@ class Mesh:
         rows = [
             ("Envoy (gRPC + HTTP/JSON)", f"{self.scheme}://{self.envoy_address}"),
             *((("TLS: clients trust", self.tls_ca),) if self.tls_ca else ()),
+            *((("mutual TLS inside (tools: --mesh-tls-dir)", str(self.mesh_tls[config.OPERATOR_IDENTITY])),)
+              if self.mesh_tls else ()),
             ("Envoy admin", self.admin_url),
             *((self._gateway_name(i), a) for i, a in enumerate(self.gateway_addresses)),
             ("router", self.router_address if self.spec.router_mode != EMBEDDED_ROUTER
@@ -606,6 +637,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="serve TLS at the edge with a certificate authority made for this mesh, in the run "
                              "directory (clients trust RUN_DIR/tls/ca.pem); for local use: give --tls-cert and "
                              "--tls-key otherwise")
+    parser.add_argument("--mesh-tls", action=argparse.BooleanOptionalAction, default=True,
+                        help="mutual TLS between the mesh's services and from Envoy to the gateways, with a mesh CA "
+                             "and a certificate per service made in RUN_DIR/mesh-tls; a gateway takes a tenant only "
+                             "from Envoy's certificate (--no-mesh-tls: plaintext inside, every caller believed) "
+                             "(default: on)")
     parser.add_argument("--gateways", type=config.at_least(int, 1), default=MeshSpec.gateways,
                         help="number of gateways, behind Envoy (gateway i on --gateway-port + "
                              f"{GATEWAY_PORT_STEP} * i): more cores for the relay, and a gateway lost loses "
@@ -683,6 +719,7 @@ def spec_from_args(args: argparse.Namespace) -> MeshSpec:
         trace_sampling_ratio=args.trace_sampling_ratio,
         supervise=RestartPolicy(),
         tls_self_signed=args.tls_self_signed,
+        mesh_tls=args.mesh_tls,
     )
 
 

@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from meshserve.services import config, openai_errors, tenants, validation
-from meshserve.services.config import EnvoyConfig
+from meshserve.services.config import SERVICE_IDENTITIES, EnvoyConfig
 
 DESCRIPTOR = Path(__file__).resolve().parent / "envoy" / "meshserve.pb"
 STRICT_JSON_LUA = Path(__file__).resolve().parent / "envoy" / "strict_json.lua"
@@ -435,6 +435,24 @@ def _tls_socket(cfg: EnvoyConfig) -> dict[str, Any] | None:
         "envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext", **context)}
 
 
+def _upstream_tls(cfg: EnvoyConfig, alpn: str) -> dict[str, Any]:
+    """Mutual TLS to the gateways: the edge's certificate, and a gateway's checked against the mesh
+    CA and for the gateway's identity (whatever address it has)."""
+    directory = os.path.abspath(cfg.mesh_tls_dir)
+    for name in ("ca.crt", "tls.crt", "tls.key"):
+        if not os.path.isfile(os.path.join(directory, name)):
+            raise ValueError(f"--mesh-tls-dir: no {name} in {directory!r} (it holds ca.crt, tls.crt and tls.key)")
+    gateway = SERVICE_IDENTITIES["gateway"]
+    return {"name": "envoy.transport_sockets.tls", "typed_config": _typed(
+        "envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext", sni=gateway, common_tls_context={
+            "alpn_protocols": [alpn],
+            "tls_certificates": [{"certificate_chain": {"filename": os.path.join(directory, "tls.crt")},
+                                  "private_key": {"filename": os.path.join(directory, "tls.key")}}],
+            "validation_context": {
+                "trusted_ca": {"filename": os.path.join(directory, "ca.crt")},
+                "match_typed_subject_alt_names": [{"san_type": "DNS", "matcher": {"exact": gateway}}]}})}
+
+
 def _access_log() -> list[dict[str, Any]]:
     fmt = {
         "time": "%START_TIME%",
@@ -491,10 +509,12 @@ def _gateway_cluster(cfg: EnvoyConfig) -> dict[str, Any]:
     static = all(_is_ip(g.rpartition(":")[0].strip("[]")) for g in cfg.gateways)
     dns: dict[str, Any] = {} if static else {"dns_refresh_rate": "5s", "respect_dns_ttl": False,
                                              "dns_lookup_family": "V4_PREFERRED"}
+    tls = {"transport_socket": _upstream_tls(cfg, "h2")} if cfg.mesh_tls_dir else {}
     return {
         "name": GATEWAY_CLUSTER,
         "type": "STATIC" if static else "STRICT_DNS",
         **dns,
+        **tls,
         "connect_timeout": "1s",
         "lb_policy": "LEAST_REQUEST",
         "typed_extension_protocol_options": {
@@ -561,6 +581,8 @@ def _http_gateway_cluster(cfg: EnvoyConfig) -> dict[str, Any]:
     }
     check = {k: v for k, v in cluster["health_checks"][0].items() if k != "grpc_health_check"}
     cluster["health_checks"] = [{**check, "http_health_check": {"path": HTTP_EDGE_HEALTH}}]
+    if cfg.mesh_tls_dir:
+        cluster["transport_socket"] = _upstream_tls(cfg, "http/1.1")
     return cluster
 
 
