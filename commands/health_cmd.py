@@ -1,6 +1,7 @@
 """``meshserve health``: ask a service's standard gRPC health service whether it serves; exit 0
-if it does, 1 if not. The container image's HEALTHCHECK and the compose file run it (Kubernetes
-uses its own gRPC probes)."""
+if it does, 1 if not. The container image's HEALTHCHECK and the compose file run it, and the
+chart's probes when the mesh runs mutual TLS (Kubernetes' own gRPC probes cannot present a
+certificate)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import sys
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from meshserve.services.mesh_tls import add_mesh_tls_argument, blocking_channel
+
 ADDRESS_ENV = "MESHSERVE_HEALTH_ADDRESS"
 
 
@@ -19,10 +22,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"HOST:PORT of the service (default: ${ADDRESS_ENV}, else 127.0.0.1:50051)")
     parser.add_argument("--service", default="", help="the gRPC service to ask about ('': the whole server)")
     parser.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the answer")
+    add_mesh_tls_argument(parser)
 
 
 def main(args: argparse.Namespace) -> int:
-    with grpc.insecure_channel(args.address) as channel:
+    with blocking_channel(args.address, args.mesh_tls_dir) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout)

@@ -33,6 +33,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from meshserve.commands.supervisor import RestartPolicy, Supervisor
 from meshserve.services import config
+from meshserve.services import mesh_tls
 from meshserve.services.mesh_tls import MeshTls
 from meshserve.services.config import (
     EMBEDDED_ROUTER,
@@ -249,7 +250,7 @@ class Mesh:
             from meshserve.deploy import tls
 
             hosts = [spec.gateway.host, spec.router.host, spec.cache.host, spec.worker.host]
-            self.mesh_tls = tls.make_mesh(self.run_dir / "mesh-tls", [
+            self.mesh_tls = tls.make_mesh(self.run_dir / mesh_tls.RUN_DIR_PART, [
                 *config.SERVICE_IDENTITIES.values(), config.EDGE_IDENTITY, config.OPERATOR_IDENTITY,
             ], list(dict.fromkeys(["localhost", "127.0.0.1", "::1", *hosts])))
             self.envoy_tls = dataclasses.replace(self.envoy_tls, mesh_tls_dir=str(self.mesh_tls[config.EDGE_IDENTITY]))

@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from meshserve.services import config
 from meshserve.services.gen import meshserve_pb2 as pb
 from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.mesh_tls import blocking_channel, operator_dir
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
@@ -515,7 +516,8 @@ class Poller:
         if self._channel is None or self._channel[0] != address:  # the router may come back elsewhere
             if self._channel is not None:
                 self._channel[1].close()
-            self._channel = (address, grpc.insecure_channel(address))
+            tls = operator_dir(self.run_dir)  # the mesh's own certificate for its tools, if it runs mTLS
+            self._channel = (address, blocking_channel(address, tls if tls.is_dir() else None))
         stub = pb_grpc.RouterStub(self._channel[1])
         return list(stub.ListWorkers(pb.ListWorkersRequest(), timeout=TIMEOUT_S).workers)
 

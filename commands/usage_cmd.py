@@ -11,6 +11,7 @@ import grpc
 
 from meshserve.services.gen import meshserve_pb2 as pb
 from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.mesh_tls import add_mesh_tls_argument, blocking_channel
 
 KINDS = ("requests", "prompt_tokens", "completion_tokens", "cached_prompt_tokens")
 
@@ -21,6 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tenant", default="", help="only this tenant")
     parser.add_argument("--json", action="store_true", help="print JSON (tenant -> how answered -> counts) for scripts")
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the gateway")
+    add_mesh_tls_argument(parser)
 
 
 def as_json(report: pb.UsageReport) -> dict[str, object]:
@@ -49,7 +51,7 @@ def table(report: pb.UsageReport) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    with grpc.insecure_channel(args.target) as channel:
+    with blocking_channel(args.target, args.mesh_tls_dir) as channel:
         try:
             report = pb_grpc.GatewayAdminStub(channel).Usage(pb.UsageRequest(tenant=args.tenant), timeout=args.timeout)
         except grpc.RpcError as e:

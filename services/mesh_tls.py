@@ -4,15 +4,17 @@ common name). Off (plaintext) when a service has no ``mesh_tls_dir``."""
 
 from __future__ import annotations
 
+import argparse
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
-from meshserve.services.config import ServerConfig
+from meshserve.services.config import OPERATOR_IDENTITY, ServerConfig, default_cache_dir
 
 CA_FILE, CERT_FILE, KEY_FILE = "ca.crt", "tls.crt", "tls.key"  # a Kubernetes TLS Secret's keys
+RUN_DIR_PART = "mesh-tls"  # `meshserve up`: RUN_DIR/mesh-tls/IDENTITY/ holds each identity's files
 
 
 @dataclass(frozen=True)
@@ -75,3 +77,31 @@ def peer_identity(context: grpc.aio.ServicerContext) -> str:
     """The common name of the caller's certificate ('' for a plaintext or anonymous caller)."""
     names = context.auth_context().get("x509_common_name") or [b""]
     return names[0].decode()
+
+
+def operator_dir(run_dir: Path | None = None) -> Path:
+    """Where `meshserve up` (its ``--run-dir``, default: the default one) put the certificate the
+    local tools present."""
+    return (run_dir or default_cache_dir() / "run") / RUN_DIR_PART / OPERATOR_IDENTITY
+
+
+def default_tools_dir() -> str:
+    """The local tools' ``--mesh-tls-dir`` default: the operator's certificate of the default run
+    dir's mesh, if it has one ('': plaintext)."""
+    return str(operator_dir()) if operator_dir().is_dir() else ""
+
+
+def blocking_channel(address: str, directory: str | Path | None) -> grpc.Channel:
+    """A synchronous channel for the local tools, presenting the certificate in ``directory``
+    ('' or None: plaintext)."""
+    if not directory:
+        return grpc.insecure_channel(address)
+    return grpc.secure_channel(address, MeshTls.load(directory).channel_credentials())
+
+
+def add_mesh_tls_argument(parser: argparse.ArgumentParser) -> None:
+    """A local tool's ``--mesh-tls-dir``."""
+    parser.add_argument("--mesh-tls-dir", default=default_tools_dir(),
+                        help="call the service over mutual TLS with the certificate in this directory (ca.crt, "
+                             "tls.crt, tls.key) (default: the operator's certificate of `meshserve up`'s default "
+                             "run dir, if it made one; else plaintext)")

@@ -6,6 +6,8 @@ cache service only from a gateway's, so another mesh certificate cannot read a t
 from __future__ import annotations
 
 import ssl
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -184,3 +186,20 @@ async def test_only_a_gateway_may_name_a_tenant_to_the_cache(mesh: Mesh, answere
     async with mesh_channel(mesh.cache_address, gateway, config.SERVICE_IDENTITIES["cache"]) as channel:
         lookup.tenant = TENANT  # the control: a gateway's certificate finds it
         assert (await pb_grpc.CacheStub(channel).Lookup(lookup, timeout=10)).hit
+
+
+def _meshserve(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "meshserve.commands.cli", *argv], capture_output=True, text=True,
+                          timeout=60, check=False)
+
+
+def test_the_local_tools_present_the_operators_certificate(mesh: Mesh) -> None:
+    operator = str(mesh.mesh_tls[config.OPERATOR_IDENTITY])
+    plain = _meshserve("health", mesh.worker_addresses[0], "--mesh-tls-dir", "")
+    assert plain.returncode == 1 and "UNAVAILABLE" in plain.stderr
+    served = _meshserve("health", mesh.worker_addresses[0], "--mesh-tls-dir", operator)
+    assert served.returncode == 0 and "SERVING" in served.stdout, served.stderr
+    usage = _meshserve("usage", "--target", mesh.gateway_address, "--json", "--mesh-tls-dir", operator)
+    assert usage.returncode == 0, usage.stderr
+    top = _meshserve("top", "--once", "--run-dir", str(mesh.run_dir), "--interval", "0.1")
+    assert "ListWorkers" not in top.stdout + top.stderr and "worker-0" in top.stdout, top.stdout + top.stderr
