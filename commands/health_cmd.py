@@ -23,10 +23,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--service", default="", help="the gRPC service to ask about ('': the whole server)")
     parser.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the answer")
     add_mesh_tls_argument(parser)
+    parser.add_argument("--peer", default="", help="with --mesh-tls-dir: the identity the service's certificate "
+                        "carries (meshserve-worker, ...; a pod probing itself by 127.0.0.1); default: the address's host")
 
 
 def main(args: argparse.Namespace) -> int:
-    with blocking_channel(args.address, args.mesh_tls_dir) as channel:
+    with blocking_channel(args.address, args.mesh_tls_dir, args.peer) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout)

@@ -91,12 +91,13 @@ def default_tools_dir() -> str:
     return str(operator_dir()) if operator_dir().is_dir() else ""
 
 
-def blocking_channel(address: str, directory: str | Path | None) -> grpc.Channel:
+def blocking_channel(address: str, directory: str | Path | None, peer: str = "") -> grpc.Channel:
     """A synchronous channel for the local tools, presenting the certificate in ``directory``
-    ('' or None: plaintext)."""
+    ('' or None: plaintext); ``peer`` as ``channel``'s."""
     if not directory:
         return grpc.insecure_channel(address)
-    return grpc.secure_channel(address, MeshTls.load(directory).channel_credentials())
+    options = [("grpc.ssl_target_name_override", peer)] if peer else []
+    return grpc.secure_channel(address, MeshTls.load(directory).channel_credentials(), options=options)
 
 
 def add_mesh_tls_argument(parser: argparse.ArgumentParser) -> None:

@@ -8,6 +8,7 @@ invariants that break real deployments hold."""
 
 from __future__ import annotations
 
+import base64
 import copy
 import dataclasses
 import ipaddress
@@ -236,7 +237,9 @@ def test_envoy_config_from_the_configmap_agrees_with_the_chart(objects: list[dic
     configmap = _named(objects, "ConfigMap", _name("envoy"))
     settings = tmp_path / "envoy-settings.yaml"
     settings.write_text(configmap["data"]["envoy-settings.yaml"])
-    cfg = envoy.settings(EnvoyConfig(), settings)
+    # The edge's certificate where the pod mounts it: here, the Secret the chart made, on disk.
+    cfg = dataclasses.replace(envoy.settings(EnvoyConfig(), settings),
+                              mesh_tls_dir=str(_secret_files(objects, "edge", tmp_path)))
     path = envoy.write_config(cfg, tmp_path / "envoy.yaml", api_keys={})
     envoy.validate(path)
     bootstrap = envoy.build_config(cfg, api_keys={})
@@ -276,6 +279,111 @@ def test_envoy_config_from_the_configmap_agrees_with_the_chart(objects: list[dic
     assert prestop[:2] == ["meshserve", "envoy-config"] and "--drain" in prestop, shlex.join(prestop)
 
 
+def _secret_files(objects: list[dict[str, Any]], component: str, under: Path) -> Path:
+    """A mesh TLS Secret the chart made, as its pod's mounted directory."""
+    secret = _named(objects, "Secret", _name(f"mesh-tls-{component}"))
+    directory = under / component
+    directory.mkdir()
+    for key, value in secret["data"].items():
+        (directory / key).write_bytes(base64.b64decode(value))
+    return directory
+
+
+def _mounted_dir(pod: dict[str, Any], flag_value: str) -> str:
+    """The Secret mounted at ``flag_value``, in ``pod``."""
+    (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["mountPath"] == flag_value]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    return volume["secret"]["secretName"]
+
+
+MESH_TLS_COMPONENTS = ("gateway", "router", "cache", "worker")
+
+
+def test_every_service_serves_mutual_tls_with_the_secret_it_mounts(objects: list[dict[str, Any]]) -> None:
+    """Each service's --mesh-tls-dir is where its own Secret is mounted, its probes present it, and
+    Envoy's settings name the edge's Secret."""
+    embedded = not any(o["metadata"]["name"] == _name("router") for o in _of(objects, "Deployment"))
+    for component in [c for c in MESH_TLS_COMPONENTS if not (embedded and c == "router")]:
+        (pod,) = [o["spec"]["template"]["spec"] for o in objects if o["kind"] in WORKLOADS
+                  and o["metadata"]["name"] == _name(component)]
+        container = pod["containers"][0]
+        directory = _flag(_args(container), "--mesh-tls-dir")
+        assert _mounted_dir(pod, directory) == _name(f"mesh-tls-{component}"), component
+        probe = container["readinessProbe"]["exec"]["command"]
+        assert probe[:2] == ["meshserve", "health"] and _flag(probe, "--mesh-tls-dir") == directory
+        assert _flag(probe, "--peer") == config.SERVICE_IDENTITIES[component]
+    settings = yaml.safe_load(_named(objects, "ConfigMap", _name("envoy"))["data"]["envoy-settings.yaml"])
+    envoy_pod = _named(objects, "Deployment", _name("envoy"))["spec"]["template"]["spec"]
+    assert _mounted_dir(envoy_pod, settings["mesh_tls_dir"]) == _name("mesh-tls-edge")
+
+
+@pytest.mark.parametrize("caller, tenant_believed", [("edge", True), ("worker", False)])
+async def test_the_charts_certificates_make_a_mutual_tls_mesh(
+    tmp_path: Path, caller: str, tenant_believed: bool
+) -> None:
+    """The Secrets the chart makes: a gateway serving with its own presents what a caller checks
+    for (its identity, the mesh CA), and reads who called: the edge's may name a tenant, another
+    service's may not."""
+    import grpc
+
+    from meshserve.gateway.server import TenantOf
+    from meshserve.services.mesh_tls import MeshTls, channel
+    from meshserve.services.server import start
+
+    objects = chart.render({"apiKeys": chart.API_KEYS})
+    gateway_dir = _secret_files(objects, "gateway", tmp_path)
+    seen: list[str | grpc.StatusCode] = []
+    tenant_of = TenantOf(mutual_tls=True)
+
+    class Echo(grpc.GenericRpcHandler):
+        def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+            async def tenant(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+                return (await tenant_of(context)).encode()
+
+            return grpc.unary_unary_rpc_method_handler(tenant)
+
+    def register(server: grpc.aio.Server) -> list[str]:
+        server.add_generic_rpc_handlers([Echo()])
+        return []
+
+    running = await start("gateway", config.ServerConfig(port=0, metrics_port=-1, grace_seconds=0,
+                                                         mesh_tls_dir=str(gateway_dir)), register)
+    try:
+        tls = MeshTls.load(_secret_files(objects, caller, tmp_path))
+        async with channel(f"127.0.0.1:{running.port}", tls, config.SERVICE_IDENTITIES["gateway"]) as ch:
+            call = ch.unary_unary("/meshserve.v1.Inference/Tenant")
+            try:
+                seen.append((await call(b"", metadata=(("x-meshserve-tenant", "team-a"),), timeout=10)).decode())
+            except grpc.aio.AioRpcError as e:
+                seen.append(e.code())
+    finally:
+        await running.shutdown()
+    assert seen == (["team-a"] if tenant_believed else [grpc.StatusCode.PERMISSION_DENIED])
+
+
+def test_cert_manager_issues_the_mesh_certificates_when_asked() -> None:
+    issuer = {"name": "mesh-ca", "kind": "ClusterIssuer"}
+    objects = chart.render({"apiKeys": chart.API_KEYS, "meshTls": {"certManager": {"issuerRef": issuer}}})
+    assert not [o for o in _of(objects, "Secret") if "mesh-tls" in o["metadata"]["name"]]
+    certificates = {o["spec"]["secretName"]: o["spec"] for o in _of(objects, "Certificate")}
+    assert set(certificates) == {_name(f"mesh-tls-{c}") for c in ("edge", *MESH_TLS_COMPONENTS)}
+    edge = certificates[_name("mesh-tls-edge")]
+    assert (edge["commonName"], edge["dnsNames"], edge["issuerRef"]) == (config.EDGE_IDENTITY, [config.EDGE_IDENTITY],
+                                                                          issuer)
+    assert {"server auth", "client auth"} <= set(edge["usages"])
+
+
+def test_mesh_tls_off_leaves_the_probes_to_kubernetes_grpc() -> None:
+    objects = chart.render({"apiKeys": chart.API_KEYS, "meshTls": {"enabled": False}})
+    assert not [o for o in objects if "mesh-tls" in o["metadata"]["name"]]
+    for component in MESH_TLS_COMPONENTS:
+        (pod,) = [o["spec"]["template"]["spec"] for o in objects if o["kind"] in WORKLOADS
+                  and o["metadata"]["name"] == _name(component)]
+        assert "--mesh-tls-dir" not in _args(pod["containers"][0]) and "grpc" in pod["containers"][0]["readinessProbe"]
+    settings = yaml.safe_load(_named(objects, "ConfigMap", _name("envoy"))["data"]["envoy-settings.yaml"])
+    assert "mesh_tls_dir" not in settings
+
+
 def test_envoy_serves_tls_from_the_secret_it_mounts(tmp_path: Path) -> None:
     """envoy.tls.secretName: the settings name files where the pod mounts that Secret, and Envoy
     accepts the config they make (the Secret's files stood in for by a CA the test makes)."""
@@ -293,6 +401,7 @@ def test_envoy_serves_tls_from_the_secret_it_mounts(tmp_path: Path) -> None:
     server.private_key_pem.write_to_path(str(tmp_path / "tls.key"))
     ca.cert_pem.write_to_path(str(tmp_path / "ca.crt"))
     local = {k: str(tmp_path / Path(v).name) if k.startswith("tls_") else v for k, v in settings.items()}
+    local["mesh_tls_dir"] = str(_secret_files(objects, "edge", tmp_path))
     (tmp_path / "settings.yaml").write_text(yaml.safe_dump(local))
     cfg = envoy.settings(EnvoyConfig(), tmp_path / "settings.yaml")
     envoy.validate(envoy.write_config(cfg, tmp_path / "envoy.yaml", api_keys={}))
@@ -619,7 +728,7 @@ def test_the_schemas_choices_are_the_services_own() -> None:
     # the keys come from a Secret), each with its type.
     settings = props["envoy"]["properties"]["settings"]["properties"]
     chart_set = {"listen_host", "listen_port", "stats_port", "gateways", "http_gateways",
-                 "gateway_max_in_flight", "otlp_endpoint", "trace_sampling_ratio", "api_keys_file"}
+                 "gateway_max_in_flight", "otlp_endpoint", "trace_sampling_ratio", "api_keys_file", "mesh_tls_dir"}
     json_type = {int: "integer", float: "number", str: "string"}
     hints = typing.get_type_hints(EnvoyConfig)
     fields = {f.name: json_type[hints[f.name]] for f in dataclasses.fields(EnvoyConfig)

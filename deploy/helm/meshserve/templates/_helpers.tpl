@@ -102,6 +102,35 @@ from which their MESHSERVE_REDIS_URL comes. */}}
 - {{ include "meshserve.otlpEndpoint" .root | quote }}
 - --trace-sampling-ratio
 - {{ .root.Values.tracing.samplingRatio | quote }}
+{{- if .root.Values.meshTls.enabled }}
+- --mesh-tls-dir
+- {{ include "meshserve.meshTlsPath" . }}
+{{- end }}
+{{- end -}}
+
+{{/* Mutual TLS inside the mesh (mesh-tls.yaml): each component's certificate is a TLS Secret
+(tls.crt, tls.key, ca.crt: the mesh CA), mounted here. The identity is the certificate's common
+name and DNS name: what its callers check it for, and whom a gateway (the edge) and the cache
+(a gateway) take a tenant from. */}}
+{{- define "meshserve.meshTlsPath" -}}/etc/meshserve/mesh-tls{{- end -}}
+{{- define "meshserve.meshTlsIdentity" -}}meshserve-{{ .component }}{{- end -}}
+{{- define "meshserve.meshTlsSecret" -}}
+{{- include "meshserve.name" (dict "root" .root "component" (printf "mesh-tls-%s" .component)) -}}
+{{- end -}}
+{{- define "meshserve.meshTlsMount" -}}
+{{- if .root.Values.meshTls.enabled }}
+- name: mesh-tls
+  mountPath: {{ include "meshserve.meshTlsPath" . }}
+  readOnly: true
+{{- end }}
+{{- end -}}
+{{- define "meshserve.meshTlsVolume" -}}
+{{- if .root.Values.meshTls.enabled }}
+- name: mesh-tls
+  secret:
+    secretName: {{ include "meshserve.meshTlsSecret" . }}
+    defaultMode: 0440
+{{- end }}
 {{- end -}}
 
 {{- define "meshserve.podAnnotations" -}}
@@ -143,17 +172,29 @@ topologySpreadConstraints:
 {{- end -}}
 
 {{/* gRPC probes on the service's own health service (services/server.py sets it SERVING). */}}
+{{/* Kubernetes' own gRPC probe cannot present a certificate: under mutual TLS the pod asks
+itself with `meshserve health`, presenting its own. */}}
+{{- define "meshserve.grpcProbe" -}}
+{{- if .root.Values.meshTls.enabled -}}
+exec:
+  command: [meshserve, health, "127.0.0.1:{{ include "meshserve.grpcPort" . }}", --mesh-tls-dir, {{ include "meshserve.meshTlsPath" . }}, --peer, {{ include "meshserve.meshTlsIdentity" . }}]
+{{- else -}}
+grpc: {port: {{ include "meshserve.grpcPort" . }}}
+{{- end -}}
+{{- end -}}
+
 {{- define "meshserve.grpcProbes" -}}
 startupProbe:
-  grpc: {port: {{ include "meshserve.grpcPort" . }}}
+  {{- include "meshserve.grpcProbe" . | nindent 2 }}
   periodSeconds: 5
   failureThreshold: {{ .startupFailures | default 60 }}
 readinessProbe:
-  grpc: {port: {{ include "meshserve.grpcPort" . }}}
+  {{- include "meshserve.grpcProbe" . | nindent 2 }}
   periodSeconds: 5
+  timeoutSeconds: 5
   failureThreshold: 2
 livenessProbe:
-  grpc: {port: {{ include "meshserve.grpcPort" . }}}
+  {{- include "meshserve.grpcProbe" . | nindent 2 }}
   periodSeconds: 10
   timeoutSeconds: 5
   failureThreshold: 6
