@@ -22,7 +22,8 @@ from meshserve.deploy import envoy_config as envoy
 from meshserve.services.config import CacheConfig, EnvoyConfig, GatewayConfig, RouterConfig, TracesConfig, WorkerConfig
 from meshserve.services.gen import meshserve_pb2 as pb
 from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
-from meshserve.services.server import insecure_channel
+from meshserve.services.mesh_tls import MeshTls
+from meshserve.services.server import insecure_channel, mesh_channel
 from tests.conftest import free_port, free_port_block
 
 
@@ -134,8 +135,9 @@ async def generate(target: str, **fields: object) -> list[pb.GenerateResponse]:
         return [c async for c in pb_grpc.InferenceStub(channel).Generate(pb.GenerateRequest(**fields))]
 
 
-async def worker_generate(target: str, **fields: object) -> list[pb.GenerateResponse]:
-    async with insecure_channel(target) as channel:
+async def worker_generate(target: str, tls: MeshTls | None = None, **fields: object) -> list[pb.GenerateResponse]:
+    """A worker's stream, called directly (over mutual TLS with ``tls``)."""
+    async with mesh_channel(target, tls) as channel:
         return [c async for c in pb_grpc.WorkerStub(channel).Generate(pb.GenerateRequest(**fields))]
 
 

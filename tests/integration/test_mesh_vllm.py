@@ -36,7 +36,8 @@ from meshserve.services.cache_keys import exact_key
 from meshserve.services.config import DEFAULT_MODEL, CacheConfig, RouterConfig
 from meshserve.services.gen import meshserve_pb2 as pb
 from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
-from meshserve.services.server import insecure_channel
+from meshserve.services.mesh_tls import MeshTls, operator_dir
+from meshserve.services.server import insecure_channel, mesh_channel
 from tests.conftest import free_port
 from tests.integration.helpers import (
     exact_entries,
@@ -66,6 +67,11 @@ class UpMesh:
     run_dir: Path
     output: list[str]
     redis_url: str
+
+    @property
+    def tls(self) -> MeshTls:
+        """The operator's certificate: `meshserve up` runs mutual TLS inside by default."""
+        return MeshTls.load(operator_dir(self.run_dir))
 
     def metrics_url(self, name: str) -> str:
         port = (self.run_dir / f"{name}.ready").read_text().split()[1]
@@ -167,7 +173,7 @@ async def test_greedy_through_mesh_equals_engine_direct(mesh: UpMesh) -> None:
     for prompt in ["Hello world", "In the beginning there was"]:
         req = dict(prompt=prompt, max_tokens=24, temperature=0, ignore_eos=True, skip_cache=True)
         via_mesh = await generate(mesh.envoy, **req)
-        direct = await worker_generate(mesh.worker, **req)
+        direct = await worker_generate(mesh.worker, mesh.tls, **req)
         assert token_ids(via_mesh) == token_ids(direct)
         assert text(via_mesh) == text(direct)
 
@@ -189,8 +195,9 @@ async def test_router_predicts_the_prefix_vllm_finds_cached(mesh: UpMesh, kind: 
     # A router of its own (in this process) over the mesh's worker and a second one that is down:
     # with one worker to choose from, a router has no choice to make and predicts nothing.
     router = await start_router(RouterConfig(port=0, metrics_port=-1, grace_seconds=0.5, routing="kv-aware",
-                                             workers=[mesh.worker, f"127.0.0.1:{free_port()}"]))
-    channel = insecure_channel(f"127.0.0.1:{router.port}")
+                                             workers=[mesh.worker, f"127.0.0.1:{free_port()}"],
+                                             mesh_tls_dir=str(mesh.tls.directory)))
+    channel = mesh_channel(f"127.0.0.1:{router.port}", mesh.tls)
     stub = pb_grpc.RouterStub(channel)
 
     async def ready() -> bool:  # the first report brings what the engine holds already
@@ -201,7 +208,7 @@ async def test_router_predicts_the_prefix_vllm_finds_cached(mesh: UpMesh, kind: 
         await until(ready, "the router to hear from the worker and load its tokenizer", timeout=30)
         before = index_blocks() or 0
         # Straight to the worker: the router hears of it only through vLLM's events.
-        first = await worker_generate(mesh.worker, **request(f"Where is order {kind} 1?"), max_tokens=2,
+        first = await worker_generate(mesh.worker, mesh.tls, **request(f"Where is order {kind} 1?"), max_tokens=2,
                                       temperature=0)
         prompt_tokens = first[-1].usage.prompt_tokens
         assert prompt_tokens > 4 * 32  # several blocks of 32 tokens (vLLM's block on CPU)
@@ -211,7 +218,7 @@ async def test_router_predicts_the_prefix_vllm_finds_cached(mesh: UpMesh, kind: 
     finally:
         await channel.close()
         await router.shutdown()
-    answer = await worker_generate(pick.address, **second, max_tokens=2, temperature=0)
+    answer = await worker_generate(pick.address, mesh.tls, **second, max_tokens=2, temperature=0)
     cached = answer[-1].usage.cached_prompt_tokens
     assert cached >= 4 * 32, "vLLM found the prefix cached"
     assert pick.predicted_cached_tokens == cached
@@ -233,7 +240,7 @@ async def test_second_identical_greedy_request_is_served_from_cache(mesh: UpMesh
     assert text(second) == text(first) and token_ids(second) == token_ids(first)
     assert metric_sum(scrape(worker_metrics), "meshserve_worker_requests_total") == served_before
     # Keyed by the weights the worker loaded (a fingerprint of the model's files), not the name alone.
-    async with insecure_channel(mesh.worker) as channel:
+    async with mesh_channel(mesh.worker, mesh.tls) as channel:
         info = await pb_grpc.WorkerStub(channel).Info(pb.InfoRequest(), timeout=5)
     assert info.weights_id == fingerprint(str(ensure_model()))
     scoped = pb.GenerateRequest(**req, model=f"{DEFAULT_MODEL}@{info.weights_id}")
@@ -279,7 +286,7 @@ async def test_client_cancel_aborts_the_engine_request(mesh: UpMesh) -> None:
         return metric_sum(scrape(worker_metrics), "meshserve_worker_requests_total", finish_reason=reason)
 
     aborted_before, finished_before = count("abort"), count("length")
-    async with insecure_channel(mesh.envoy) as channel, insecure_channel(mesh.worker) as wch:
+    async with insecure_channel(mesh.envoy) as channel, mesh_channel(mesh.worker, mesh.tls) as wch:
         call = pb_grpc.InferenceStub(channel).Generate(
             pb.GenerateRequest(prompt="Tell a long story", max_tokens=1900, ignore_eos=True, temperature=0, skip_cache=True)
         )
