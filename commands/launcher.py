@@ -32,9 +32,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from meshserve.commands.supervisor import RestartPolicy, Supervisor
-from meshserve.services import config
-from meshserve.services import mesh_tls
-from meshserve.services.mesh_tls import MeshTls
+from meshserve.services import config, mesh_tls
 from meshserve.services.config import (
     EMBEDDED_ROUTER,
     REQUEST_LIMIT_FIELDS,
@@ -46,6 +44,7 @@ from meshserve.services.config import (
     TracesConfig,
     WorkerConfig,
 )
+from meshserve.services.mesh_tls import MeshTls
 
 log = logging.getLogger(__name__)
 

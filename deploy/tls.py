@@ -15,6 +15,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+# One identity's directory holds a Kubernetes TLS Secret's files (cert-manager writes the issuing
+# CA's certificate as ca.crt), so a mounted Secret is such a directory as it is.
+from meshserve.services.mesh_tls import CA_FILE, CERT_FILE, KEY_FILE
+
 VALID_DAYS = 30
 
 
@@ -73,11 +77,6 @@ def _leaf(ca: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, common_name:
             .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
             .sign(ca_key, hashes.SHA256()))
     return cert, key
-
-
-# The files of one identity's directory: the names of a Kubernetes TLS Secret's keys (cert-manager
-# writes the issuing CA's certificate as ca.crt), so a mounted Secret is such a directory as it is.
-CA_FILE, CERT_FILE, KEY_FILE = "ca.crt", "tls.crt", "tls.key"
 
 
 def make_mesh(directory: Path, identities: list[str], hosts: list[str]) -> dict[str, Path]:
