@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -245,6 +246,8 @@ class Mesh:
         self.scheme = "https" if self.envoy_tls.tls_cert else "http"
         # Mutual TLS inside: each identity's directory (ca.crt, tls.crt, tls.key), by identity.
         self.mesh_tls: dict[str, Path] = {}
+        # An earlier mesh's certificates would have the tools (top, health, usage) speak TLS to this one.
+        shutil.rmtree(self.run_dir / mesh_tls.RUN_DIR_PART, ignore_errors=True)
         if spec.mesh_tls:
             from meshserve.deploy import tls
 
