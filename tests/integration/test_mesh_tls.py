@@ -32,11 +32,13 @@ PROMPT = "the tenant's own question"
 CHAT_SSE = HTTP_EDGE_PATHS["/v1/chat/completions"]  # the gateway's HTTP edge's own path
 
 
-@pytest.fixture(scope="module")
-def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
+@pytest.fixture(scope="module", params=["service", "embedded"], ids=["router-service", "router-embedded"])
+def mesh(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
+    """Twice: with the router's own process, and with each gateway watching the workers itself."""
     keys = tmp_path_factory.mktemp("keys") / "api-keys.txt"
     keys.write_text(f"{KEY} {TENANT}\n")
     spec = mesh_spec(tmp_path_factory.mktemp("mtls-mesh"), "sim", grace_seconds=1, mesh_tls=True,
+                     router_mode=request.param,
                      gateway=GatewayConfig(http_port=free_port()), cache=CacheConfig(semantic=False),
                      envoy=EnvoyConfig(api_keys_file=str(keys)))
     with Mesh(spec) as m:
