@@ -33,6 +33,7 @@ class PickContext:
     exclude: frozenset[str] = frozenset()   # worker ids that already failed this request
     adapter: str = ""                       # the LoRA adapter it runs on ("": the base model)
     adapter_loadable: bool = False          # a worker with LoRA enabled can load it (its lora_path)
+    model: str = ""                         # the base model it runs on, as workers report it ("": any)
     session_key: str = ""                   # same key, same worker (session affinity)
     # The prompt's full-block hash chain and, by worker address, how many leading blocks of it
     # each worker holds (from the KV index the policy reads); None when the router has no view.
@@ -86,6 +87,22 @@ class Picker(abc.ABC):
 
 
 # -- filters ---------------------------------------------------------------------------------
+
+
+class ModelFilter(Filter):
+    """Workers that serve the request's base model (``WorkerInfo.model``): a mesh may serve
+    several, and a request for one never runs on another's weights. No model named: any worker."""
+
+    def keep(self, ctx: PickContext, fleet: Fleet, mask: np.ndarray) -> np.ndarray:
+        if not ctx.model:
+            return mask
+        kept = mask.copy()
+        for row in mask.nonzero()[0]:
+            kept[row] = fleet.views[row].model == ctx.model
+        return kept
+
+    def why_empty(self, ctx: PickContext) -> str:
+        return f"no worker serves the model {ctx.model!r}"
 
 
 class AdapterFilter(Filter):
@@ -418,7 +435,7 @@ class Policy:
 
 
 def _eligible(stale_after_s: float) -> list[Filter]:
-    return [AdapterFilter(), HealthyFilter(stale_after_s), NotDrainingFilter(), ExcludeFilter()]
+    return [ModelFilter(), AdapterFilter(), HealthyFilter(stale_after_s), NotDrainingFilter(), ExcludeFilter()]
 
 
 @dataclass(frozen=True)

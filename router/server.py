@@ -326,6 +326,7 @@ class RouterServicer(pb_grpc.RouterServicer):
             session_key=request.session_key,
             adapter=request.adapter,
             adapter_loadable=request.adapter_loadable,
+            model=request.model,
         )
         try:
             pick = self._router.pick(ctx, messages or None, hashes)

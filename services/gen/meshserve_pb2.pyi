@@ -1082,7 +1082,7 @@ class SessionError(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., param: _Optional[str] = ...) -> None: ...
 
 class PickRequest(_message.Message):
-    __slots__ = ("request_id", "prompt", "exclude", "pick_id", "trace_context", "messages", "session_key", "deadline_unix_ms", "adapter", "adapter_loadable")
+    __slots__ = ("request_id", "prompt", "exclude", "pick_id", "trace_context", "messages", "session_key", "deadline_unix_ms", "adapter", "adapter_loadable", "model")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -1100,6 +1100,7 @@ class PickRequest(_message.Message):
     DEADLINE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_LOADABLE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt: str
     exclude: _containers.RepeatedScalarFieldContainer[str]
@@ -1110,7 +1111,8 @@ class PickRequest(_message.Message):
     deadline_unix_ms: int
     adapter: str
     adapter_loadable: bool
-    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., exclude: _Optional[_Iterable[str]] = ..., pick_id: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., session_key: _Optional[str] = ..., deadline_unix_ms: _Optional[int] = ..., adapter: _Optional[str] = ..., adapter_loadable: _Optional[bool] = ...) -> None: ...
+    model: str
+    def __init__(self, request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., exclude: _Optional[_Iterable[str]] = ..., pick_id: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., session_key: _Optional[str] = ..., deadline_unix_ms: _Optional[int] = ..., adapter: _Optional[str] = ..., adapter_loadable: _Optional[bool] = ..., model: _Optional[str] = ...) -> None: ...
 
 class PickResponse(_message.Message):
     __slots__ = ("worker_id", "address", "reason", "pick_id", "error_code", "error_message", "predicted_cached_tokens")

@@ -19,6 +19,7 @@ from meshserve.router.policies import (
     HealthyFilter,
     KvAwareScorer,
     LeastLoadScorer,
+    ModelFilter,
     MaxScorePicker,
     NotDrainingFilter,
     NoWorker,
@@ -52,6 +53,11 @@ def w(
     )
     # Reports ``age`` seconds old at the default pick time (PickContext.now = 0).
     return WorkerView.of(worker_id, f"{worker_id}:1", connected, load, None if age is None else -age, assigned)
+
+
+def of(view: WorkerView, model: str) -> WorkerView:
+    """``view`` serving the base model ``model``."""
+    return view._replace(model=model)
 
 
 def serving(view: WorkerView, *adapters: str) -> WorkerView:
@@ -102,10 +108,26 @@ def picked(picker: Picker, scored: list[float], seed: int) -> str:
         (AdapterFilter(), PickContext(adapter="x", adapter_loadable=True), [w("a"), serving(w("b"), "x"),
                                                                             serving(w("c"))], ["b"]),
         (AdapterFilter(), PickContext(adapter="z", adapter_loadable=True), [w("a")], []),
+        (ModelFilter(), PickContext(model="m2"), [of(w("a"), "m1"), of(w("b"), "m2"), of(w("c"), "m2")], ["b", "c"]),
+        (ModelFilter(), PickContext(), [of(w("a"), "m1"), of(w("b"), "m2")], ["a", "b"]),  # none named: any
+        (ModelFilter(), PickContext(model="m3"), [of(w("a"), "m1"), of(w("b"), "m2")], []),
     ],
 )
 def test_filters(filter_: Filter, ctx: PickContext, workers: list[WorkerView], kept_ids: list[str]) -> None:
     assert kept(filter_, ctx, workers) == kept_ids
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_every_policy_picks_among_the_workers_of_the_model(name: str) -> None:
+    policy = POLICIES[name](Tuning())
+    # The other model's workers are idle and would win on load, prefix or session alone.
+    workers = [of(w("a"), "m1"), of(w("b", 5), "m2"), of(serving(w("c", 9), "x"), "m2"), of(w("d"), "m1")]
+    assert {policy.pick(PickContext(model="m2", prompt=f"p{i}", session_key=f"s{i}"), workers,
+                        random.Random(i)).worker.worker_id for i in range(10)} <= {"b", "c"}
+    assert {policy.pick(PickContext(model="m2", adapter="x", prompt=f"p{i}"), workers,
+                        random.Random(i)).worker.worker_id for i in range(10)} == {"c"}
+    with pytest.raises(NoWorker, match="no worker serves the model 'm3'"):
+        policy.pick(PickContext(model="m3"), workers, random.Random(0))
 
 
 @pytest.mark.parametrize("name", list(POLICIES))
