@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import grpc
 
 from meshserve.gateway.errors import GatewayError
-from meshserve.gateway.fleet import FleetView, holds
+from meshserve.gateway.fleet import FleetView, Target, holds
 from meshserve.services.gen import meshserve_pb2 as pb
 from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
 
@@ -60,7 +60,7 @@ class AdapterChanges:
                 await self._on_each(loaded, lambda stub: stub.UnloadLoraAdapter(
                     pb.UnloadLoraAdapterRequest(lora_name=name), timeout=self._timeout_s))
                 raise _refusal(failures, "no worker keeps it")
-            await self._until_shown(lambda: all(holds(w, name) for w in self._listed(targets)), "load of", name)
+            await self._until_shown(lambda: all(holds(w, Target(adapter=name)) for w in self._listed(targets)), "load of", name)
             log.info("LoRA adapter %s=%s loaded on %s", name, path, ", ".join(w.worker_id for w in targets))
             return [w.worker_id for w in targets]
 
@@ -71,7 +71,7 @@ class AdapterChanges:
                                "'lora_name' needs to be provided to unload a LoRA adapter.")
         async with self._one_at_a_time:
             await self._fleet.first_view()
-            holders = [w for w in self._fleet.workers if w.healthy and holds(w, name)]
+            holders = [w for w in self._fleet.workers if w.healthy and holds(w, Target(adapter=name))]
             if not holders:
                 raise GatewayError(grpc.StatusCode.NOT_FOUND, f"The lora adapter '{name}' cannot be found.")
             request = pb.UnloadLoraAdapterRequest(lora_name=name)
@@ -80,7 +80,7 @@ class AdapterChanges:
             failures = {w: e for w, e in failures.items() if e.code() != grpc.StatusCode.NOT_FOUND}
             if failures:
                 raise _refusal(failures, "the others unloaded it")
-            await self._until_shown(lambda: not any(holds(w, name) for w in self._listed(holders)), "unload of", name)
+            await self._until_shown(lambda: not any(holds(w, Target(adapter=name)) for w in self._listed(holders)), "unload of", name)
             log.info("LoRA adapter %s unloaded from %s", name, ", ".join(w.worker_id for w in holders))
             return [w.worker_id for w in holders]
 

@@ -1,8 +1,9 @@
 """The gateway's first stage: a request is checked and admitted, or refused at once.
 
 Checked: the request itself (services.validation: every field a client sets, what it may hold:
-the gateway's RequestLimits, sizes and counts first, and the model it names: the served one, a
-LoRA adapter the fleet serves, or one of the gateway's registry, which a worker loads on demand) and against its tenant's settings (services.tenants: the priority
+the gateway's RequestLimits, sizes and counts first, and the model it names: a base model, a
+LoRA adapter the fleet serves, or one of the gateway's registry, which a worker loads on demand) and
+against its tenant's settings (services.tenants: the priority
 it may ask for, its default, the most tokens a choice may ask for); admitted: while fewer than
 ``max_in_flight`` requests are being served by this gateway; past that bound the caller gets
 RESOURCE_EXHAUSTED with a retry hint rather than a place in a queue. (Flow control, gateway.flow,
@@ -11,7 +12,7 @@ orders the requests that wait for a place on a saturated fleet.)"""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 
 import grpc
@@ -27,10 +28,12 @@ from meshserve.services.tenants import DEFAULT, TenantSettings
 class Admission:
     def __init__(self, model: str, max_in_flight: int, settings: Callable[[str], TenantSettings] = lambda _: DEFAULT,
                  adapters: Callable[[], Collection[str]] = tuple, limits: RequestLimits | None = None,
-                 registry: Callable[[str], str | None] = lambda _: None) -> None:
-        self._model = model
+                 registry: Callable[[str], str | None] = lambda _: None,
+                 models: Callable[[], Sequence[str]] | None = None) -> None:
+        self._model = model  # the default: a request that names it, or none, runs on it
         self._adapters = adapters  # the LoRA adapters the fleet serves now
         self._registry = registry  # an adapter's folder, for those a worker may load on demand
+        self._models = models or (lambda: [model])  # the base models the fleet serves now
         self._max_in_flight = max_in_flight
         self._settings = settings
         self._limits = limits or RequestLimits()
@@ -39,8 +42,8 @@ class Admission:
     def checked(self, request: pb.GenerateRequest, tenant: str = "") -> pb.GenerateRequest:
         """A copy of ``request`` the pipeline may change, with an id of the gateway's own that the
         worker (its key for the request), the router, the cache and the logs share, its priority
-        (the tenant's default when it asks for none) and as its model only a LoRA adapter's name
-        (the base model's is cleared); GatewayError naming the field when it is not a request
+        (the tenant's default when it asks for none) and as its model the base model or LoRA
+        adapter it names (the default model's name is cleared: whatever its workers call it); GatewayError naming the field when it is not a request
         this mesh serves, or not one its tenant may ask.
 
         A client's ``request_id`` is the client's: it is given back in every chunk (the
@@ -57,10 +60,11 @@ class Admission:
             raise invalid(grpc.StatusCode.INVALID_ARGUMENT, "'lora_path' is set by the gateway from its LoRA "
                           "registry; clients may not set it", "lora_path")
         on_demand = None  # the folder of an adapter no worker holds that the registry has
-        if request.model and request.model != self._model and request.model not in (adapters := self._adapters()):
+        if (request.model and request.model != self._model and request.model not in (models := self._models())
+                and request.model not in (adapters := self._adapters())):
             on_demand = self._registry(request.model)
             if on_demand is None:
-                raise invalid(grpc.StatusCode.NOT_FOUND, validation.unknown_model(request.model, self._model, adapters),
+                raise invalid(grpc.StatusCode.NOT_FOUND, validation.unknown_model(request.model, models, adapters),
                               "model")
         own = self._settings(tenant)
         if request.HasField("priority") and request.priority < own.priority:
@@ -71,7 +75,7 @@ class Admission:
                           f"{tenant or '(anonymous)'} may ask for at most {own.max_tokens}", "max_tokens")
         req = pb.GenerateRequest()
         req.CopyFrom(request)
-        if req.model == self._model:  # the base model: every worker serves it, under whatever name
+        if req.model == self._model:  # the default model: its workers serve it under whatever name
             req.ClearField("model")
         req.request_id = uuid.uuid4().hex
         if on_demand is not None:

@@ -60,7 +60,7 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
         response_id, reqs = self._choices(req, request)
         resps = await self._complete(reqs, context, _limit_name(request))
         return convert.chat_completion(resps, response_id, req.HasField("logprobs"), _answered_by(request, self._model),
-                                       int(self._clock()), convert.tool_choice(request), await self._fingerprint())
+                                       int(self._clock()), convert.tool_choice(request), await self._fingerprint(request.model))
 
     async def Completions(self, request: pb.CompletionRequest, context: grpc.aio.ServicerContext) -> pb.Completion:
         req = await self._convert(convert.completion_request, request, context)
@@ -68,7 +68,7 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
         resps = await self._complete(reqs, context)
         echo = req.prompt if request.echo else ""
         return convert.completion(resps, response_id, req.HasField("logprobs"), echo, _answered_by(request, self._model),
-                                  int(self._clock()), await self._fingerprint())
+                                  int(self._clock()), await self._fingerprint(request.model))
 
     async def StreamChatCompletions(
         self, request: pb.ChatCompletionRequest, context: grpc.aio.ServicerContext
@@ -76,7 +76,7 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
         req = await self._convert(convert.chat_request, request, context)
         response_id, reqs = self._choices(req, request)
         created, logprobs = int(self._clock()), req.HasField("logprobs")
-        fingerprint = await self._fingerprint()
+        fingerprint = await self._fingerprint(request.model)
         model = _answered_by(request, self._model)
         head = {"id": f"chatcmpl-{response_id}", "object": "chat.completion.chunk", "created": created,
                 "model": model, "system_fingerprint": fingerprint}
@@ -111,7 +111,7 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
         req = await self._convert(convert.completion_request, request, context)
         response_id, reqs = self._choices(req, request)
         created, logprobs = int(self._clock()), req.HasField("logprobs")
-        fingerprint = await self._fingerprint()
+        fingerprint = await self._fingerprint(request.model)
         model = _answered_by(request, self._model)
         head = {"id": f"cmpl-{response_id}", "object": "text_completion", "created": created, "model": model,
                 "system_fingerprint": fingerprint}
@@ -135,16 +135,16 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
             yield out
 
     async def ListModels(self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext) -> pb.ModelList:
-        adapters = await self._orch.adapters()
-        return pb.ModelList(object="list", data=[await self._model_card(),
+        models, adapters = await self._orch.models(), await self._orch.adapters()
+        return pb.ModelList(object="list", data=[*[await self._model_card(m) for m in models],
                                                  *(self._adapter_card(n, p) for n, p in adapters.items())])
 
     async def RetrieveModel(self, request: pb.RetrieveModelRequest, context: grpc.aio.ServicerContext) -> pb.Model:
-        if request.model == self._model:
-            return await self._model_card()
-        adapters = await self._orch.adapters()
+        models, adapters = await self._orch.models(), await self._orch.adapters()
+        if request.model in models:
+            return await self._model_card(request.model)
         if request.model not in adapters:
-            await context.abort(grpc.StatusCode.NOT_FOUND, unknown_model(request.model, self._model, adapters))
+            await context.abort(grpc.StatusCode.NOT_FOUND, unknown_model(request.model, models, adapters))
         return self._adapter_card(request.model, adapters[request.model])
 
     async def Health(self, request: pb.HealthRequest, context: grpc.aio.ServicerContext) -> pb.HealthStatus:
@@ -163,15 +163,15 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
 
     # -- helpers ------------------------------------------------------------------------------
 
-    async def _model_card(self) -> pb.Model:
-        card = self._card(self._model, root=self._model)
-        if (context_len := await self._orch.max_model_len()) is not None:
+    async def _model_card(self, model: str) -> pb.Model:
+        card = self._card(model, root=model)
+        if (context_len := await self._orch.max_model_len(model)) is not None:
             card.max_model_len = context_len
         return card
 
     def _adapter_card(self, name: str, path: str) -> pb.Model:
-        """A LoRA adapter's card, as vLLM's: its folder as root, the base model as its parent."""
-        return self._card(name, root=path, parent=self._model)
+        """A LoRA adapter's card, as vLLM's: its folder as root, its base model as its parent."""
+        return self._card(name, root=path, parent=self._orch.parent(name))
 
     def _card(self, model: str, **fields: str) -> pb.Model:
         return pb.Model(id=model, object="model", created=self._started, owned_by=OWNED_BY, **fields,
@@ -179,9 +179,9 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
                             id=f"modelperm-{self._started}", object="model_permission", created=self._started,
                             allow_sampling=True, allow_logprobs=True, allow_view=True, organization="*")])
 
-    async def _fingerprint(self) -> str:
-        """This answer's ``system_fingerprint``: the weights the fleet serves (listed off the path)."""
-        return convert.fingerprint(await self._orch.weights())
+    async def _fingerprint(self, model: str) -> str:
+        """This answer's ``system_fingerprint``: the weights the fleet serves for ``model``."""
+        return convert.fingerprint(await self._orch.weights(model))
 
     async def _convert(self, fn, request, context: grpc.aio.ServicerContext) -> pb.GenerateRequest:  # noqa: ANN001
         try:  # a large request (a long chat, JSON schemas) is converted and checked off the event loop
@@ -192,8 +192,9 @@ class OpenAIServicer(pb_grpc.OpenAIServicer):
 
     async def _on_a_worker(self, model: str, call: Callable[[], Awaitable[T]], context: grpc.aio.ServicerContext) -> T:
         """``call`` (a worker's answer) for a request naming ``model``, or the status it failed with."""
-        if model and model != self._model and model not in (adapters := await self._orch.adapters()):
-            await context.abort(grpc.StatusCode.NOT_FOUND, unknown_model(model, self._model, adapters),
+        models, adapters = await self._orch.models(), await self._orch.adapters()
+        if model and model != self._model and model not in models and model not in adapters:
+            await context.abort(grpc.StatusCode.NOT_FOUND, unknown_model(model, models, adapters),
                                 _trailers(param_metadata("model")))
         try:
             return await call()

@@ -58,10 +58,11 @@ class Orchestrator:
         self._cfg = cfg
         self._clients = clients
         self._clock = clock
-        self.fleet = FleetView(clients.watch_fleet)
+        self.fleet = FleetView(clients.watch_fleet, model=cfg.model)
         self.tenants = tenants.load_keys(cfg.api_keys_file)  # each tenant's settings
         registry = LoraRegistry(cfg.lora_registry).path if cfg.lora_registry else (lambda _: None)
-        self._admission = Admission(cfg.model, cfg.max_in_flight, self.tenants.of, self.fleet.adapters, cfg, registry)
+        self._admission = Admission(cfg.model, cfg.max_in_flight, self.tenants.of, self.fleet.adapters, cfg, registry,
+                                    self.fleet.models)
         redis = cache_keys.connect(cfg.redis_url, socket_timeout_s=cfg.limits_timeout_s) if cfg.redis_url else None
         self._limits = Limits(self.tenants.of, redis, cfg.tenant_key_prefix, cfg.flow_fleet_share,
                               cfg.limits_timeout_s, clock)
@@ -132,8 +133,8 @@ class Orchestrator:
         status, detail = grpc.StatusCode.OK, ""
         last: pb.GenerateResponse | None = None
         try:
-            if request.model and request.model != self._cfg.model and request.model not in self.fleet.adapters():
-                await self.fleet.first_view()  # a gateway's first requests: the adapters it names may be there
+            if request.model and request.model != self._cfg.model and self.fleet.target(request.model) is None:
+                await self.fleet.first_view()  # a gateway's first requests: the model it names may be there
             req = await self.checks.run(validation.check_cost(request), self._admission.checked, request, tenant)
             record.request_id = req.request_id
             record.client_request_id = request.request_id
@@ -176,7 +177,11 @@ class Orchestrator:
         mode = validation.cache_mode(req, self._cfg.cache_mode)
         shared = mode != validation.CACHE_OFF and (self._cache.available or self._cfg.coalesce)
         # The weights the fleet serves are part of the key: none known yet, nothing shared.
-        weights = await self.fleet.serving() if shared else None
+        # (Those of the request's base model: each model's answers are keyed by its own.)
+        weights = None
+        if shared:
+            await self.fleet.first_view()
+            weights = await self.fleet.serving(self._selector.target(req.model, bool(req.lora_path)).model)
         if weights is None:
             if shared:
                 metrics.WEIGHTS_UNKNOWN.inc()
@@ -267,38 +272,51 @@ class Orchestrator:
 
     # -- what the OpenAI edge asks besides generations ---------------------------------------------
 
-    async def weights(self) -> str | None:
-        """The weights the fleet serves (WorkerInfo.weights_id; '' when its workers give none, None
-        before the fleet view has a healthy worker): what the cache keys answers by."""
-        return await self.fleet.serving()
+    async def weights(self, model: str = "") -> str | None:
+        """The weights the fleet serves for a request naming ``model`` (WorkerInfo.weights_id; ''
+        when its workers give none, None before the fleet view has a healthy worker of it): what
+        the cache keys answers by."""
+        target = self.fleet.target(model)
+        return None if target is None else await self.fleet.serving(target.model)
 
     async def serving_workers(self) -> tuple[int, str]:
         """How many workers could take a request now, and why none can when it is 0."""
         await self.fleet.first_view()
         return self._selector.serving()
 
+    async def models(self) -> list[str]:
+        """The base models the fleet serves, the default first (after the fleet view's first view)."""
+        await self.fleet.first_view()
+        return self.fleet.models()
+
     async def adapters(self) -> dict[str, str]:
         """The LoRA adapters the fleet serves, name -> path (after the fleet view's first view)."""
         await self.fleet.first_view()
         return self.fleet.adapters()
 
-    async def max_model_len(self) -> int | None:
-        """The workers' context length (None while the fleet view has no worker that says it)."""
+    def parent(self, adapter: str) -> str:
+        """The base model (as ``models`` names it) of a LoRA adapter ``adapters`` lists."""
+        return self.fleet.parent(adapter)
+
+    async def max_model_len(self, model: str = "") -> int | None:
+        """The context length of the workers of ``model``, a base model ``models`` lists ("": the
+        default); None while the fleet view has no worker that says it."""
         await self.fleet.first_view()
-        return self.fleet.max_model_len
+        target = self.fleet.target(model)
+        return None if target is None else self.fleet.max_model_len(target.model)
 
     async def tokenize(self, request: pb.GenerateRequest) -> pb.TokenizeResponse:
-        """The prompt token ids a worker's engine would get for ``request``."""
-        return await self._ask_worker(lambda w: w.Tokenize(request, timeout=TOKENIZE_TIMEOUT_S))
+        """The prompt token ids a worker's engine would get for ``request`` (one of its model's)."""
+        return await self._ask_worker(request.model, lambda w: w.Tokenize(request, timeout=TOKENIZE_TIMEOUT_S))
 
     async def detokenize(self, request: pb.DetokenizeRequest) -> pb.DetokenizeResponse:
-        return await self._ask_worker(lambda w: w.Detokenize(request, timeout=TOKENIZE_TIMEOUT_S))
+        return await self._ask_worker(request.model, lambda w: w.Detokenize(request, timeout=TOKENIZE_TIMEOUT_S))
 
-    async def _ask_worker(self, call: Callable[[pb_grpc.WorkerStub], Awaitable[T]]) -> T:
-        """``call`` on a worker (any: every worker has the model's tokenizer); its failure as a
-        GatewayError."""
+    async def _ask_worker(self, model: str, call: Callable[[pb_grpc.WorkerStub], Awaitable[T]]) -> T:
+        """``call`` on a worker of ``model`` (any of them: they have its tokenizer); its failure
+        as a GatewayError."""
         await self.fleet.first_view()
-        worker = self._clients.worker(self._selector.any_worker())
+        worker = self._clients.worker(self._selector.any_worker(model))
         try:
             return await call(worker)
         except grpc.aio.AioRpcError as e:

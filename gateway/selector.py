@@ -1,7 +1,8 @@
 """The gateway's worker-selection stage: which worker a request goes to.
 
-Every way below picks among the workers that serve the request's LoRA adapter: its ``model``
-after admission (an adapter's name; empty for the base model, which every worker serves).
+Every way below picks among the workers that serve what the request's ``model`` names (its base
+model, and its LoRA adapter if it names one; gateway.fleet.FleetView.target): a request never
+runs on another model's weights, on a first pick, a failover or a migration.
 
 - The router's pick (the router service over one long-lived stream, or the router's code in this
   process with ``--router embedded``): KV-aware scoring over the live fleet.
@@ -27,7 +28,7 @@ from opentelemetry import trace
 
 from meshserve.gateway import metrics
 from meshserve.gateway.errors import GatewayError
-from meshserve.gateway.fleet import FleetView
+from meshserve.gateway.fleet import FleetView, Target
 from meshserve.gateway.picks import PickFailed, PickRefused, Picks
 from meshserve.services import telemetry
 from meshserve.services.gen import meshserve_pb2 as pb
@@ -60,25 +61,38 @@ class WorkerSelector:
 
     async def pick(self, req: pb.GenerateRequest, exclude: Sequence[str] = ()) -> pb.PickResponse:
         """The worker for ``req``, none of ``exclude``; GatewayError when no worker can take it."""
-        sole = self._fleet.sole(req.model)
+        target = self.target(req.model, bool(req.lora_path))
+        sole = self._fleet.sole(target)
         if not exclude and sole is not None and not self._clients.failed(sole.address):
             metrics.SOLE_WORKER_PICKS.inc()
             return pb.PickResponse(worker_id=sole.worker_id, address=sole.address, reason=SOLE_WORKER)
-        pick = await self._ask_router(req, exclude)
+        pick = await self._ask_router(req, target, exclude)
         assert pick is not None  # a pick waited for is an answer or a GatewayError
         return pick
 
     def sent(self, pick: pb.PickResponse, req: pb.GenerateRequest) -> None:
         """``req`` went to ``pick``'s worker: a pick the router did not make is told to it now."""
-        if pick.reason == SOLE_WORKER:
-            told = asyncio.get_running_loop().create_task(self._ask_router(req, (), waited=False))
+        if pick.reason == SOLE_WORKER and (target := self._fleet.target(req.model)) is not None:  # held: sole
+            told = asyncio.get_running_loop().create_task(self._ask_router(req, target, (), waited=False))
             self._told.add(told)
             told.add_done_callback(self._told.discard)
 
-    def any_worker(self) -> str:
-        """The address of a worker to ask what any worker can answer (tokenizing: every worker
-        has the model's tokenizer); GatewayError UNAVAILABLE when none serves."""
-        candidates = self._reachable((), "")
+    def target(self, model: str, loadable: bool = False) -> Target:
+        """What a request naming ``model`` runs on (``loadable``: an adapter of the gateway's LoRA
+        registry, which while no worker holds it runs on the default model's workers, loaded on
+        demand); GatewayError UNAVAILABLE when the fleet no longer serves it (its workers left
+        after the request was admitted)."""
+        target = self._fleet.target(model)
+        if target is None and loadable:
+            target = Target((self._fleet.target("") or Target()).model, model)
+        if target is None:
+            raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"no worker serves the model {model!r} any more")
+        return target
+
+    def any_worker(self, model: str = "") -> str:
+        """The address of a worker to ask what any worker of the base model or adapter ``model``
+        can answer (tokenizing: they have its tokenizer); GatewayError UNAVAILABLE when none serves."""
+        candidates = self._reachable((), self.target(model))
         if not candidates:
             raise GatewayError(grpc.StatusCode.UNAVAILABLE, "no worker can serve")
         return candidates[0].address
@@ -88,20 +102,20 @@ class WorkerSelector:
         if self._fleet.live:
             return (len(self._fleet.serving_workers()),
                     f"the router has {len(self._fleet.workers)} workers, none healthy and undrained")
-        return len(self._reachable((), "")), "router unavailable and no worker reachable without it"
+        return len(self._reachable((), Target())), "router unavailable and no worker reachable without it"
 
     async def close(self) -> None:
         for told in self._told:
             told.cancel()
         await asyncio.gather(*self._told, return_exceptions=True)
 
-    def _reachable(self, exclude: Sequence[str], adapter: str) -> list[pb.WorkerState]:
-        """The fleet view's serving workers that serve ``adapter`` ("": the base model), less
-        ``exclude`` and those this gateway saw fail, the fewest of its requests first."""
-        return sorted((w for w in self._fleet.serving_workers(exclude, adapter) if not self._clients.failed(w.address)),
+    def _reachable(self, exclude: Sequence[str], target: Target) -> list[pb.WorkerState]:
+        """The fleet view's serving workers that serve ``target``, less ``exclude`` and those
+        this gateway saw fail, the fewest of its requests first."""
+        return sorted((w for w in self._fleet.serving_workers(exclude, target) if not self._clients.failed(w.address)),
                       key=lambda w: self._clients.in_flight(w.address))
 
-    async def _ask_router(self, req: pb.GenerateRequest, exclude: Sequence[str], waited: bool = True
+    async def _ask_router(self, req: pb.GenerateRequest, target: Target, exclude: Sequence[str], waited: bool = True
                           ) -> pb.PickResponse | None:
         """The router's pick; when the request does not wait for it (``waited`` false: it went to
         the fleet's only worker), None if the router did not answer."""
@@ -111,8 +125,8 @@ class WorkerSelector:
                 asked = time.perf_counter()
                 pick = await self._picks.pick(
                     pb.PickRequest(request_id=req.request_id, prompt=req.prompt, messages=req.messages,
-                                   exclude=exclude, session_key=req.user, adapter=req.model,
-                                   adapter_loadable=bool(req.lora_path),
+                                   exclude=exclude, session_key=req.user, adapter=target.adapter,
+                                   adapter_loadable=bool(req.lora_path), model=target.model,
                                    trace_context=dict(telemetry.outgoing_metadata()),
                                    deadline_unix_ms=int((time.time() + self._timeout_s) * 1000)),
                     self._timeout_s)
@@ -124,21 +138,22 @@ class WorkerSelector:
             if not waited:  # the request went on without it; a router that is away shows on the next wait
                 log.debug("request %s: the router's pick, not waited for, failed: %s", req.request_id, e.detail)
                 return None
-            return self._without_router(e, exclude, req)
+            return self._without_router(e, exclude, req, target)
         if not self._router_ok:
             log.info("router is answering in time again")
             self._router_ok = True
         return pick
 
-    def _without_router(self, e: PickFailed, exclude: Sequence[str], req: pb.GenerateRequest) -> pb.PickResponse:
+    def _without_router(self, e: PickFailed, exclude: Sequence[str], req: pb.GenerateRequest, target: Target
+                        ) -> pb.PickResponse:
         """A router that is away or late: the request goes to a worker the fleet view shows. One
         that refused (no worker fits) is a refusal still."""
         late = e.code == grpc.StatusCode.DEADLINE_EXCEEDED  # no answer in time, or dropped by a router behind
         if not late and (isinstance(e, PickRefused) or e.code != grpc.StatusCode.UNAVAILABLE):
             raise GatewayError(e.code, f"router: {e.detail}") from None
-        candidates = self._reachable(exclude, req.model)
-        if not candidates and req.lora_path:  # an adapter no worker holds: one with LoRA enabled loads it
-            candidates = [w for w in self._reachable(exclude, "") if w.HasField("lora")]
+        candidates = self._reachable(exclude, target)
+        if not candidates and req.lora_path:  # an adapter no worker holds: one of its model with LoRA enabled loads it
+            candidates = [w for w in self._reachable(exclude, target._replace(adapter="")) if w.HasField("lora")]
         if not candidates:
             raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"router unavailable: {e.detail}") from None
         if self._clock() - self._warned_at >= PICK_FAILURE_LOG_S:

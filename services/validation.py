@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 from meshserve.services.config import RequestLimits
 from meshserve.services.gen import meshserve_pb2 as pb
@@ -51,12 +51,14 @@ class InvalidRequest(ValueError):
         self.param = param
 
 
-def unknown_model(asked: str, served: str, adapters: Collection[str] = ()) -> str:
-    """The message for a request naming a model this mesh does not serve, neither its model
-    ``served`` nor one of its LoRA ``adapters`` (NOT_FOUND: HTTP 404, as OpenAI's and vLLM's
-    servers answer)."""
+def unknown_model(asked: str, served: str | Sequence[str], adapters: Collection[str] = ()) -> str:
+    """The message for a request naming a model this mesh does not serve, neither one of its
+    base models ``served`` nor one of its LoRA ``adapters`` (NOT_FOUND: HTTP 404, as OpenAI's and
+    vLLM's servers answer)."""
+    models = [served] if isinstance(served, str) else list(served)
+    named = repr(models[0]) if len(models) == 1 else f"the models {', '.join(map(repr, models))}"
     also = f" and the LoRA adapters {', '.join(map(repr, sorted(adapters)))}" if adapters else ""
-    return f"the model {asked!r} does not exist; this mesh serves {served!r}{also}"
+    return f"the model {asked!r} does not exist; this mesh serves {named}{also}"
 
 
 def param_metadata(param: str | None) -> tuple[tuple[str, str], ...]:

@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from meshserve.gateway import fleet as fleet_module
-from meshserve.gateway.fleet import FleetView
+from meshserve.gateway.fleet import FleetView, Target
 from meshserve.services.gen import meshserve_pb2 as pb
 from tests.integration.helpers import until
 
@@ -18,9 +18,9 @@ WAIT_S = 5.0
 
 
 def worker(worker_id: str, weights: str = "", healthy: bool = True, draining: bool = False,
-           max_model_len: int = 0) -> pb.WorkerState:
+           max_model_len: int = 0, model: str = "") -> pb.WorkerState:
     return pb.WorkerState(worker_id=worker_id, address=f"{worker_id}:1", weights_id=weights, healthy=healthy,
-                          load=pb.LoadReport(draining=draining), max_model_len=max_model_len)
+                          load=pb.LoadReport(draining=draining), max_model_len=max_model_len, model=model)
 
 
 class Router:
@@ -49,8 +49,8 @@ async def router() -> AsyncIterator[Router]:
     yield Router()
 
 
-async def started(router: Router) -> FleetView:
-    view = FleetView(router.watch, backoff_s=(0.001, 0.001))
+async def started(router: Router, model: str = "") -> FleetView:
+    view = FleetView(router.watch, backoff_s=(0.001, 0.001), model=model)
     view.start()
     return view
 
@@ -165,7 +165,7 @@ async def test_the_serving_workers_and_the_context_length_come_from_the_view(rou
         await seen(view, 4)
         assert [w.worker_id for w in view.serving_workers()] == ["a", "d"]
         assert [w.worker_id for w in view.serving_workers(exclude=["a"])] == ["d"]
-        assert view.max_model_len == 4096
+        assert view.max_model_len() == 4096
     finally:
         await view.close()
 
@@ -183,12 +183,59 @@ async def test_the_adapters_come_from_every_worker_of_the_view_and_choose_the_wo
         await seen(view, 3)
         # Every worker's, serving now or not (one that is not is a refusal to come, not an unknown name).
         assert view.adapters() == {"x": "/b/x", "y": "/b/y", "z": "/c/z"}
-        assert [w.worker_id for w in view.serving_workers(adapter="y")] == ["b"]
-        assert [w.worker_id for w in view.serving_workers(adapter="z")] == []
+        assert [w.worker_id for w in view.serving_workers(target=Target(adapter="y"))] == ["b"]
+        assert [w.worker_id for w in view.serving_workers(target=Target(adapter="z"))] == []
         assert [w.worker_id for w in view.serving_workers()] == ["a", "b"]
         router.push(holding(worker("b"), "x"))
         await seen(view, 1)
-        assert view.sole("x").worker_id == "b" and view.sole().worker_id == "b"
-        assert view.sole("y") is None
+        assert view.sole(Target(adapter="x")).worker_id == "b" and view.sole().worker_id == "b"
+        assert view.sole(Target(adapter="y")) is None
+    finally:
+        await view.close()
+
+
+async def test_one_base_model_goes_by_the_gateways_name_whatever_its_workers_call_it(router: Router) -> None:
+    router.push(worker("a", model="/models/tiny"), holding(worker("b", model="/models/tiny"), "x"))
+    view = await started(router, model="tiny")
+    try:
+        await seen(view, 2)
+        assert view.models() == ["tiny"] and view.parent("x") == "tiny"
+        # No filter on the base model: every worker serves it.
+        assert view.target("") == view.target("tiny") == Target() and view.target("x") == Target(adapter="x")
+        assert view.target("/models/tiny") is None and view.target("other") is None
+    finally:
+        await view.close()
+
+
+async def test_several_base_models_each_choose_their_own_workers_weights_and_length(router: Router) -> None:
+    router.push(worker("a", "wa", model="m1", max_model_len=2048),
+                holding(worker("b", "wb", model="m2", max_model_len=1024), "x"),
+                worker("c", "wb", model="m2"), worker("d", "wa2", model="m1", healthy=False))
+    view = await started(router, model="m2")
+    try:
+        await seen(view, 4)
+        assert view.models() == ["m2", "m1"]  # the gateway's --model first: the default
+        assert view.parent("x") == "m2"
+        assert view.target("") == view.target("m2") == Target("m2")
+        assert view.target("m1") == Target("m1") and view.target("x") == Target("m2", "x")
+        assert view.target("m3") is None
+        assert [w.worker_id for w in view.serving_workers(target=Target("m1"))] == ["a"]
+        assert [w.worker_id for w in view.serving_workers(target=Target("m2"))] == ["b", "c"]
+        assert [w.worker_id for w in view.serving_workers(target=Target("m1", "x"))] == []
+        assert (await view.serving("m1"), await view.serving("m2")) == ("wa", "wb")
+        assert (view.max_model_len("m1"), view.max_model_len("m2")) == (2048, 1024)
+        router.push(worker("a", "wa", model="m1"))
+        await seen(view, 1)
+        assert view.sole(Target("m1")).worker_id == "a" and view.sole(Target("m2")) is None
+    finally:
+        await view.close()
+
+
+async def test_a_default_model_no_worker_serves_is_the_first_listed(router: Router) -> None:
+    router.push(worker("a", model="m1"), worker("b", model="m2"))
+    view = await started(router, model="tiny")
+    try:
+        await seen(view, 2)
+        assert view.models() == ["m1", "m2"] and view.target("") == view.target("tiny") == Target("m1")
     finally:
         await view.close()
