@@ -29,6 +29,7 @@ def _f(default: Any, help: str, **kw: Any) -> Any:
 
 # The name the project's own tiny model is served under (`meshserve make-model` builds it).
 DEFAULT_MODEL = "meshserve-tiny"
+SIM_MODEL = "meshserve-sim"  # the name the simulator serves under unless given one
 CACHE_KEY_PREFIX = "meshserve:cache:"  # of every cache key: the cache service writes, the gateway reads
 # A worker's Session response header: it reads batched actions (protos: SessionRequest.batch).
 SESSION_BATCH_HEADER = "meshserve-session-batch"
@@ -98,7 +99,11 @@ class WorkerConfig(ServerConfig):
     engine: str = _f(
         "vllm", "engine: vllm (real), sim (latency simulator) or transformers (baseline)", choices=WORKER_ENGINES,
     )
-    model: str = _f("", "model path (default: the project's tiny model, built on first use)")
+    model: str = _f("", "model path, or the name of one of the project's tiny models (meshserve-tiny, "
+                        "meshserve-tiny-2: built on first use) (default: meshserve-tiny)")
+    served_model_name: str = _f(
+        "", "the name requests give for the model, reported to the router and gateways (vLLM's "
+            "--served-model-name); default: --model as given (the tiny model's name when none is)")
     weights_id: str = _f(
         "", "what the response cache keys this worker's answers by beyond the model's name (a model "
         "version, say); default: a fingerprint of the model's files (vllm, transformers), none (sim)",
@@ -212,6 +217,11 @@ class WorkerConfig(ServerConfig):
             problems.append(f"--max-cpu-loras ({self.max_cpu_loras}) must be at least --max-loras ({self.max_loras})")
         if problems:
             raise ValueError("; ".join(problems))
+
+    def served_name(self) -> str:
+        """The name requests give for the model: --served-model-name, else --model as given, else
+        the engine's default model's (the simulator's own, the tiny model's)."""
+        return self.served_model_name or self.model or (SIM_MODEL if self.engine == "sim" else DEFAULT_MODEL)
 
     def adapters(self) -> dict[str, str]:
         """The LoRA adapters of --lora-modules, name -> path, in their order; ValueError naming an

@@ -12,7 +12,7 @@ import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
-from meshserve.services.config import DEFAULT_MODEL, WorkerConfig
+from meshserve.services.config import WorkerConfig
 from meshserve.services.offload import Offload
 from meshserve.worker.engine import (
     Delta,
@@ -50,7 +50,7 @@ class TransformersEngine(Engine):
         self._offload = Offload("hf-tokenizer")  # a large prompt is tokenized off the event loop
         self.info = EngineInfo(
             engine="transformers",
-            model=cfg.model or DEFAULT_MODEL,
+            model=cfg.served_name(),
             tensor_parallel_size=1,
             max_model_len=cfg.max_model_len,
             block_size=cfg.block_size,

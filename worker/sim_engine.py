@@ -84,7 +84,7 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Set
 from dataclasses import dataclass, field
 
-from meshserve.services.config import WorkerConfig
+from meshserve.services.config import SIM_MODEL, WorkerConfig
 from meshserve.services.offload import OFFLOAD_CHARS, Offload
 from meshserve.services.prompts import (
     SIM_TOKENIZER,
@@ -361,7 +361,7 @@ class SimEngine(Engine):
     ) -> None:
         self.info = EngineInfo(
             engine="sim",
-            model=cfg.model or "meshserve-sim",
+            model=cfg.served_model_name or cfg.model or SIM_MODEL,
             tensor_parallel_size=cfg.tensor_parallel_size,
             max_model_len=cfg.max_model_len,
             block_size=cfg.block_size,

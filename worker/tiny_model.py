@@ -1,8 +1,11 @@
-"""The project's own tiny LLaMA-architecture model and tokenizer, made offline and reproducibly.
+"""The project's own tiny LLaMA-architecture models and tokenizer, made offline and reproducibly.
 
-No model can be downloaded here, so the mesh serves a model it builds itself: random weights
-from a fixed seed and a byte-level BPE tokenizer trained on ``worker/data/corpus.txt``. Its
-output is gibberish, but it exercises the real engines exactly like a real LLaMA model does.
+No model can be downloaded here, so the mesh serves models it builds itself: random weights
+from a fixed seed and a byte-level BPE tokenizer trained on ``worker/data/corpus.txt``. Their
+output is gibberish, but they exercise the real engines exactly like a real LLaMA model does.
+``TINY_MODELS`` names them: ``meshserve-tiny``, the default, and ``meshserve-tiny-2``, smaller
+and from another seed (a second base model for a mesh that serves several); a worker whose
+``--model`` is one of these names builds it on first use and serves it under that name.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import logging
 import os
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from meshserve.services.config import DEFAULT_MODEL, default_cache_dir
@@ -31,6 +35,27 @@ NUM_LAYERS = 2
 NUM_HEADS = 4
 NUM_KV_HEADS = 2
 MAX_POSITIONS = 4096
+
+
+@dataclass(frozen=True)
+class TinyModel:
+    """The shape and seed of one of the project's tiny models (they share the tokenizer)."""
+
+    seed: int = SEED
+    hidden_size: int = HIDDEN_SIZE
+    intermediate_size: int = INTERMEDIATE_SIZE
+    num_layers: int = NUM_LAYERS
+    num_heads: int = NUM_HEADS
+    num_kv_heads: int = NUM_KV_HEADS
+
+
+SECOND_NAME = f"{NAME}-2"
+# By the name each is served under. The second is half as wide (heads of the same size, which
+# vLLM's CPU attention supports): cheaper still, and its answers are its own.
+TINY_MODELS = {
+    NAME: TinyModel(),
+    SECOND_NAME: TinyModel(seed=4321, hidden_size=64, intermediate_size=176, num_heads=2, num_kv_heads=1),
+}
 # Wider than LLaMA's 0.02 so that logits are well apart and greedy decoding has no near-ties
 # (vLLM and HF then agree token for token in fp32).
 INIT_STD = 0.1
@@ -53,15 +78,18 @@ CHAT_TEMPLATE = (
 DECISIVE_SCALE = 0.01
 
 
-def default_model_dir(decisive: bool = False) -> Path:
-    return default_cache_dir() / "models" / f"{NAME}{'-decisive' if decisive else ''}-{VERSION}"
+def default_model_dir(decisive: bool = False, name: str = NAME) -> Path:
+    return default_cache_dir() / "models" / f"{name}{'-decisive' if decisive else ''}-{VERSION}"
 
 
-def ensure_model(cache_dir: Path | None = None, decisive: bool = False) -> Path:
-    """The model's folder, built on first use. The build goes to a temporary folder renamed into
-    place, so a folder that exists is complete (concurrent builders: the first rename wins)."""
-    target = Path(cache_dir) if cache_dir is not None else default_model_dir(decisive)
-    return build_once(target, "config.json", lambda tmp: _build(tmp, decisive))
+def ensure_model(cache_dir: Path | None = None, decisive: bool = False, name: str = NAME) -> Path:
+    """The folder of the tiny model ``name`` (of ``TINY_MODELS``), built on first use. The build
+    goes to a temporary folder renamed into place, so a folder that exists is complete
+    (concurrent builders: the first rename wins)."""
+    if name not in TINY_MODELS:
+        raise ValueError(f"no tiny model is named {name!r}; there are {', '.join(TINY_MODELS)}")
+    target = Path(cache_dir) if cache_dir is not None else default_model_dir(decisive, name)
+    return build_once(target, "config.json", lambda tmp: _build(tmp, decisive, TINY_MODELS[name]))
 
 
 def build_once(target: Path, marker: str, build: Callable[[Path], None]) -> Path:
@@ -84,10 +112,10 @@ def build_once(target: Path, marker: str, build: Callable[[Path], None]) -> Path
     return target
 
 
-def _build(out: Path, decisive: bool = False) -> None:
+def _build(out: Path, decisive: bool = False, shape: TinyModel = TinyModel()) -> None:
     out.mkdir(parents=True)
     _build_tokenizer().save_pretrained(out)
-    _build_weights(out, decisive)
+    _build_weights(out, decisive, shape)
 
 
 def _build_tokenizer():  # -> transformers.PreTrainedTokenizerFast
@@ -116,17 +144,17 @@ def _build_tokenizer():  # -> transformers.PreTrainedTokenizerFast
     )
 
 
-def _build_weights(out: Path, decisive: bool = False) -> None:
+def _build_weights(out: Path, decisive: bool = False, shape: TinyModel = TinyModel()) -> None:
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
         vocab_size=VOCAB_SIZE,
-        hidden_size=HIDDEN_SIZE,
-        intermediate_size=INTERMEDIATE_SIZE,
-        num_hidden_layers=NUM_LAYERS,
-        num_attention_heads=NUM_HEADS,
-        num_key_value_heads=NUM_KV_HEADS,
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_layers,
+        num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_kv_heads,
         max_position_embeddings=MAX_POSITIONS,
         initializer_range=INIT_STD,
         bos_token_id=0,
@@ -135,7 +163,7 @@ def _build_weights(out: Path, decisive: bool = False) -> None:
         tie_word_embeddings=False,
         torch_dtype="float32",
     )
-    generator = torch.Generator().manual_seed(SEED)
+    generator = torch.Generator().manual_seed(shape.seed)
     model = LlamaForCausalLM(config)
     with torch.no_grad():
         for name, param in sorted(model.named_parameters()):
@@ -161,10 +189,12 @@ def fingerprint(model_dir: Path) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--output", type=Path, default=None,
-        help=f"model folder (default: $MESHSERVE_CACHE_DIR/models/{NAME}-{VERSION})",
+        help=f"model folder (default: $MESHSERVE_CACHE_DIR/models/NAME-{VERSION})",
     )
+    parser.add_argument("--name", choices=list(TINY_MODELS), default=NAME,
+                        help="which tiny model (default: %(default)s)")
 
 
 def main(args: argparse.Namespace) -> int:
-    print(ensure_model(args.output))
+    print(ensure_model(args.output, name=args.name))
     return 0

@@ -40,12 +40,15 @@ CPU_BLOCK_MULTIPLE = 32
 
 
 def resolve_model(cfg: WorkerConfig) -> tuple[str, str]:
-    """(path, served name): the configured model, or the project's tiny model built on demand."""
-    if cfg.model:
-        return cfg.model, cfg.model
-    from meshserve.worker.tiny_model import ensure_model
+    """(path, served name): the configured model, or one of the project's tiny models (none
+    configured: the default one) built on demand; served as --served-model-name says, else
+    under the model's own name."""
+    from meshserve.worker.tiny_model import TINY_MODELS, ensure_model
 
-    return str(ensure_model()), DEFAULT_MODEL
+    if cfg.model and cfg.model not in TINY_MODELS:
+        return cfg.model, cfg.served_model_name or cfg.model
+    name = cfg.model or DEFAULT_MODEL
+    return str(ensure_model(name=name)), cfg.served_model_name or name
 
 
 def render_prompt(tokenizer: Any, request: Request) -> list[int]:
@@ -162,7 +165,7 @@ class VllmEngine(Engine):
         self._offload = Offload("vllm-tokenizer")
         self.info = EngineInfo(
             engine="vllm",
-            model=cfg.model or DEFAULT_MODEL,
+            model=cfg.served_name(),
             tensor_parallel_size=cfg.tensor_parallel_size,
             max_model_len=cfg.max_model_len,
             block_size=cfg.block_size,
