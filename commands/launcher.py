@@ -25,7 +25,8 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from meshserve.commands.supervisor import RestartPolicy, Supervisor
 from meshserve.services import config, mesh_tls
 from meshserve.services.config import (
+    DEFAULT_MODEL,
     EMBEDDED_ROUTER,
     REQUEST_LIMIT_FIELDS,
     ROUTING_FIELDS,
@@ -46,6 +48,8 @@ from meshserve.services.config import (
     WorkerConfig,
 )
 from meshserve.services.mesh_tls import MeshTls
+
+from meshserve.worker.tiny_model import TINY_MODELS
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +73,16 @@ class StartupError(RuntimeError):
 
 
 @dataclass
+class WorkerGroup:
+    """Workers alike: one base model (or the same model sized differently), its engine, size and
+    LoRA adapters (``meshserve up --worker-group``, ``--fleet``). The group's workers take
+    consecutive ports and ids after the groups before it."""
+
+    workers: int = 1
+    worker: WorkerConfig = field(default_factory=WorkerConfig)  # its engine included
+
+
+@dataclass
 class MeshSpec:
     """What ``meshserve up`` starts. Service configs are templates; ports come from them."""
 
@@ -81,6 +95,9 @@ class MeshSpec:
     run_dir: Path | None = None              # logs and generated configs (default: a temp dir)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     sim_speeds: list[float] = field(default_factory=list)  # per worker (the last repeats); empty: the worker's
+    # Worker groups, one per base model (or size) the mesh serves; empty: one group, ``workers``
+    # workers of ``engine`` configured as ``worker``.
+    groups: list[WorkerGroup] = field(default_factory=list)
     router: RouterConfig = field(default_factory=RouterConfig)
     # "service": one router process every gateway asks; "embedded": each gateway picks in its own
     # process with the router's settings above (no router process, no hop per pick).
@@ -107,6 +124,13 @@ class MeshSpec:
     # Restart a process that exits (`meshserve up` does). None: it stays down, as tests that
     # kill one expect.
     supervise: RestartPolicy | None = None
+
+    def worker_groups(self) -> list[WorkerGroup]:
+        """The groups of workers to start, in order."""
+        return self.groups or [WorkerGroup(self.workers, dataclasses.replace(self.worker, engine=self.engine))]
+
+    def num_workers(self) -> int:
+        return sum(g.workers for g in self.worker_groups())
 
 
 @dataclass
@@ -219,6 +243,7 @@ class Mesh:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         self.redis_url = spec.redis_url
         self.worker_addresses: list[str] = []
+        self.worker_models: list[str] = []  # the base model each worker serves, by its served name
         self.metrics: dict[str, str] = {}  # service name -> its Prometheus endpoint
         self.gateway_addresses = [f"{spec.gateway.host}:{spec.gateway.port + GATEWAY_PORT_STEP * i}"
                                   for i in range(spec.gateways)]
@@ -379,9 +404,9 @@ class Mesh:
         self._start("valkey", argv, ready)
         self.redis_url = f"redis://:{password}@127.0.0.1:{port}/0"
 
-    def _ensure_model(self) -> str:
+    def _ensure_model(self, name: str) -> str:
         out = subprocess.run(
-            [sys.executable, "-m", "meshserve.commands.cli", "make-model"],
+            [sys.executable, "-m", "meshserve.commands.cli", "make-model", "--name", name],
             capture_output=True, text=True, env={**os.environ, **CHILD_ENV}, check=False,
         )
         if out.returncode != 0:
@@ -395,7 +420,7 @@ class Mesh:
         wanted = [(spec.cache.port, "cache"),
                   *(((spec.router.port, "router"),) if spec.router_mode != EMBEDDED_ROUTER else ()),
                   (spec.envoy.listen_port, "Envoy"), (spec.envoy.admin_port, "Envoy admin"),
-                  *((spec.worker.port + i, f"worker-{i}") for i in range(spec.workers)),
+                  *((spec.worker.port + i, f"worker-{i}") for i in range(spec.num_workers())),
                   *((int(a.rpartition(":")[2]), self._gateway_name(i)) for i, a in enumerate(self.gateway_addresses)),
                   *((int(a.rpartition(":")[2]), f"{self._gateway_name(i)} HTTP edge")
                     for i, a in enumerate(self.gateway_http_addresses))]
@@ -411,6 +436,14 @@ class Mesh:
                                    "ports (--gateway-port, --worker-port, ...: gateway i is on "
                                    f"--gateway-port + {GATEWAY_PORT_STEP} * i, worker i on --worker-port + i)")
             ports[port] = name
+
+    @property
+    def default_model(self) -> str:
+        """The gateways' --model: the first group's served name when the groups serve several base
+        models (a request naming no model runs on it), else the gateway's own."""
+        if len(set(self.worker_models)) > 1:
+            return self.worker_models[0]
+        return self.spec.gateway.model
 
     @staticmethod
     def _gateway_name(i: int) -> str:
@@ -429,16 +462,22 @@ class Mesh:
             if not self.redis_url:
                 self._start_valkey()
             self._serve("cache", "cache", dataclasses.replace(spec.cache, redis_url=self.redis_url))
-            # 2. Workers (the model is built once here so workers do not race to build it).
-            worker_cfg = dataclasses.replace(spec.worker, engine=spec.engine)
-            if spec.engine != "sim" and not worker_cfg.model:
-                worker_cfg = dataclasses.replace(worker_cfg, model=self._ensure_model())
-            for i in range(spec.workers):
-                cfg = dataclasses.replace(worker_cfg, port=spec.worker.port + i, worker_id=f"worker-{i}")
-                if spec.sim_speeds:
-                    cfg = dataclasses.replace(cfg, sim_speed=spec.sim_speeds[min(i, len(spec.sim_speeds) - 1)])
-                self.worker_addresses.append(f"{cfg.host}:{cfg.port}")
-                self._serve(f"worker-{i}", "worker", cfg)
+            # 2. Workers, group by group (a tiny model is built once here so workers do not race
+            # to build it).
+            for group in spec.worker_groups():
+                worker_cfg = group.worker
+                if worker_cfg.engine != "sim" and (not worker_cfg.model or worker_cfg.model in TINY_MODELS):
+                    name = worker_cfg.model or DEFAULT_MODEL
+                    worker_cfg = dataclasses.replace(worker_cfg, model=self._ensure_model(name),
+                                                     served_model_name=worker_cfg.served_model_name or name)
+                for _ in range(group.workers):
+                    i = len(self.worker_addresses)
+                    cfg = dataclasses.replace(worker_cfg, port=spec.worker.port + i, worker_id=f"worker-{i}")
+                    if spec.sim_speeds:
+                        cfg = dataclasses.replace(cfg, sim_speed=spec.sim_speeds[min(i, len(spec.sim_speeds) - 1)])
+                    self.worker_addresses.append(f"{cfg.host}:{cfg.port}")
+                    self.worker_models.append(cfg.served_name())
+                    self._serve(f"worker-{i}", "worker", cfg)
             # 3. Router (watches every worker), gateway, then Envoy in front.
             routing = {name: getattr(spec.router, name) for name in ROUTING_FIELDS}
             routing["workers"] = self.worker_addresses
@@ -454,6 +493,7 @@ class Mesh:
                 # The tenants' settings come from Envoy's keys file; the fleet is shared by the gateways.
                 self._serve(self._gateway_name(i), "gateway", dataclasses.replace(
                     spec.gateway, port=port, http_port=http_port, **gateway_routing, cache=self.cache_address,
+                    model=self.default_model,
                     redis_url=self.redis_url, cache_key_prefix=spec.cache.key_prefix,
                     cache_ttl_seconds=spec.cache.ttl_seconds, cache_max_entry_bytes=spec.cache.max_entry_bytes,
                     api_keys_file=spec.gateway.api_keys_file or spec.envoy.api_keys_file,
@@ -468,6 +508,9 @@ class Mesh:
             self.supervisor = Supervisor(self, spec.supervise)
             self.supervisor.start()
         return self
+
+    def _worker_engines(self) -> list[str]:
+        return [g.worker.engine for g in self.spec.worker_groups() for _ in range(g.workers)]
 
     def _write_prometheus_targets(self) -> None:
         """``prometheus-targets.json`` in the run dir: file_sd targets for deploy/prometheus."""
@@ -551,9 +594,10 @@ class Mesh:
             ("cache", self.cache_address),
             ("redis", _without_password(self.redis_url)),
             ("traces (OTLP/gRPC)", self.otlp_endpoint or "off"),
-            *((f"worker-{i} ({self.spec.engine})", a) for i, a in enumerate(self.worker_addresses)),
-            *((("LoRA adapters (model names)", ", ".join(self.spec.worker.adapters())),)
-              if self.spec.worker.lora_modules else ()),
+            *((f"worker-{i} ({engine}, {model})", a) for i, (a, engine, model)
+              in enumerate(zip(self.worker_addresses, self._worker_engines(), self.worker_models, strict=True))),
+            *((("LoRA adapters (model names)", ", ".join(adapters)),) if (adapters := [
+                name for g in self.spec.worker_groups() for name in g.worker.adapters()]) else ()),
             *((f"{name} metrics", url) for name, url in self.metrics.items()),
             ("logs", str(self.run_dir)),
         ]
@@ -595,7 +639,7 @@ def _signal_group(proc: Proc, sig: signal.Signals) -> None:
 
 # Service settings `meshserve up` takes as they are: one flag per field, its name, help and default
 # generated from the field, as `meshserve serve NAME`'s are (tests/unit/test_up_flags.py checks it).
-WORKER_FLAGS = ("engine", "model", "tensor_parallel_size", "max_model_len", "max_num_seqs", "dtype", "block_size",
+WORKER_FLAGS = ("engine", "model", "served_model_name", "tensor_parallel_size", "max_model_len", "max_num_seqs", "dtype", "block_size",
                 "enable_prefix_caching", "kv_cache_memory_bytes", "gpu_memory_utilization", "swap_space_gib",
                 "max_queue", "enforce_eager", "scheduling_policy", "compact_json",
                 "kv_events", "tool_call_parser", "reasoning_parser",
@@ -635,7 +679,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default=[sim_speed.default],
                         help=f"{sim_speed.metadata['help']}, one value per worker (the last repeats): "
                              "1 1 1 0.5 makes the fourth of four workers 2x slower")
-    parser.add_argument("--workers", type=int, default=MeshSpec.workers, help="number of workers")
+    parser.add_argument("--workers", type=int, default=MeshSpec.workers,
+                        help="number of workers (of the one group, without --worker-group or --fleet)")
+    parser.add_argument("--worker-group", action="append", default=[], metavar="'KEY=VALUE ...'",
+                        help="a group of workers of one base model, as space-separated KEY=VALUE settings: "
+                             "workers=N and any worker flag of `up` without its dashes (model=meshserve-tiny-2 "
+                             "engine=sim tensor-parallel-size=2 enable-lora=true lora-modules=a=/p,b=/q ...); "
+                             "what a group does not set is as `up`'s flags say. Repeat it for several base "
+                             "models in one mesh; a request's model selects its group, and one naming no model "
+                             "runs on the first group's")
+    parser.add_argument("--fleet", type=Path, default=None, metavar="FILE",
+                        help="the worker groups in a YAML file: a list `worker_groups`, each a mapping of the "
+                             "settings --worker-group takes (docs/deploy.md, \"Several models\"); with "
+                             "--worker-group, the file's groups come first")
     parser.add_argument("--tls-self-signed", action="store_true",
                         help="serve TLS at the edge with a certificate authority made for this mesh, in the run "
                              "directory (clients trust RUN_DIR/tls/ca.pem); for local use: give --tls-cert and "
@@ -695,18 +751,85 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where logs, generated configs and ready files go")
 
 
+def worker_group(settings: Mapping[str, object], base: WorkerConfig) -> WorkerGroup:
+    """The group ``settings`` describe (``workers`` and worker flags of ``up``, with dashes or
+    underscores; text values as on the command line), on top of ``base``; ValueError naming a
+    setting that is unknown or not a value of its kind."""
+    fields = {f.name: f for f in dataclasses.fields(WorkerConfig) if f.name in WORKER_FLAGS}
+    hints = typing.get_type_hints(WorkerConfig)
+    workers, changes = 1, {}
+    for key, value in settings.items():
+        name = str(key).replace("-", "_")
+        if name == "workers":
+            workers = _typed(int, name, value)
+            if workers < 1:
+                raise ValueError(f"a worker group's workers must be at least 1, got {workers}")
+        elif name in fields:
+            changes[name] = _typed(hints[name], name, value)
+        else:
+            raise ValueError(f"a worker group has no setting {key!r}; it takes workers and "
+                             f"{', '.join(n.replace('_', '-') for n in fields)}")
+    return WorkerGroup(workers, dataclasses.replace(base, **changes))
+
+
+def _typed(typ: object, name: str, value: object) -> object:
+    """``value`` as the setting ``name`` of type ``typ`` takes it: text is parsed, other values checked."""
+    if typing.get_origin(typ) is list:
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, list):
+            raise ValueError(f"worker group setting {name!r} takes a list, not {value!r}")
+        return [str(v) for v in items if str(v)]
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if str(value).lower() in ("true", "yes", "on", "1"):
+            return True
+        if str(value).lower() in ("false", "no", "off", "0"):
+            return False
+        raise ValueError(f"worker group setting {name!r} takes true or false, not {value!r}")
+    try:
+        return typ(value) if typ in (int, float, str) else value  # type: ignore[operator]
+    except ValueError:
+        raise ValueError(f"worker group setting {name!r} takes a{'n int' if typ is int else ' number'}, "
+                         f"not {value!r}") from None
+
+
+def groups_from(texts: list[str], fleet: Path | None, base: WorkerConfig) -> list[WorkerGroup]:
+    """The worker groups of a fleet file and of ``--worker-group`` texts ("KEY=VALUE ..."), in that order."""
+    groups = []
+    if fleet is not None:
+        import yaml
+
+        loaded = yaml.safe_load(fleet.read_text())
+        entries = loaded.get("worker_groups") if isinstance(loaded, dict) else None
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries) or not entries:
+            raise ValueError(f"{fleet}: a fleet file holds `worker_groups`, a list of settings mappings")
+        groups += [worker_group(e, base) for e in entries]
+    for text in texts:
+        pairs = [item.partition("=") for item in text.split()]
+        if not pairs or any(not sep or not key for key, sep, _ in pairs):
+            raise ValueError(f"--worker-group takes space-separated KEY=VALUE settings, not {text!r}")
+        groups.append(worker_group({key: value for key, _, value in pairs}, base))
+    return groups
+
+
 def spec_from_args(args: argparse.Namespace) -> MeshSpec:
     def taken(cls: type) -> dict[str, object]:  # the fields `up` takes as they are, from their flags
         return {name: getattr(args, name) for name in UP_FIELDS[cls]}
 
+    worker = WorkerConfig(port=args.worker_port, **taken(WorkerConfig))
+    groups = groups_from(args.worker_group, args.fleet, dataclasses.replace(worker, engine=args.engine))
+    if groups and args.workers != MeshSpec.workers:
+        raise ValueError("--workers counts the workers of the one group: give each group its workers=N instead")
     return MeshSpec(
         engine=args.engine,
         workers=args.workers,
+        groups=groups,
         gateways=args.gateways,
         redis_url=args.redis_url,
         redis_port=args.redis_port,
         run_dir=args.run_dir,
-        worker=WorkerConfig(port=args.worker_port, **taken(WorkerConfig)),
+        worker=worker,
         sim_speeds=list(args.sim_speed),
         router=RouterConfig(port=args.router_port, **taken(RouterConfig)),
         router_mode=args.router,
@@ -737,7 +860,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"meshserve up: {e}", file=sys.stderr)
         return 2
     mesh = Mesh(spec)
-    print(f"starting meshserve ({args.engine} engine, {args.workers} worker(s)); logs in {mesh.run_dir}", flush=True)
+    print(f"starting meshserve ({', '.join(f'{g.workers} {g.worker.engine} worker(s)' for g in spec.worker_groups())}); "
+          f"logs in {mesh.run_dir}", flush=True)
     try:
         mesh.start()
     except StartupError as e:

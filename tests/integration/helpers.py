@@ -8,7 +8,7 @@ import re
 import subprocess
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -17,7 +17,7 @@ import prometheus_client
 import pytest
 import yaml
 
-from meshserve.commands.launcher import MeshSpec
+from meshserve.commands.launcher import MeshSpec, WorkerGroup
 from meshserve.deploy import envoy_config as envoy
 from meshserve.services.config import CacheConfig, EnvoyConfig, GatewayConfig, RouterConfig, TracesConfig, WorkerConfig
 from meshserve.services.gen import meshserve_pb2 as pb
@@ -30,17 +30,19 @@ from tests.conftest import free_port, free_port_block
 def mesh_spec(run_dir: Path, engine: str, *, workers: int = 1, grace_seconds: float = 2,
               worker: WorkerConfig | None = None, gateway: GatewayConfig | None = None,
               envoy: EnvoyConfig | None = None, cache: CacheConfig | None = None,
-              router: RouterConfig | None = None, **spec: object) -> MeshSpec:
+              router: RouterConfig | None = None, groups: Sequence[WorkerGroup] = (), **spec: object) -> MeshSpec:
     """A mesh for one test module: every service on free ports (workers on a block of them),
     short grace periods; ``worker``/``gateway``/``envoy``/``cache``/``router`` give other settings (their ports are
-    replaced), ``spec`` other MeshSpec fields."""
+    replaced), ``groups`` worker groups instead of ``workers`` workers, ``spec`` other MeshSpec fields."""
     grace = {"grace_seconds": grace_seconds}
     return MeshSpec(
         engine=engine,
         workers=workers,
+        groups=[WorkerGroup(g.workers, dataclasses.replace(g.worker, **grace)) for g in groups],
         redis_port=free_port(),
         run_dir=run_dir,
-        worker=dataclasses.replace(worker or WorkerConfig(), port=free_port_block(workers), **grace),
+        worker=dataclasses.replace(worker or WorkerConfig(), port=free_port_block(
+            sum(g.workers for g in groups) or workers), **grace),
         router=dataclasses.replace(router or RouterConfig(), port=free_port(), **grace),
         cache=dataclasses.replace(cache or CacheConfig(), port=free_port(), **grace),
         gateway=dataclasses.replace(gateway or GatewayConfig(), port=free_port(), **grace),
