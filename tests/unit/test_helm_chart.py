@@ -515,6 +515,14 @@ REFUSALS = [  # (id, values, what the message says)
     ("unknown-routing", _with(router={"routing": "fastest"}), "at '/router/routing': value must be one of"),
     ("too-few-gpus", _with(worker={"flavor": "gpu", "tensorParallelSize": 4, "gpus": 2}),
      "worker.gpus (2) must be at least worker.tensorParallelSize (4)"),
+    ("group-too-few-gpus", _with(workerGroups=[{"name": "big", "flavor": "gpu", "tensorParallelSize": 4, "gpus": 2}]),
+     "workerGroups[big].gpus (2) must be at least workerGroups[big].tensorParallelSize (4)"),
+    ("group-names-twice", _with(workerGroups=[{"name": "a"}, {"name": "a"}]),
+     "workerGroups: each group needs a name of its own, got a, a"),
+    ("group-without-name", _with(workerGroups=[{"replicas": 2}]), "at '/workerGroups/0': missing property 'name'"),
+    ("group-bad-name", _with(workerGroups=[{"name": "Big_Model"}]), "at '/workerGroups/0/name'"),
+    ("group-misspelt-key", _with(workerGroups=[{"name": "a", "replica": 2}]),
+     "at '/workerGroups/0': additional properties 'replica' not allowed"),
 ]
 
 
@@ -940,3 +948,78 @@ def test_lint_only_notes_a_refusal_so_the_refusals_are_checked_by_rendering() ->
     lint = chart.run_helm("lint", "--strict", str(chart.CHART), values={})
     assert lint.returncode == 0, lint.stdout + lint.stderr
     assert 'msg="funcMap fail" message="API keys are required' in lint.stderr
+
+
+# --- worker groups: several base models -----------------------------------------------------------
+
+GROUPS = _with(workerGroups=[
+    {"name": "small", "model": {"servedName": "meshserve-tiny-2", "path": "meshserve-tiny-2"}, "replicas": 2,
+     "lora": {"modules": ["support=/models/adapters/support"], "maxLoras": 2, "maxLoraRank": 8}},
+    {"name": "big", "model": {"servedName": "llama-70b", "path": "/models/llama-70b"}, "flavor": "gpu",
+     "tensorParallelSize": 4, "gpus": 4, "autoscaling": {"maxReplicas": 3}},
+])
+
+
+def _worker_config(container: dict[str, Any]) -> config.WorkerConfig:
+    parsed = cli.build_parser().parse_args(_args(container))
+    return config.from_args(config.WorkerConfig, parsed)
+
+
+def test_the_default_values_serve_one_group_under_the_models_name() -> None:
+    objects = chart.render(chart.PROFILES["default"])
+    workers = [w for w in _of(objects, "Deployment") if w["metadata"]["name"].startswith(_name("worker"))]
+    assert [w["metadata"]["name"] for w in workers] == [_name("worker")]
+    assert "meshserve.io/worker-group" not in workers[0]["spec"]["selector"]["matchLabels"]
+    worker = _worker_config(workers[0]["spec"]["template"]["spec"]["containers"][0])
+    assert (worker.served_name(), worker.enable_lora) == ("meshserve-tiny", False)
+    assert [o["metadata"]["name"] for o in _of(objects, "ScaledObject")] == [_name("worker")]
+
+
+def test_each_worker_group_is_a_deployment_and_scaled_object_of_its_own_model() -> None:
+    objects = chart.template_objects(GROUPS)  # the real helm binary
+    for obj in objects:
+        if not obj["apiVersion"].startswith("keda.sh/"):
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+    result = _validate_crds(_of(objects, "ScaledObject"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    deployments = {w["metadata"]["name"]: w for w in _of(objects, "Deployment")}
+    assert _name("worker") not in deployments
+    small, big = deployments[_name("worker-small")], deployments[_name("worker-big")]
+    configs = {name: _worker_config(w["spec"]["template"]["spec"]["containers"][0])
+               for name, w in (("small", small), ("big", big))}
+    assert (configs["small"].model, configs["small"].served_name()) == ("meshserve-tiny-2", "meshserve-tiny-2")
+    assert configs["small"].adapters() == {"support": "/models/adapters/support"} and configs["small"].max_loras == 2
+    assert (configs["big"].served_name(), configs["big"].tensor_parallel_size, configs["big"].enable_lora) == (
+        "llama-70b", 4, False)
+    assert big["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 4
+    assert "nvidia.com/gpu" not in small["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    # Each Deployment and PodDisruptionBudget selects its own group's pods; the one headless
+    # Service the router watches, every group's.
+    pods = {name: w["spec"]["template"]["metadata"]["labels"] for name, w in deployments.items()}
+
+    def selects(selector: dict[str, str]) -> set[str]:
+        return {name for name, labels in pods.items() if selector.items() <= labels.items()}
+
+    for group in ("small", "big"):
+        name = _name(f"worker-{group}")
+        assert selects(deployments[name]["spec"]["selector"]["matchLabels"]) == {name}
+        assert selects(_named(objects, "PodDisruptionBudget", name)["spec"]["selector"]["matchLabels"]) == {name}
+    assert selects(_named(objects, "Service", _name("worker"))["spec"]["selector"]) == {
+        _name("worker-small"), _name("worker-big")}
+    # KEDA scales each group on its own pods' waiting requests, within its own bounds.
+    scaled = {o["spec"]["scaleTargetRef"]["name"]: o for o in _of(objects, "ScaledObject")}
+    assert set(scaled) == {_name("worker-small"), _name("worker-big")}
+    for name, obj in scaled.items():
+        assert f'pod=~"{name}-.*"' in obj["spec"]["triggers"][0]["metadata"]["query"]
+    assert (scaled[_name("worker-small")]["spec"]["maxReplicaCount"],
+            scaled[_name("worker-big")]["spec"]["maxReplicaCount"]) == (8, 3)
+    # A request naming no model runs on the first group's.
+    gateway = _named(objects, "Deployment", _name("gateway"))["spec"]["template"]["spec"]["containers"][0]
+    assert _flag(_args(gateway), "--model") == "meshserve-tiny-2"
+
+
+def test_without_keda_each_group_runs_its_replicas() -> None:
+    objects = chart.render(GROUPS, api_versions=())
+    assert not _of(objects, "ScaledObject")
+    assert {w["metadata"]["name"]: w["spec"]["replicas"] for w in _of(objects, "Deployment")
+            if w["metadata"]["name"].startswith(_name("worker"))} == {_name("worker-small"): 2, _name("worker-big"): 1}

@@ -7,14 +7,45 @@
 {{- end -}}
 {{- end -}}
 
+{{/* A component's name; a worker group's (.group) adds the group's name. */}}
 {{- define "meshserve.name" -}}
 {{- printf "%s-%s" (include "meshserve.fullname" .root) .component -}}
+{{- with .group }}-{{ . }}{{ end -}}
 {{- end -}}
 
 {{- define "meshserve.selectorLabels" -}}
 app.kubernetes.io/name: {{ .root.Chart.Name }}
 app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
+{{- with .group }}
+meshserve.io/worker-group: {{ . }}
+{{- end }}
+{{- end -}}
+
+{{/* The worker groups, as JSON: each {group, values (worker's, with the group's own settings
+over them), model, autoscaling}. No workerGroups: one group of worker and model, unnamed (its
+objects are named as a one-model release's always were). */}}
+{{- define "meshserve.workerGroups" -}}
+{{- $groups := list -}}
+{{- range $g := .Values.workerGroups -}}
+{{- $values := deepCopy $.Values.worker -}}
+{{- range $k, $v := omit $g "name" "model" "autoscaling" }}{{ $_ := set $values $k $v }}{{ end -}}
+{{- $model := deepCopy $.Values.model -}}
+{{- range $k, $v := $g.model | default dict }}{{ $_ := set $model $k $v }}{{ end -}}
+{{- $scaling := set (deepCopy $.Values.autoscaling.workers) "seriesSelector" "" -}}
+{{- range $k, $v := $g.autoscaling | default dict }}{{ $_ := set $scaling $k $v }}{{ end -}}
+{{- $groups = append $groups (dict "group" $g.name "values" $values "model" $model "autoscaling" $scaling) -}}
+{{- end -}}
+{{- if not $groups -}}
+{{- $groups = list (dict "group" "" "values" .Values.worker "model" .Values.model "autoscaling" .Values.autoscaling.workers) -}}
+{{- end -}}
+{{- $names := list -}}
+{{- /* A group's settings replace worker's key by key: resources, lora, ... whole. */ -}}
+{{- range $groups }}{{ $names = append $names .group }}{{ end -}}
+{{- if ne (len $names) (len (uniq $names)) -}}
+{{- fail (printf "workerGroups: each group needs a name of its own, got %s" (join ", " $names)) -}}
+{{- end -}}
+{{- toJson $groups -}}
 {{- end -}}
 
 {{- define "meshserve.labels" -}}
@@ -84,8 +115,14 @@ from which their MESHSERVE_REDIS_URL comes. */}}
 {{- end -}}
 
 {{/* "true" when KEDA scales the workers: asked for, and the cluster serves KEDA's API. */}}
+{{/* The model a request naming none runs on: the first worker group's (the gateways' --model). */}}
+{{- define "meshserve.defaultModel" -}}
+{{- (index (include "meshserve.workerGroups" . | fromJsonArray) 0).model.servedName -}}
+{{- end -}}
+
+{{/* "true" where KEDA scales a worker group (.root, .autoscaling: the group's settings). */}}
 {{- define "meshserve.kedaScalesWorkers" -}}
-{{- if and .Values.autoscaling.workers.enabled (.Capabilities.APIVersions.Has "keda.sh/v1alpha1") }}true{{ end -}}
+{{- if and .autoscaling.enabled (.root.Capabilities.APIVersions.Has "keda.sh/v1alpha1") }}true{{ end -}}
 {{- end -}}
 
 {{/* The flags every meshserve service takes (ServerConfig). */}}
