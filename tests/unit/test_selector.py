@@ -191,3 +191,39 @@ async def test_a_request_on_an_adapter_goes_only_to_a_worker_that_serves_it(part
     finally:
         await selector.close()
         await fleet.close()
+
+
+async def test_a_request_and_its_failover_keep_to_the_workers_of_its_base_model(parts: tuple[Picks, Sessions]) -> None:
+    """A migration or failover is a pick that excludes the failed worker: it stays on the model."""
+    picks, sessions = parts
+    lora = pb.LoraConfig(adapters=[pb.LoraAdapter(name="support", path="/a/support")], max_loras=1)
+    update = pb.FleetUpdate(workers=[
+        pb.WorkerState(worker_id="a1", address="a1:1", healthy=True, model="m1"),
+        pb.WorkerState(worker_id="b1", address="b1:1", healthy=True, model="m2", lora=lora),
+        pb.WorkerState(worker_id="b2", address="b2:1", healthy=True, model="m2")])
+
+    async def watch() -> AsyncIterator[pb.FleetUpdate]:
+        yield update
+        await asyncio.Event().wait()
+
+    fleet = FleetView(watch, model="m1")
+    fleet.start()
+    await fleet.first_view()
+    selector = WorkerSelector(picks, fleet, sessions)
+    try:
+        await selector.pick(pb.GenerateRequest(request_id="r", prompt="hi", model="m2"))
+        await selector.pick(pb.GenerateRequest(request_id="r", prompt="hi", model="support"))
+        await selector.pick(pb.GenerateRequest(request_id="r", prompt="hi"))
+        # The router is told the base model (as the workers name it) and the adapter.
+        assert [(p.model, p.adapter) for p in picks.asked] == [("m2", ""), ("m2", "support"), ("m1", "")]
+        picks.failure = PickFailed(grpc.StatusCode.UNAVAILABLE, "router away")
+        sessions.busy = {"b1:1": 5, "b2:1": 5}  # busier than a1, which serves another model
+        req = pb.GenerateRequest(request_id="r", prompt="hi", model="m2")
+        assert (await selector.pick(req, exclude=["b1"])).worker_id == "b2"
+        with pytest.raises(GatewayError) as refused:
+            await selector.pick(req, exclude=["b1", "b2"])
+        assert refused.value.code == grpc.StatusCode.UNAVAILABLE
+        assert selector.any_worker("m2") in {"b1:1", "b2:1"} and selector.any_worker() == "a1:1"
+    finally:
+        await selector.close()
+        await fleet.close()
