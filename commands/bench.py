@@ -68,8 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"(default: one per {STREAMS_PER_CHANNEL} concurrent streams)")
     target.add_argument("--timeout", type=float, default=600.0, help="per-request deadline, seconds")
     target.add_argument("--model", default="",
-                        help="model name to send (a served one); several, comma-separated: each request names one "
-                             "of them, as --lora-modules")
+                        help="model name to send (a served one); several, comma-separated (base models of a mesh "
+                             "that serves several, or adapters): each request names one of them, as --lora-modules, "
+                             "and the summary breaks down by model")
     target.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME",
                         help="LoRA adapters the mesh serves (vLLM's flag; space- or comma-separated): each request "
                              "names one of them, as --lora-popularity draws; the summary breaks down by adapter")
