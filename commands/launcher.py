@@ -439,9 +439,11 @@ class Mesh:
 
     @property
     def default_model(self) -> str:
-        """The gateways' --model: the first group's served name when the groups serve several base
-        models (a request naming no model runs on it), else the gateway's own."""
-        if len(set(self.worker_models)) > 1:
+        """The gateways' --model (a request naming no model runs on it): the first group's served
+        name when the groups serve several base models, or when the first group names its model
+        (a served name, a tiny model's); else the gateway's own, whatever the workers call it."""
+        first = self.spec.worker_groups()[0].worker
+        if len(set(self.worker_models)) > 1 or first.served_model_name or first.model in TINY_MODELS:
             return self.worker_models[0]
         return self.spec.gateway.model
 

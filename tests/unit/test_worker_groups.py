@@ -77,10 +77,13 @@ def test_a_fleet_file_without_a_list_of_groups_is_refused(tmp_path: Path) -> Non
         spec("--fleet", str(fleet))
 
 
-def test_the_gateways_default_model_is_the_first_groups_when_groups_serve_several(tmp_path: Path) -> None:
-    one = launcher.Mesh(MeshSpec(run_dir=tmp_path / "one"))
-    one.worker_models = ["/models/x", "/models/x"]
-    assert one.default_model == "meshserve-tiny"  # one model: the gateway's name for it
-    several = launcher.Mesh(MeshSpec(run_dir=tmp_path / "two", groups=[WorkerGroup(1, WorkerConfig(model="b"))]))
-    several.worker_models = ["b", "a"]
-    assert several.default_model == "b"
+@pytest.mark.parametrize(("worker", "served", "default"), [
+    (WorkerConfig(model="/models/x"), ["/models/x", "/models/x"], "meshserve-tiny"),  # as the gateway names it
+    (WorkerConfig(model="/models/x", served_model_name="x"), ["x"], "x"),  # as asked
+    (WorkerConfig(model="meshserve-tiny-2"), ["meshserve-tiny-2"], "meshserve-tiny-2"),  # a tiny model's own
+    (WorkerConfig(model="b"), ["b", "a"], "b"),  # several: the first group's
+])
+def test_the_gateways_default_model(tmp_path: Path, worker: WorkerConfig, served: list[str], default: str) -> None:
+    mesh = launcher.Mesh(MeshSpec(run_dir=tmp_path, groups=[WorkerGroup(len(served), worker)]))
+    mesh.worker_models = served
+    assert mesh.default_model == default
