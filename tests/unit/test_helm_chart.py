@@ -1023,3 +1023,15 @@ def test_without_keda_each_group_runs_its_replicas() -> None:
     assert not _of(objects, "ScaledObject")
     assert {w["metadata"]["name"]: w["spec"]["replicas"] for w in _of(objects, "Deployment")
             if w["metadata"]["name"].startswith(_name("worker"))} == {_name("worker-small"): 2, _name("worker-big"): 1}
+
+
+@pytest.mark.parametrize("lora", [{}, {"allowRuntimeUpdating": True, "registry": "/models/adapters"}])
+def test_the_gateways_change_adapters_at_run_time_only_when_asked(lora: dict[str, Any]) -> None:
+    """Off by default (vLLM's opt-in); asked, every gateway serves the load/unload endpoints and
+    reads the registry, with flags its own parser takes."""
+    objects = chart.render({"apiKeys": chart.API_KEYS, "gateway": {"lora": lora}})
+    containers = {w["metadata"]["name"]: c for w, c in _containers(objects)}
+    args = _args(containers[_name("gateway")])
+    cfg = config.from_args(GatewayConfig, cli.build_parser().parse_args(args))
+    assert cfg.allow_runtime_lora_updating == bool(lora)
+    assert cfg.lora_registry == lora.get("registry", "")
