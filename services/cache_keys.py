@@ -132,7 +132,9 @@ async def entry_or_delete(
 def canonical(req: pb.GenerateRequest, tenant: str) -> bytes:
     """A stable serialisation of what determines a completion.
 
-    Left out on purpose: ``request_id``, ``skip_cache`` and ``priority`` (they never change the text).
+    Left out on purpose: ``request_id``, ``skip_cache`` and ``priority`` (they never change the text),
+    and ``lora_path`` (where a worker finds the adapter ``model`` names: an answer is the same whether
+    the worker held it or loaded it from the registry).
     """
     fields: dict[str, Any] = {
         "tenant": tenant,

@@ -12,7 +12,9 @@ import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -140,12 +142,13 @@ async def test_an_adapters_blocks_are_reported_under_its_own_chain(
 # -- adapters at run time, through a gateway ---------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-async def gateway(worker: tuple[Running, WorkerServicer]) -> AsyncIterator[grpc.aio.Channel]:
-    """A gateway over the module's worker (its router embedded) that loads adapters at run time."""
+@asynccontextmanager
+async def serving_gateway(worker: tuple[Running, WorkerServicer], **settings: Any) -> AsyncIterator[grpc.aio.Channel]:
+    """A gateway over the module's worker (its router embedded) that loads adapters at run time,
+    once its router has heard from the worker (what adapters it holds, that it has LoRA on)."""
     running = await start_gateway(GatewayConfig(
         port=0, metrics_port=-1, grace_seconds=1, router=EMBEDDED_ROUTER, cache="",
-        workers=[f"127.0.0.1:{worker[0].port}"], allow_runtime_lora_updating=True))
+        workers=[f"127.0.0.1:{worker[0].port}"], allow_runtime_lora_updating=True, **settings))
     channel = insecure_channel(f"127.0.0.1:{running.port}")
     router = pb_grpc.RouterStub(channel)
 
@@ -158,6 +161,12 @@ async def gateway(worker: tuple[Running, WorkerServicer]) -> AsyncIterator[grpc.
     finally:
         await channel.close()
         await running.shutdown()
+
+
+@pytest.fixture(scope="module")
+async def gateway(worker: tuple[Running, WorkerServicer]) -> AsyncIterator[grpc.aio.Channel]:
+    async with serving_gateway(worker) as channel:
+        yield channel
 
 
 async def via_mesh(channel: grpc.aio.Channel, prompt: str, model: str) -> list[int]:
@@ -211,20 +220,13 @@ async def test_an_adapter_of_the_registry_is_loaded_once_for_requests_that_ask_a
 ) -> None:
     registry = tmp_path / "adapters.txt"
     registry.write_text(f"gamma={late}\n")
-    running = await start_gateway(GatewayConfig(
-        port=0, metrics_port=-1, grace_seconds=1, router=EMBEDDED_ROUTER, cache="", lora_registry=str(registry),
-        workers=[f"127.0.0.1:{worker[0].port}"], allow_runtime_lora_updating=True))
-    channel = insecure_channel(f"127.0.0.1:{running.port}")
-    try:
+    async with serving_gateway(worker, lora_registry=str(registry)) as channel:
         before = await engine_loras(worker)
         answers = await asyncio.gather(*(via_mesh(channel, PROMPTS[1], "gamma") for _ in range(4)))
         assert answers == [offline["gamma"][1]] * 4
         assert len(await engine_loras(worker) - before) == 1  # one load, by vLLM's own list
         await pb_grpc.AdaptersStub(channel).UnloadLoraAdapter(pb.UnloadLoraAdapterRequest(lora_name="gamma"),
                                                               timeout=TIMEOUT)
-    finally:
-        await channel.close()
-        await running.shutdown()
 
 
 LONG = " ".join(f"Parcel {i} left the depot at dawn and reached the hub by noon." for i in range(12))

@@ -100,7 +100,8 @@ def test_output_changing_field_changes_key(changes: dict[str, object]) -> None:
 
 # Fields that never change the text (or are the gateway's own, set on a migrated stream).
 NOT_IN_KEY = {"request_id", "skip_cache", "stream_interval", "user", "cache", "continue_token_ids",
-              "priority"}  # when a request is served, not what it is answered
+              "priority",    # when a request is served, not what it is answered
+              "lora_path"}   # where a worker finds the adapter the key's model names (the registry's)
 
 
 def test_every_field_of_the_request_is_in_the_key_or_listed_as_not() -> None:
