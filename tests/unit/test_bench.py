@@ -635,3 +635,13 @@ def test_models_are_drawn_uniformly_or_by_zipf_and_seeded() -> None:
 def test_several_models_apply_to_single_requests_not_to_conversations(capsys: pytest.CaptureFixture) -> None:
     assert bench.main(parse(["--lora-modules", "a", "b", "--dataset-name", "multi_turn"])) == 2
     assert "not to multi_turn" in capsys.readouterr().err
+
+
+def test_a_mesh_stack_with_edge_tls_is_reached_over_https_trusting_its_ca(tmp_path: Path) -> None:
+    from meshserve.loadgen.stacks import Stack
+
+    tls = Stack("mesh", "m", tmp_path, tmp_path, ["--no-mesh-tls", "--tls-self-signed"])
+    assert tls.base_url(8080) == "https://127.0.0.1:8080"
+    assert tls.client_env() == {"SSL_CERT_FILE": str(tmp_path / "mesh-run" / "tls" / "ca.pem")}
+    for plain in (Stack("mesh", "m", tmp_path, tmp_path, ["--no-mesh-tls"]), Stack("vllm", "m", tmp_path)):
+        assert plain.base_url(8100) == "http://127.0.0.1:8100" and plain.client_env() == {}
