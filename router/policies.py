@@ -13,6 +13,7 @@ import hashlib
 import itertools
 import math
 import random
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -181,6 +182,79 @@ class BoundedLoadFilter(Filter):
         return mask & (fleet.outstanding <= capacity - 1)
 
 
+class AdapterPlacementFilter(Filter):
+    """For a request on a LoRA adapter, the workers where it starts without starving another.
+    An engine's slots (--max-loras) hold that many adapters in its running batch, and vLLM's
+    scheduler skips a request whose adapter has no slot for as long as the running adapters
+    have requests: on a worker whose slots run other adapters it waits until one of them is
+    idle, which new requests on them put off for ever. So the request goes
+
+    1. to the workers that hold its adapter (``WorkerView.holds``), less one draining it;
+    2. else to those with a free slot (empty, or holding an adapter none of its requests
+       runs); and when every holder is past the load bound (``1 + epsilon`` times the
+       average) while empty slots outnumber the fleet's adapters that no worker holds, to those
+       with an empty slot too: a hot adapter takes a second worker's slot, not one that an
+       idle adapter holds or an adapter held nowhere will need;
+    3. else to those where it waits for a slot, and there a worker drains one.
+
+    A worker with requests waiting for a slot while its slots all run drains as many of its
+    running adapters as adapters wait: first those other workers hold too (their requests
+    have somewhere to go), then those it was sent fewest of lately. It gets no more requests on
+    them while any other worker may take them, so their slots empty within a request's length
+    and the waiting ones start."""
+
+    def __init__(self, epsilon: float = 0.25) -> None:
+        self.epsilon = epsilon  # the load bound's, as BoundedLoadFilter's
+
+    def keep(self, ctx: PickContext, fleet: Fleet, mask: np.ndarray) -> np.ndarray:
+        if not ctx.adapter:
+            return mask
+        held = {int(r): fleet.views[r].held_adapters() for r in mask.nonzero()[0] if fleet.views[r].lora}
+        if not held:
+            return mask
+        holders = Counter(a for adapters in held.values() for a in adapters)
+        draining = {r for r in held if ctx.adapter in _drained(fleet.views[r], holders)}
+        spare = {r for r in held if ctx.adapter not in held[r] and _has_free_slot(fleet.views[r])}
+        keep = {r for r in held if ctx.adapter in held[r]} - draining
+        if not keep:
+            keep = spare
+        elif self._replica_allowed(keep, held, holders, fleet):
+            # A slot no adapter holds: not an idle one, whose adapter's next request would wait.
+            keep |= {r for r in spare if len(held[r]) < fleet.views[r].lora.max_loras}
+        if not keep:
+            keep = set(held) - draining or set(held)
+        kept = np.zeros_like(mask)
+        kept[sorted(keep)] = True
+        return kept
+
+    def _replica_allowed(self, keep: set[int], held: Mapping[int, set[str]], holders: Counter[str],
+                         fleet: Fleet) -> bool:
+        """Whether every holder is past the load bound while empty slots outnumber the adapters
+        that no worker holds."""
+        rows = list(held)
+        capacity = (1 + self.epsilon) * (int(np.add.reduce(fleet.outstanding[rows])) + 1) / len(rows)
+        if any(fleet.outstanding[r] < capacity for r in keep):
+            return False
+        views = [fleet.views[r] for r in rows]
+        empty = sum(max(v.lora.max_loras - len(held[r]), 0) for r, v in zip(rows, views, strict=True) if v.lora)
+        unheld = {name for v in views if v.lora for name, _ in v.lora.adapters} - set(holders)
+        return empty > len(unheld)
+
+
+def _drained(view: WorkerView, holders: Counter[str]) -> set[str]:
+    """The running adapters ``view`` drains for the adapters waiting for its slots (none while
+    a slot is free for them): first those other workers hold too, then those it was sent
+    fewest of lately (``holders``: how many workers hold each adapter)."""
+    load = view.load
+    if view.lora is None or load is None or not load.waiting_adapters:
+        return set()
+    running = sorted(set(load.running_adapters) - set(load.waiting_adapters))
+    if len(running) < view.lora.max_loras:
+        return set()
+    running.sort(key=lambda a: (holders[a] <= 1, view.adapter_demand.get(a, 0.0), a))
+    return set(running[: len(set(load.waiting_adapters))])
+
+
 # -- scorers ---------------------------------------------------------------------------------
 
 
@@ -282,38 +356,33 @@ class KvAwareScorer(Scorer):
 
 class AdapterSlotScorer(Scorer):
     """For a request on a LoRA adapter, where it can start soonest: 1 for a worker whose adapter
-    slots hold the adapter (its last report's ``active_adapters``, or a pick on it the worker has
-    not reported yet: a burst of one adapter's requests meets on the worker the first went to),
-    ``free`` for one with a slot it can load the adapter into at once (free, or holding an
-    adapter none of its requests runs), 0 for one whose slots all run other adapters (the request
-    waits until one of them is idle). A worker whose engine holds requests waiting for a slot
-    (``waiting_adapters``: vLLM's scheduler runs them only once a running adapter has no request
-    left, which new requests on it put off for ever) scores ``yield_`` for the adapters it runs,
-    so their requests go elsewhere while its slots drain. A request on the base model scores 0
-    everywhere: no worker is better for it."""
+    slots hold the adapter (``WorkerView.holds``: its last report, or a pick on it the worker has
+    not reported yet, so a burst of one adapter's requests meets on the worker the first went
+    to), ``free`` for one with a slot it can load the adapter into at once (free, or holding an
+    adapter none of its requests runs), 0 for one whose slots all run other adapters (the
+    request waits until one of them is idle). A request on the base model scores 0 everywhere:
+    no worker is better for it."""
 
     name = "adapter"
 
-    def __init__(self, free: float = 0.5, yield_: float = 0.25) -> None:
+    def __init__(self, free: float = 0.5) -> None:
         self.free = free
-        self.yield_ = yield_
 
     def score(self, ctx: PickContext, fleet: Fleet, rows: np.ndarray) -> np.ndarray:
         scores = np.zeros(len(rows))
         if not ctx.adapter:
             return scores
         for i, row in enumerate(rows):
-            scores[i] = self._slot_score(fleet.views[row], ctx.adapter)
+            view = fleet.views[row]
+            if ctx.adapter in view.held_adapters():
+                scores[i] = 1.0
+            elif _has_free_slot(view):
+                scores[i] = self.free
         return scores
 
-    def _slot_score(self, view: WorkerView, adapter: str) -> float:
-        load = view.load or WorkerLoad()
-        if adapter in load.active_adapters or adapter in view.picked_adapters:
-            starving = load.waiting_adapters and adapter in load.running_adapters
-            return self.yield_ if starving else 1.0
-        busy = set(load.running_adapters).union(view.picked_adapters)
-        slots = 0 if view.lora is None else view.lora.max_loras
-        return self.free if len(busy) < slots else 0.0
+
+def _has_free_slot(view: WorkerView) -> bool:
+    return view.lora is not None and len(view.busy_slots()) < view.lora.max_loras
 
 
 def _column(blocks: Mapping[str, int], fleet: Fleet) -> np.ndarray:
@@ -464,8 +533,8 @@ class Tuning:
             raise ValueError(f"kv_full_usage must be between 0 (off) and 1, got {self.kv_full_usage}")
 
 
-def _bounded(t: Tuning) -> list[Filter]:
-    return [*_eligible(t.stale_after_s), BoundedLoadFilter(epsilon=t.load_bound - 1.0)]
+def _bounded(t: Tuning, *placement: Filter) -> list[Filter]:
+    return [*_eligible(t.stale_after_s), *placement, BoundedLoadFilter(epsilon=t.load_bound - 1.0)]
 
 
 # The one place policies are named.
@@ -493,7 +562,7 @@ POLICIES: dict[str, Callable[[Tuning], Policy]] = {
     # (kv_adapter_weight): loading an adapter stalls a step, and a worker whose slots run other
     # adapters queues it.
     "kv-aware": lambda t: Policy(
-        "kv-aware", _bounded(t),
+        "kv-aware", _bounded(t, AdapterPlacementFilter(epsilon=t.load_bound - 1.0)),
         [(KvAwareScorer(unheld=PrefixAffinityScorer(prefix_chars=256, homes=2), full=t.kv_full_usage), 1.0),
          (LeastLoadScorer(), t.kv_load_weight), (PrefixAffinityScorer(prefix_chars=256), t.kv_home_weight),
          (AdapterSlotScorer(), t.kv_adapter_weight)],

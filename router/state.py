@@ -10,6 +10,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -66,15 +67,32 @@ class WorkerView(NamedTuple):
     lora: LoraSlots | None = None        # WorkerInfo.lora: its adapters and slots (None: LoRA off)
     # The LoRA adapters of its unreported picks: the slots it is about to fill, before a report says so.
     picked_adapters: tuple[str, ...] = ()
+    # How many requests on each LoRA adapter it was sent lately (picks, halved every
+    # ADAPTER_DEMAND_HALF_LIFE_S, as of the view): which of its adapters has the fewest to move.
+    adapter_demand: Mapping[str, float] = MappingProxyType({})
 
     @classmethod
     def of(cls, worker_id: str, address: str, connected: bool = False, load: WorkerLoad | None = None,
            reported_at: float | None = None, assigned_unreported: int = 0, weights_id: str = "",
            max_model_len: int = 0, model: str = "", lora: LoraSlots | None = None,
-           picked_adapters: tuple[str, ...] = ()) -> WorkerView:
+           picked_adapters: tuple[str, ...] = (),
+           adapter_demand: Mapping[str, float] = MappingProxyType({})) -> WorkerView:
         engine = 0 if load is None else max(load.num_running + load.num_waiting, load.num_in_flight)
         return cls(worker_id, address, connected, load, reported_at, assigned_unreported,
-                   engine + assigned_unreported, weights_id, max_model_len, model, lora, picked_adapters)
+                   engine + assigned_unreported, weights_id, max_model_len, model, lora, picked_adapters,
+                   adapter_demand)
+
+    def held_adapters(self) -> set[str]:
+        """The LoRA adapters its slots hold or are about to: in a slot (its last report), picked
+        for it since, or waiting there for a slot."""
+        load = self.load or WorkerLoad()
+        return {*load.active_adapters, *self.picked_adapters, *load.waiting_adapters}
+
+    def busy_slots(self) -> set[str]:
+        """The adapters that take its slots now or next: those its running requests use, its
+        unreported picks' and those waiting for a slot (an idle adapter's slot is free to load into)."""
+        load = self.load or WorkerLoad()
+        return {*load.running_adapters, *self.picked_adapters, *load.waiting_adapters}
 
     def serves(self, adapter: str) -> bool:
         """Whether it serves the LoRA adapter ``adapter`` ("": the base model, which every worker does)."""
@@ -289,6 +307,8 @@ class WorkerTable:
         now = self._clock()
         entry.picks.append((now, adapter))
         self._picks.append((now, entry))
+        if adapter:
+            entry.demand.add(adapter, now)
         self._refresh(entry)
 
     def _refresh(self, entry: _Entry, **changed: Any) -> None:
@@ -296,16 +316,42 @@ class WorkerTable:
         v = entry.view._replace(**changed)
         picked = tuple(dict.fromkeys(a for _, a in entry.picks if a)) if v.lora is not None else ()
         entry.view = WorkerView.of(v.worker_id, v.address, v.connected, v.load, v.reported_at, len(entry.picks),
-                                   v.weights_id, v.max_model_len, v.model, v.lora, picked)
+                                   v.weights_id, v.max_model_len, v.model, v.lora, picked,
+                                   entry.demand.at(self._clock()))
         self._views[entry.index] = entry.view
         self._columns.set(entry.index, entry.view)
 
 
+ADAPTER_DEMAND_HALF_LIFE_S = 10.0
+
+
+class _Demand:
+    """Picks per LoRA adapter, each halved every ADAPTER_DEMAND_HALF_LIFE_S."""
+
+    __slots__ = ("_counts",)
+
+    def __init__(self) -> None:
+        self._counts: dict[str, tuple[float, float]] = {}  # adapter -> (count, as of when)
+
+    def add(self, adapter: str, now: float) -> None:
+        self._counts[adapter] = (self._decayed(adapter, now) + 1.0, now)
+
+    def at(self, now: float) -> Mapping[str, float]:
+        if not self._counts:
+            return MappingProxyType({})
+        return MappingProxyType({a: self._decayed(a, now) for a in self._counts})
+
+    def _decayed(self, adapter: str, now: float) -> float:
+        count, then = self._counts.get(adapter, (0.0, now))
+        return count * 0.5 ** (max(now - then, 0.0) / ADAPTER_DEMAND_HALF_LIFE_S)
+
+
 class _Entry:
-    __slots__ = ("index", "picks", "received", "view")
+    __slots__ = ("demand", "index", "picks", "received", "view")
 
     def __init__(self, view: WorkerView, index: int) -> None:
         self.view = view                            # the worker as picks see it (remade on change)
         self.index = index                          # its place in the table's list of views
         self.received: int | None = None           # requests_received of the last report
         self.picks: deque[tuple[float, str]] = deque()  # when each unsettled pick was made, its adapter
+        self.demand = _Demand()                     # its recent picks per LoRA adapter
