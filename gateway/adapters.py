@@ -1,12 +1,14 @@
 """LoRA adapters loaded and unloaded while the mesh serves (the Adapters service: vLLM's
-/v1/load_lora_adapter and /v1/unload_lora_adapter), across the fleet.
+/v1/load_lora_adapter and /v1/unload_lora_adapter), across the workers of one base model.
 
-A load goes to every serving worker with LoRA enabled, all or none: when one refuses (no adapter
-in the folder, a rank above its --max-lora-rank) or cannot be reached, those that loaded it unload
-it again and the caller gets the refusal, with vLLM's reason. An unload goes to every worker that
-holds the adapter. Each returns once this gateway's fleet view (pushed by the router from the
-workers' own load streams) shows the change, so the next request here is routed by it and
-/v1/models lists it. One change at a time per gateway.
+The base model is the one the request's ``base_model_name`` names, or when it names none the only
+one whose workers have LoRA enabled (with several, the caller must choose). A load goes to every
+serving worker of it with LoRA enabled, all or none: when one refuses (no adapter in the folder, a
+rank above its --max-lora-rank) or cannot be reached, those that loaded it unload it again and the
+caller gets the refusal, with vLLM's reason. An unload goes to every worker of it that holds the
+adapter. Each returns once this gateway's fleet view (pushed by the router from the workers' own
+load streams) shows the change, so the next request here is routed by it and /v1/models lists it.
+One change at a time per gateway.
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ class AdapterChanges:
         self._timeout_s = timeout_s
         self._one_at_a_time = asyncio.Lock()
 
-    async def load(self, name: str, path: str) -> list[str]:
-        """Loads ``path`` as ``name`` on every serving worker with LoRA enabled; their ids."""
+    async def load(self, name: str, path: str, base_model: str = "") -> list[str]:
+        """Loads ``path`` as ``name`` on every serving worker with LoRA enabled of ``base_model``
+        (``_lora_model``); their ids."""
         if not name or not path:
             raise GatewayError(grpc.StatusCode.INVALID_ARGUMENT, "Both 'lora_name' and 'lora_path' must be provided.")
         async with self._one_at_a_time:
@@ -48,11 +51,11 @@ class AdapterChanges:
             if name in self._fleet.adapters():
                 raise GatewayError(grpc.StatusCode.INVALID_ARGUMENT,
                                    f"The lora adapter '{name}' has already been loaded.")
-            targets = [w for w in self._fleet.serving_workers() if w.HasField("lora")]
+            base_model, base = self._lora_model(base_model)
+            targets = [w for w in self._fleet.serving_workers(target=base) if w.HasField("lora")]
             if not targets:
-                raise GatewayError(grpc.StatusCode.FAILED_PRECONDITION,
-                                   f"no serving worker has LoRA enabled ({len(self._fleet.workers)} in the fleet): "
-                                   "start the workers with --enable-lora to load adapters at run time")
+                raise GatewayError(grpc.StatusCode.UNAVAILABLE, f"no worker of the base model '{base_model}' "
+                                   "with LoRA enabled is serving now (healthy, not draining)")
             request = pb.LoadLoraAdapterRequest(lora_name=name, lora_path=path)
             failures = await self._on_each(targets, lambda stub: stub.LoadLoraAdapter(request, timeout=self._timeout_s))
             if failures:
@@ -61,17 +64,20 @@ class AdapterChanges:
                     pb.UnloadLoraAdapterRequest(lora_name=name), timeout=self._timeout_s))
                 raise _refusal(failures, "no worker keeps it")
             await self._until_shown(lambda: all(holds(w, Target(adapter=name)) for w in self._listed(targets)), "load of", name)
-            log.info("LoRA adapter %s=%s loaded on %s", name, path, ", ".join(w.worker_id for w in targets))
+            log.info("LoRA adapter %s=%s loaded on %s (base model %s)", name, path,
+                     ", ".join(w.worker_id for w in targets), base_model)
             return [w.worker_id for w in targets]
 
-    async def unload(self, name: str) -> list[str]:
-        """Unloads ``name`` from every worker that holds it; their ids."""
+    async def unload(self, name: str, base_model: str = "") -> list[str]:
+        """Unloads ``name`` from every worker of ``base_model`` (``_lora_model``) that holds it;
+        their ids."""
         if not name:
             raise GatewayError(grpc.StatusCode.INVALID_ARGUMENT,
                                "'lora_name' needs to be provided to unload a LoRA adapter.")
         async with self._one_at_a_time:
             await self._fleet.first_view()
-            holders = [w for w in self._fleet.workers if w.healthy and holds(w, Target(adapter=name))]
+            base_model, base = self._lora_model(base_model)
+            holders = [w for w in self._fleet.workers if w.healthy and holds(w, base._replace(adapter=name))]
             if not holders:
                 raise GatewayError(grpc.StatusCode.NOT_FOUND, f"The lora adapter '{name}' cannot be found.")
             request = pb.UnloadLoraAdapterRequest(lora_name=name)
@@ -81,8 +87,33 @@ class AdapterChanges:
             if failures:
                 raise _refusal(failures, "the others unloaded it")
             await self._until_shown(lambda: not any(holds(w, Target(adapter=name)) for w in self._listed(holders)), "unload of", name)
-            log.info("LoRA adapter %s unloaded from %s", name, ", ".join(w.worker_id for w in holders))
+            log.info("LoRA adapter %s unloaded from %s (base model %s)", name,
+                     ", ".join(w.worker_id for w in holders), base_model)
             return [w.worker_id for w in holders]
+
+    def _lora_model(self, asked: str) -> tuple[str, Target]:
+        """The base model a change acts on, as /v1/models names it, and its workers: the one
+        ``asked`` names (vLLM's ``base_model_name``; the gateway's --model names the default, as
+        in a request), or when it names none the only one whose workers have LoRA enabled
+        (whether they serve now or not: the choice does not change while a worker drains)."""
+        lora = {self._fleet.model_of(w): Target(w.model) for w in self._fleet.workers if w.HasField("lora")}
+        if not lora:
+            raise GatewayError(grpc.StatusCode.FAILED_PRECONDITION,
+                               f"no serving worker has LoRA enabled ({len(self._fleet.workers)} in the fleet): "
+                               "start the workers with --enable-lora to load adapters at run time")
+        choices = ", ".join(map(repr, lora))
+        if not asked:
+            if len(lora) > 1:
+                raise GatewayError(grpc.StatusCode.INVALID_ARGUMENT,
+                                   f"the workers of several base models have LoRA enabled ({choices}): "
+                                   "name one in 'base_model_name'")
+            model = next(iter(lora))
+        else:
+            model = self._fleet.models()[0] if asked == self._base_model else asked
+        if model not in lora:
+            raise GatewayError(grpc.StatusCode.NOT_FOUND, "no worker with LoRA enabled serves the base model "
+                               f"{asked!r}; those with LoRA enabled serve {choices}")
+        return model, lora[model]
 
     async def _on_each(self, workers: Sequence[pb.WorkerState],
                        call: Callable[[pb_grpc.WorkerStub], Awaitable[pb.LoraAdapterResponse]]
@@ -138,7 +169,7 @@ class AdaptersServicer(pb_grpc.AdaptersServicer):
                               ) -> pb.LoraAdapterResponse:
         try:
             await self._authorize(context)
-            workers = await self._changes.load(request.lora_name, request.lora_path)
+            workers = await self._changes.load(request.lora_name, request.lora_path, request.base_model_name)
         except GatewayError as e:
             await context.abort(e.code, e.message)
             raise  # unreachable: abort raises
@@ -149,7 +180,7 @@ class AdaptersServicer(pb_grpc.AdaptersServicer):
                                 ) -> pb.LoraAdapterResponse:
         try:
             await self._authorize(context)
-            workers = await self._changes.unload(request.lora_name)
+            workers = await self._changes.unload(request.lora_name, request.base_model_name)
         except GatewayError as e:
             await context.abort(e.code, e.message)
             raise  # unreachable: abort raises

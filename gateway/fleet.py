@@ -99,6 +99,10 @@ class FleetView:
         """The base model, as ``models`` names it, of the LoRA ``adapter`` the fleet serves."""
         return self._parents[adapter] if len(self._models) > 1 else self._model
 
+    def model_of(self, worker: pb.WorkerState) -> str:
+        """The base model ``worker`` serves, as ``models`` names it."""
+        return worker.model if len(self._models) > 1 else self._model
+
     def target(self, model: str) -> Target | None:
         """What a request naming ``model`` runs on ("" or the gateway's --model: the default base
         model); None when the fleet serves no base model or adapter of that name."""

@@ -835,18 +835,22 @@ class ModelList(_message.Message):
     def __init__(self, object: _Optional[str] = ..., data: _Optional[_Iterable[_Union[Model, _Mapping]]] = ...) -> None: ...
 
 class LoadLoraAdapterRequest(_message.Message):
-    __slots__ = ("lora_name", "lora_path")
+    __slots__ = ("lora_name", "lora_path", "base_model_name")
     LORA_NAME_FIELD_NUMBER: _ClassVar[int]
     LORA_PATH_FIELD_NUMBER: _ClassVar[int]
+    BASE_MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     lora_name: str
     lora_path: str
-    def __init__(self, lora_name: _Optional[str] = ..., lora_path: _Optional[str] = ...) -> None: ...
+    base_model_name: str
+    def __init__(self, lora_name: _Optional[str] = ..., lora_path: _Optional[str] = ..., base_model_name: _Optional[str] = ...) -> None: ...
 
 class UnloadLoraAdapterRequest(_message.Message):
-    __slots__ = ("lora_name",)
+    __slots__ = ("lora_name", "base_model_name")
     LORA_NAME_FIELD_NUMBER: _ClassVar[int]
+    BASE_MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     lora_name: str
-    def __init__(self, lora_name: _Optional[str] = ...) -> None: ...
+    base_model_name: str
+    def __init__(self, lora_name: _Optional[str] = ..., base_model_name: _Optional[str] = ...) -> None: ...
 
 class LoraAdapterResponse(_message.Message):
     __slots__ = ("message", "workers")

@@ -663,10 +663,10 @@ class AdaptersStub:
     """LoRA adapters loaded and unloaded while the mesh serves, across the fleet: vLLM's
     /v1/load_lora_adapter and /v1/unload_lora_adapter, through the edge (API-key auth; the gateway
     takes them with --allow-runtime-lora-updating, from an admin tenant when it has the keys file).
-    A load goes to every serving worker with LoRA enabled, all or none: one that refuses (no such
-    folder, a rank above its --max-lora-rank) leaves the adapter on none, with vLLM's reason. An
-    unload goes to every worker holding the adapter. Either returns once this gateway's fleet view
-    shows the change (routing and /v1/models follow it).
+    A load goes to every serving worker with LoRA enabled of one base model, all or none: one that
+    refuses (no such folder, a rank above its --max-lora-rank) leaves the adapter on none, with
+    vLLM's reason. An unload goes to every worker of that base model holding the adapter. Either
+    returns once this gateway's fleet view shows the change (routing and /v1/models follow it).
     """
 
     def __init__(self, channel):
@@ -691,10 +691,10 @@ class AdaptersServicer:
     """LoRA adapters loaded and unloaded while the mesh serves, across the fleet: vLLM's
     /v1/load_lora_adapter and /v1/unload_lora_adapter, through the edge (API-key auth; the gateway
     takes them with --allow-runtime-lora-updating, from an admin tenant when it has the keys file).
-    A load goes to every serving worker with LoRA enabled, all or none: one that refuses (no such
-    folder, a rank above its --max-lora-rank) leaves the adapter on none, with vLLM's reason. An
-    unload goes to every worker holding the adapter. Either returns once this gateway's fleet view
-    shows the change (routing and /v1/models follow it).
+    A load goes to every serving worker with LoRA enabled of one base model, all or none: one that
+    refuses (no such folder, a rank above its --max-lora-rank) leaves the adapter on none, with
+    vLLM's reason. An unload goes to every worker of that base model holding the adapter. Either
+    returns once this gateway's fleet view shows the change (routing and /v1/models follow it).
     """
 
     def LoadLoraAdapter(self, request, context):
@@ -734,10 +734,10 @@ class Adapters:
     """LoRA adapters loaded and unloaded while the mesh serves, across the fleet: vLLM's
     /v1/load_lora_adapter and /v1/unload_lora_adapter, through the edge (API-key auth; the gateway
     takes them with --allow-runtime-lora-updating, from an admin tenant when it has the keys file).
-    A load goes to every serving worker with LoRA enabled, all or none: one that refuses (no such
-    folder, a rank above its --max-lora-rank) leaves the adapter on none, with vLLM's reason. An
-    unload goes to every worker holding the adapter. Either returns once this gateway's fleet view
-    shows the change (routing and /v1/models follow it).
+    A load goes to every serving worker with LoRA enabled of one base model, all or none: one that
+    refuses (no such folder, a rank above its --max-lora-rank) leaves the adapter on none, with
+    vLLM's reason. An unload goes to every worker of that base model holding the adapter. Either
+    returns once this gateway's fleet view shows the change (routing and /v1/models follow it).
     """
 
     @staticmethod

@@ -3,8 +3,9 @@
 workers, router, gateway with its HTTP edge, cache, Valkey, Envoy): a request's model selects the
 workers of its group (the worker that answered says which), the same prompt to each model is a
 generation and a cache entry of its own, an unknown model is a 404 in OpenAI's shape listing the
-served ones, the model list has every base model and adapter with its parent, and the bench
-breaks its summary down by model."""
+served ones, the model list has every base model and adapter with its parent, an adapter loaded at
+run time goes to the workers of its base model only, and the bench breaks its summary down by
+model."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ import pytest
 from meshserve.commands import bench
 from meshserve.commands.launcher import Mesh, WorkerGroup
 from meshserve.services.config import GatewayConfig, WorkerConfig
+from meshserve.services.gen import meshserve_pb2 as pb
+from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
+from meshserve.services.server import insecure_channel
 from tests.conftest import free_port
 from tests.integration.helpers import generate, mesh_spec, metric_sum, scrape, text, wait_until
 
@@ -39,7 +43,7 @@ WORKERS = {"sim-a": {"worker-0"}, "sim-b": {"worker-1", "worker-2"}, "support": 
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
     spec = mesh_spec(tmp_path_factory.mktemp("models-mesh"), "sim", groups=GROUPS,
-                     gateway=GatewayConfig(http_port=free_port()))
+                     gateway=GatewayConfig(http_port=free_port(), allow_runtime_lora_updating=True))
     with Mesh(spec) as m:
         yield m
 
@@ -102,6 +106,42 @@ async def test_the_model_list_has_every_base_model_and_adapter_with_its_parent(m
     for model in ("sim-a", "sim-b"):
         answer = await client.completions.create(model=model, prompt="hi", max_tokens=2, temperature=0)
         assert answer.model == model
+
+
+async def held(mesh: Mesh) -> dict[str, list[str]]:
+    """Each worker's adapters, as the worker itself says."""
+    out = {}
+    for address in mesh.worker_addresses:
+        async with insecure_channel(address) as channel:
+            info = await pb_grpc.WorkerStub(channel).Info(pb.InfoRequest(), timeout=5)
+            out[info.worker_id] = [a.name for a in info.lora.adapters]
+    return out
+
+
+async def test_an_adapter_loaded_at_run_time_goes_to_the_workers_of_its_base_model(mesh: Mesh, tmp_path: Path) -> None:
+    """POST /v1/load_lora_adapter at Envoy: vLLM's base_model_name picks the base model, one no
+    worker with LoRA enabled serves is a 404 in OpenAI's shape naming those that do, and a call
+    naming none acts on the only one with LoRA enabled."""
+    folder = tmp_path / "billing"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(json.dumps({"r": 8, "lora_alpha": 16, "peft_type": "LORA"}))
+    before = await held(mesh)
+    assert before == {"worker-0": [], "worker-1": ["support"], "worker-2": ["support"]}
+    async with httpx.AsyncClient(base_url=f"http://{mesh.envoy_address}", timeout=30) as http:
+        load = {"lora_name": "billing", "lora_path": str(folder)}
+        elsewhere = await http.post("/v1/load_lora_adapter", json={**load, "base_model_name": "sim-a"})
+        assert elsewhere.status_code == 404, elsewhere.text
+        assert elsewhere.json()["error"]["message"] == ("no worker with LoRA enabled serves the base model 'sim-a'; "
+                                                        "those with LoRA enabled serve 'sim-b'")
+        assert await held(mesh) == before
+        loaded = await http.post("/v1/load_lora_adapter", json={**load, "base_model_name": "sim-b"})
+        assert loaded.status_code == 200, loaded.text
+        assert sorted(loaded.json()["workers"]) == ["worker-1", "worker-2"]
+        assert await held(mesh) == {"worker-0": [], "worker-1": ["support", "billing"],
+                                    "worker-2": ["support", "billing"]}
+        unloaded = await http.post("/v1/unload_lora_adapter", json={"lora_name": "billing"})
+        assert unloaded.status_code == 200, unloaded.text
+    assert await held(mesh) == before
 
 
 async def test_bench_spreads_requests_over_the_models_and_breaks_the_summary_down(mesh: Mesh, tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """LoRA adapters loaded and unloaded across a fleet while it serves (the gateway's Adapters
-service): real sim workers, two with LoRA enabled (ranks up to 16 and up to 8) and one without,
-behind gateways with the router embedded. The workers' own Info is what each test reads back."""
+service): real sim workers of the default model, two with LoRA enabled (ranks up to 16 and up to 8)
+and one without, and one of a second base model with LoRA enabled, behind gateways with the router
+embedded. The workers' own Info is what each test reads back."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import grpc
 import pytest
 
 from meshserve.commands.gateway_service import start as start_gateway
-from meshserve.services.config import DEFAULT_MODEL, EMBEDDED_ROUTER, GatewayConfig, WorkerConfig
+from meshserve.services.config import DEFAULT_MODEL, EMBEDDED_ROUTER, SIM_MODEL, GatewayConfig, WorkerConfig
 from meshserve.services.gen import meshserve_pb2 as pb
 from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
 from meshserve.services.server import insecure_channel
@@ -24,6 +25,8 @@ from tests.integration.helpers import until
 
 TIMEOUT = 10.0
 TENANT = "x-meshserve-tenant"
+OTHER_MODEL = "sim-b"
+NONE_HELD = {"w0": [], "w1": [], "w2": [], "w3": []}
 
 
 def adapter(folder: Path, rank: int = 8) -> str:
@@ -41,10 +44,11 @@ def servicers() -> dict[str, WorkerServicer]:
 
 @pytest.fixture(scope="module")
 async def workers(servicers: dict[str, WorkerServicer]) -> AsyncIterator[dict[str, str]]:
-    """w0 (LoRA, rank <= 16), w1 (LoRA, rank <= 8), w2 (no LoRA): id -> address."""
+    """w0 (LoRA, rank <= 16), w1 (LoRA, rank <= 8), w2 (no LoRA), w3 (OTHER_MODEL, LoRA): id -> address."""
     async with AsyncExitStack() as stack:
         addresses = {}
-        for i, lora in enumerate([dict(enable_lora=True, max_lora_rank=16), dict(enable_lora=True, max_lora_rank=8), {}]):
+        for i, lora in enumerate([dict(enable_lora=True, max_lora_rank=16), dict(enable_lora=True, max_lora_rank=8), {},
+                                  dict(model=OTHER_MODEL, enable_lora=True, max_lora_rank=16)]):
             running, servicer = await start_worker(WorkerConfig(
                 host="127.0.0.1", port=0, metrics_port=-1, engine="sim", worker_id=f"w{i}", grace_seconds=1.0,
                 sim_itl_base_ms=1.0, **lora))
@@ -115,7 +119,7 @@ async def test_a_loaded_adapter_is_routed_and_listed_at_once_and_unloading_ends_
     loaded = await admin.LoadLoraAdapter(pb.LoadLoraAdapterRequest(lora_name="legal", lora_path=path), timeout=TIMEOUT)
     assert loaded.message == "Success: LoRA adapter 'legal' added successfully."
     assert sorted(loaded.workers) == ["w0", "w1"]
-    assert await held(workers) == {"w0": ["legal"], "w1": ["legal"], "w2": []}
+    assert await held(workers) == {"w0": ["legal"], "w1": ["legal"], "w2": [], "w3": []}
     # No wait: the call returned once this gateway's view showed it.
     card = (await models(channel))["legal"]
     assert (card.root, card.parent) == (path, DEFAULT_MODEL)
@@ -128,7 +132,7 @@ async def test_a_loaded_adapter_is_routed_and_listed_at_once_and_unloading_ends_
 
     unloaded = await admin.UnloadLoraAdapter(pb.UnloadLoraAdapterRequest(lora_name="legal"), timeout=TIMEOUT)
     assert unloaded.message == "Success: LoRA adapter 'legal' removed successfully."
-    assert await held(workers) == {"w0": [], "w1": [], "w2": []}
+    assert await held(workers) == NONE_HELD
     assert "legal" not in await models(channel)
     assert (await refusal(ask(channel, "legal"))).code() == grpc.StatusCode.NOT_FOUND
     unknown = await refusal(admin.UnloadLoraAdapter(pb.UnloadLoraAdapterRequest(lora_name="legal"), timeout=TIMEOUT))
@@ -146,13 +150,13 @@ async def test_a_load_one_worker_refuses_is_undone_on_the_others(
         pb.LoadLoraAdapterRequest(lora_name="wide", lora_path=adapter(tmp_path / "wide", rank=16)), timeout=TIMEOUT))
     assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert refused.details() == "LoRA rank 16 is greater than max_lora_rank 8."
-    assert await held(workers) == {"w0": [], "w1": [], "w2": []}
+    assert await held(workers) == NONE_HELD
 
     missing = await refusal(admin.LoadLoraAdapter(
         pb.LoadLoraAdapterRequest(lora_name="gone", lora_path=str(tmp_path / "nothing")), timeout=TIMEOUT))
     assert missing.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert missing.details() == f"Loading lora gone failed: No adapter found for {tmp_path / 'nothing'}"
-    assert await held(workers) == {"w0": [], "w1": [], "w2": []}
+    assert await held(workers) == NONE_HELD
     assert "gone" not in await models(channel)
     assert (await ask(channel, DEFAULT_MODEL)).finish_reason  # the fleet serves on
 
@@ -167,6 +171,64 @@ async def test_a_fleet_with_no_lora_worker_refuses_clearly(gateway: Gateway, tmp
         pb.LoadLoraAdapterRequest(lora_name="legal", lora_path=adapter(tmp_path / "legal")), timeout=TIMEOUT))
     assert refused.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "no serving worker has LoRA enabled" in (refused.details() or "")
+
+
+async def test_with_several_lora_base_models_a_change_names_one_and_acts_on_its_workers_only(
+    gateway: Gateway, workers: dict[str, str], tmp_path: Path
+) -> None:
+    channel = await gateway(of=("w0", "w1", "w2", "w3"))
+    admin = pb_grpc.AdaptersStub(channel)
+    legal, billing = adapter(tmp_path / "legal"), adapter(tmp_path / "billing")
+    unnamed = await refusal(admin.LoadLoraAdapter(pb.LoadLoraAdapterRequest(lora_name="legal", lora_path=legal),
+                                                  timeout=TIMEOUT))
+    assert unnamed.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert unnamed.details() == (f"the workers of several base models have LoRA enabled ('{SIM_MODEL}', "
+                                 f"'{OTHER_MODEL}'): name one in 'base_model_name'")
+    unserved = await refusal(admin.LoadLoraAdapter(
+        pb.LoadLoraAdapterRequest(lora_name="legal", lora_path=legal, base_model_name="sim-c"), timeout=TIMEOUT))
+    assert unserved.code() == grpc.StatusCode.NOT_FOUND
+    assert unserved.details() == (f"no worker with LoRA enabled serves the base model 'sim-c'; those with LoRA "
+                                  f"enabled serve '{SIM_MODEL}', '{OTHER_MODEL}'")
+    assert await held(workers) == NONE_HELD
+
+    loaded = await admin.LoadLoraAdapter(
+        pb.LoadLoraAdapterRequest(lora_name="legal", lora_path=legal, base_model_name=OTHER_MODEL), timeout=TIMEOUT)
+    assert list(loaded.workers) == ["w3"]
+    await admin.LoadLoraAdapter(
+        pb.LoadLoraAdapterRequest(lora_name="billing", lora_path=billing, base_model_name=DEFAULT_MODEL), timeout=TIMEOUT)
+    assert await held(workers) == {"w0": ["billing"], "w1": ["billing"], "w2": [], "w3": ["legal"]}
+    cards = await models(channel)
+    assert (cards["legal"].parent, cards["billing"].parent) == (OTHER_MODEL, SIM_MODEL)
+    assert (await ask(channel, "legal")).worker == "w3"
+
+    unnamed = await refusal(admin.UnloadLoraAdapter(pb.UnloadLoraAdapterRequest(lora_name="legal"), timeout=TIMEOUT))
+    assert unnamed.code() == grpc.StatusCode.INVALID_ARGUMENT
+    elsewhere = await refusal(admin.UnloadLoraAdapter(
+        pb.UnloadLoraAdapterRequest(lora_name="legal", base_model_name=DEFAULT_MODEL), timeout=TIMEOUT))
+    assert elsewhere.code() == grpc.StatusCode.NOT_FOUND
+    assert await held(workers) == {"w0": ["billing"], "w1": ["billing"], "w2": [], "w3": ["legal"]}
+    for name, model, holders in (("legal", OTHER_MODEL, ["w3"]), ("billing", SIM_MODEL, ["w0", "w1"])):
+        unloaded = await admin.UnloadLoraAdapter(pb.UnloadLoraAdapterRequest(lora_name=name, base_model_name=model),
+                                                 timeout=TIMEOUT)
+        assert sorted(unloaded.workers) == holders
+    assert await held(workers) == NONE_HELD
+
+
+async def test_a_change_naming_no_base_model_acts_on_the_only_one_with_lora(
+    gateway: Gateway, workers: dict[str, str], tmp_path: Path
+) -> None:
+    channel = await gateway(of=("w2", "w3"))  # w2's model has LoRA off
+    admin = pb_grpc.AdaptersStub(channel)
+    load = pb.LoadLoraAdapterRequest(lora_name="legal", lora_path=adapter(tmp_path / "legal"))
+    assert list((await admin.LoadLoraAdapter(load, timeout=TIMEOUT)).workers) == ["w3"]
+    assert await held(workers) == {"w0": [], "w1": [], "w2": [], "w3": ["legal"]}
+    unserved = await refusal(admin.UnloadLoraAdapter(
+        pb.UnloadLoraAdapterRequest(lora_name="legal", base_model_name=DEFAULT_MODEL), timeout=TIMEOUT))
+    assert unserved.code() == grpc.StatusCode.NOT_FOUND
+    assert f"those with LoRA enabled serve '{OTHER_MODEL}'" in (unserved.details() or "")
+    unloaded = await admin.UnloadLoraAdapter(pb.UnloadLoraAdapterRequest(lora_name="legal"), timeout=TIMEOUT)
+    assert list(unloaded.workers) == ["w3"]
+    assert await held(workers) == NONE_HELD
 
 
 async def test_only_a_gateway_that_allows_it_and_only_for_an_admin_tenant(
@@ -185,9 +247,9 @@ async def test_only_a_gateway_that_allows_it_and_only_for_an_admin_tenant(
         refused = await refusal(admin.LoadLoraAdapter(load, metadata=((TENANT, tenant),), timeout=TIMEOUT))
         assert refused.code() == grpc.StatusCode.PERMISSION_DENIED
         assert "admin=1" in (refused.details() or "")
-    assert await held(workers) == {"w0": [], "w1": [], "w2": []}
+    assert await held(workers) == NONE_HELD
     await admin.LoadLoraAdapter(load, metadata=((TENANT, "ops"),), timeout=TIMEOUT)
-    assert await held(workers) == {"w0": ["legal"], "w1": ["legal"], "w2": []}
+    assert await held(workers) == {"w0": ["legal"], "w1": ["legal"], "w2": [], "w3": []}
     await admin.UnloadLoraAdapter(pb.UnloadLoraAdapterRequest(lora_name="legal"), metadata=((TENANT, "ops"),),
                                   timeout=TIMEOUT)
 
@@ -231,5 +293,5 @@ async def test_an_adapter_of_the_registry_a_worker_cannot_load_is_refused_with_t
     refused = await refusal(ask(channel, "broken"))
     assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert f"No adapter found for {tmp_path / 'not-there'}" in (refused.details() or "")
-    assert await held(workers) == {"w0": [], "w1": [], "w2": []}
+    assert await held(workers) == NONE_HELD
     assert (await ask(channel, DEFAULT_MODEL)).finish_reason  # the fleet serves on
