@@ -71,11 +71,17 @@ class WorkerSelector:
         return pick
 
     def sent(self, pick: pb.PickResponse, req: pb.GenerateRequest) -> None:
-        """``req`` went to ``pick``'s worker: a pick the router did not make is told to it now."""
-        if pick.reason == SOLE_WORKER and (target := self._fleet.target(req.model)) is not None:  # held: sole
-            told = asyncio.get_running_loop().create_task(self._ask_router(req, target, (), waited=False))
-            self._told.add(told)
-            told.add_done_callback(self._told.discard)
+        """``req`` went to ``pick``'s worker: a pick the router did not make is told to it now,
+        for what ``pick`` chose it for (an adapter of the LoRA registry as loadable)."""
+        if pick.reason != SOLE_WORKER:
+            return
+        try:
+            target = self.target(req.model, bool(req.lora_path))
+        except GatewayError:  # its workers left since: the router has nothing to count it against
+            return
+        told = asyncio.get_running_loop().create_task(self._ask_router(req, target, (), waited=False))
+        self._told.add(told)
+        told.add_done_callback(self._told.discard)
 
     def target(self, model: str, loadable: bool = False) -> Target:
         """What a request naming ``model`` runs on (``loadable``: an adapter of the gateway's LoRA

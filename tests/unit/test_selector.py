@@ -102,6 +102,42 @@ async def test_the_only_worker_takes_the_request_at_once_and_the_router_is_told_
     await fleet.close()
 
 
+async def test_the_router_is_told_of_the_only_workers_request_on_a_registry_adapter_as_picked(
+    parts: tuple[Picks, Sessions]
+) -> None:
+    """Told after the request went, the router hears what the pick was for: an adapter of the
+    gateway's LoRA registry (``lora_path`` set), loadable, even once the view no longer shows the
+    worker holding it."""
+    picks, sessions = parts
+    updates: asyncio.Queue[pb.FleetUpdate] = asyncio.Queue()
+
+    def holding(*adapters: str) -> pb.FleetUpdate:
+        lora = pb.LoraConfig(adapters=[pb.LoraAdapter(name=n, path=f"/registry/{n}") for n in adapters], max_loras=1)
+        return pb.FleetUpdate(workers=[pb.WorkerState(worker_id="a", address="a:1", healthy=True, lora=lora)])
+
+    async def watch() -> AsyncIterator[pb.FleetUpdate]:
+        while True:
+            yield await updates.get()
+
+    fleet = FleetView(watch)
+    fleet.start()
+    updates.put_nowait(holding("faq"))
+    await fleet.first_view()
+    selector = WorkerSelector(picks, fleet, sessions)
+    try:
+        req = pb.GenerateRequest(request_id="r", prompt="hi", model="faq", lora_path="/registry/faq")
+        pick = await selector.pick(req)
+        assert (pick.worker_id, pick.reason) == ("a", SOLE_WORKER) and picks.asked == []
+        updates.put_nowait(holding())  # the worker dropped it before the request was told
+        assert await fleet.shows(lambda: not fleet.adapters(), 1.0)
+        selector.sent(pick, req)
+        await until(lambda: asyncio.sleep(0, len(picks.asked) == 1), "the router told", timeout=1.0)
+        assert (picks.asked[0].adapter, picks.asked[0].adapter_loadable) == ("faq", True)
+    finally:
+        await selector.close()
+        await fleet.close()
+
+
 async def test_while_the_router_is_away_the_least_busy_serving_worker_is_picked(
     parts: tuple[Picks, Sessions]
 ) -> None:
