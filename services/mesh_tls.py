@@ -69,8 +69,15 @@ def channel(address: str, tls: MeshTls | None, peer: str = "",
     The handshake is the connection's, once; every call after rides on it."""
     if tls is None:
         return grpc.aio.insecure_channel(address, options=options)
-    extra: list[tuple[str, int | str]] = [("grpc.ssl_target_name_override", peer)] if peer else []
-    return grpc.aio.secure_channel(address, tls.channel_credentials(), options=[*(options or []), *extra])
+    return grpc.aio.secure_channel(address, *_secure(tls, peer, options))
+
+
+def _secure(tls: MeshTls, peer: str, options: list[tuple[str, int | str]] | None = None
+            ) -> tuple[grpc.ChannelCredentials, list[tuple[str, int | str]]]:
+    """The credentials and options of a channel over mutual TLS (``channel``'s, aio or not):
+    ``options`` and, when ``peer`` is given, the name the server's certificate must have."""
+    override: list[tuple[str, int | str]] = [("grpc.ssl_target_name_override", peer)] if peer else []
+    return tls.channel_credentials(), [*(options or []), *override]
 
 
 def peer_identity(context: grpc.aio.ServicerContext) -> str:
@@ -96,8 +103,7 @@ def blocking_channel(address: str, directory: str | Path | None, peer: str = "")
     ('' or None: plaintext); ``peer`` as ``channel``'s."""
     if not directory:
         return grpc.insecure_channel(address)
-    options = [("grpc.ssl_target_name_override", peer)] if peer else []
-    return grpc.secure_channel(address, MeshTls.load(directory).channel_credentials(), options=options)
+    return grpc.secure_channel(address, *_secure(MeshTls.load(directory), peer))
 
 
 def add_mesh_tls_argument(parser: argparse.ArgumentParser) -> None:
