@@ -174,92 +174,116 @@ def _shared_length(a: str, b: str) -> int:
     return lo
 
 
-class PromptBlocks:
-    """Hashes prompts once the workers said how (all workers of a router serve one model).
+class PromptHasher:
+    """Hashes prompts as the engines of one tokenizer and block size do.
 
     A large prompt is hashed off the event loop (``chain_off_loop``, services.offload), so that
     picks for other requests go on meanwhile. The tokens kept for reuse are the thread's and the
     loop's in turn: a prompt hashed on the loop while the thread holds them is tokenized whole."""
 
+    def __init__(self, tokenizer: str, block_size: int, encoder: Encoder, offload: Offload) -> None:
+        self.tokenizer_name = tokenizer
+        self.block_size = block_size
+        self.encoder = encoder
+        self._reuse = TokenReuse(encoder, block_size)
+        self._offload = offload  # shared by every hasher of the router: one thread
+        self._reuse_lock = threading.Lock()  # TokenReuse's memory: the loop's or the thread's
+
+    def chain(self, prompt: str, messages: Sequence[Mapping[str, str]] | None, adapter: str = ""
+              ) -> tuple[int, ...]:
+        """The hashes of the prompt's blocks an engine could take from its cache, on the LoRA
+        ``adapter``'s own chain ("": the base model's), on the event loop: never waits for the
+        thread."""
+        return self._chain(prompt, messages, False, adapter)
+
+    async def chain_off_loop(self, prompt: str, messages: Sequence[Mapping[str, str]] | None,
+                             adapter: str = "") -> tuple[int, ...]:
+        """``chain``, in the thread (for a large prompt: ``PromptBlocks.large``)."""
+        return await self._offload.in_thread(self._chain, prompt, messages, True, adapter)
+
+    def _chain(self, prompt: str, messages: Sequence[Mapping[str, str]] | None, wait: bool, adapter: str = ""
+               ) -> tuple[int, ...]:
+        text, special = self.encoder.render(prompt, messages)
+        if adapter:
+            # An adapter's blocks chain from its own root, as vLLM hashes the adapter into them (the
+            # kept tokens' hashes are the base model's chain: the tokens are encoded afresh).
+            ids, _ = self.encoder.encode(text, special)
+            n, hashes = len(ids), block_hashes(ids, self.block_size, parent=chain_root(adapter))
+        elif self._reuse_lock.acquire(blocking=wait):
+            try:
+                n, hashes = self._reuse.tokens(text, special)
+            finally:
+                self._reuse_lock.release()
+        else:  # the thread is hashing a large prompt: this one whole, without the kept tokens
+            ids, _ = self.encoder.encode(text, special)
+            n, hashes = len(ids), block_hashes(ids, self.block_size)
+        return tuple(hashes[: cacheable_blocks(n, self.block_size)])
+
+
+class PromptBlocks:
+    """The router's prompt hashers: one per tokenizer and block size its workers report, and the
+    one each base model's workers use (a mesh may serve several models, each with its own
+    tokenizer), so a request is hashed as the engines of the model it asks for hash it."""
+
     def __init__(self) -> None:
-        self.tokenizer_name = ""
-        self.block_size = 0
-        self._reuse: TokenReuse | None = None
+        self._hashers: dict[tuple[str, int], PromptHasher] = {}
+        self._models: dict[str, tuple[str, int]] = {}  # base model -> its workers' tokenizer and block size
         self._failed: set[str] = set()
         self._loading = asyncio.Lock()  # one tokenizer load at a time, off the event loop
         self._offload = Offload("router-tokenizer")
-        self._reuse_lock = threading.Lock()  # TokenReuse's memory: the loop's or the thread's
 
     @property
     def ready(self) -> bool:
-        return self._reuse is not None
+        """Whether every tokenizer the workers reported is loaded (or could not be), one at least."""
+        return bool(self._hashers) and all(
+            key in self._hashers or key[0] in self._failed for key in self._models.values())
 
-    async def configure(self, tokenizer: str, block_size: int) -> None:
-        """Takes a worker's tokenizer and block size; loads the tokenizer on first sight (a Hugging
-        Face one in a thread: seconds, during which picks use the text hash and load). One that
-        cannot be loaded here (a path only the workers see) leaves the router without a prefix
-        view: its prefix policies fall back to the text hash, and the log says why, once."""
+    def hasher(self, model: str) -> PromptHasher | None:
+        """The hasher of the base ``model``'s workers (None: not loaded, or it cannot be: prefix
+        policies then use the prompt's text hash). A request naming no model (any worker) gets
+        the hasher if every worker reported the same, else none."""
+        key = self._models.get(model)
+        if key is None and not model and len(keys := set(self._models.values())) == 1:
+            (key,) = keys
+        return self._hashers.get(key) if key is not None else None
+
+    async def configure(self, tokenizer: str, block_size: int, model: str = "") -> None:
+        """Takes a worker's tokenizer and block size for its base ``model``; loads the tokenizer on
+        first sight (a Hugging Face one in a thread: seconds, during which picks for the model use
+        the text hash and load). One that cannot be loaded here (a path only the workers see)
+        leaves the model without a prefix view: its prefix policies fall back to the text hash,
+        and the log says why, once."""
+        if not tokenizer or block_size <= 0:
+            return
+        key = self._models.setdefault(model, (tokenizer, block_size))
+        if key != (tokenizer, block_size):
+            log.warning("workers of model %r disagree on their tokenizer or block size (%s/%d vs %s/%d); "
+                        "keeping the first", model, tokenizer, block_size, *key)
+            return
         async with self._loading:
-            if not tokenizer or block_size <= 0 or tokenizer in self._failed:
-                return
-            if tokenizer == self.tokenizer_name and block_size == self.block_size:
-                return
-            if self._reuse is not None:
-                log.warning("workers disagree on their tokenizer or block size (%s/%d vs %s/%d); "
-                            "keeping the first", tokenizer, block_size, self.tokenizer_name, self.block_size)
+            if tokenizer in self._failed or key in self._hashers:
                 return
             await self._load(tokenizer, block_size)
 
     async def _load(self, tokenizer: str, block_size: int) -> None:
+        encoder = next((h.encoder for h in self._hashers.values() if h.tokenizer_name == tokenizer), None)
         try:
             # The sim's stand-in at once; a Hugging Face tokenizer off the loop.
-            encoder = (load_encoder(tokenizer) if tokenizer == SIM_TOKENIZER
-                       else await asyncio.to_thread(load_encoder, tokenizer))
-            reuse = TokenReuse(encoder, block_size)
+            if encoder is None:
+                encoder = (load_encoder(tokenizer) if tokenizer == SIM_TOKENIZER
+                           else await asyncio.to_thread(load_encoder, tokenizer))
+            hasher = PromptHasher(tokenizer, block_size, encoder, self._offload)
         except Exception as e:  # noqa: BLE001 - any loading failure means no prefix view
             self._failed.add(tokenizer)
             log.warning("cannot load the workers' tokenizer %r (%s); prefix routing falls back to "
                         "the prompt's text hash", tokenizer, e)
             return
-        self._reuse = reuse
-        self.tokenizer_name, self.block_size = tokenizer, block_size
+        self._hashers[tokenizer, block_size] = hasher
         log.info("prefix view: tokenizer %s, blocks of %d tokens", tokenizer, block_size)
-
-    def chain(self, prompt: str, messages: Sequence[Mapping[str, str]] | None, adapter: str = "") -> tuple[int, ...]:
-        """The hashes of the prompt's blocks an engine could take from its cache ((): not ready),
-        on the LoRA ``adapter``'s own chain ("": the base model's), on the event loop: never waits
-        for the thread."""
-        return self._chain(prompt, messages, False, adapter)
 
     def large(self, chars: int) -> bool:
         """Whether a prompt of about ``chars`` characters is hashed off the loop."""
         return self._offload.large(chars)
-
-    async def chain_off_loop(self, prompt: str, messages: Sequence[Mapping[str, str]] | None, adapter: str = ""
-                             ) -> tuple[int, ...]:
-        """``chain``, in the thread (for a large prompt: ``large``)."""
-        return await self._offload.in_thread(self._chain, prompt, messages, True, adapter)
-
-    def _chain(self, prompt: str, messages: Sequence[Mapping[str, str]] | None, wait: bool, adapter: str = ""
-               ) -> tuple[int, ...]:
-        reuse = self._reuse
-        if reuse is None:
-            return ()
-        text, special = reuse.encoder.render(prompt, messages)
-        if adapter:
-            # An adapter's blocks chain from its own root, as vLLM hashes the adapter into them (the
-            # kept tokens' hashes are the base model's chain: the tokens are encoded afresh).
-            ids, _ = reuse.encoder.encode(text, special)
-            n, hashes = len(ids), block_hashes(ids, self.block_size, parent=chain_root(adapter))
-        elif self._reuse_lock.acquire(blocking=wait):
-            try:
-                n, hashes = reuse.tokens(text, special)
-            finally:
-                self._reuse_lock.release()
-        else:  # the thread is hashing a large prompt: this one whole, without the kept tokens
-            ids, _ = reuse.encoder.encode(text, special)
-            n, hashes = len(ids), block_hashes(ids, self.block_size)
-        return tuple(hashes[: cacheable_blocks(n, self.block_size)])
 
     def close(self) -> None:
         self._offload.close()

@@ -22,7 +22,7 @@ from meshserve.router.discovery import EndpointSliceDiscovery, api_client, own_n
 from meshserve.router.fleet_feed import FleetFeed, worker_state
 from meshserve.router.kv_index import HeldBlocks, KvIndex
 from meshserve.router.policies import Choice, NoWorker, PickContext, Policy, build_policy
-from meshserve.router.prefix import PromptBlocks
+from meshserve.router.prefix import PromptBlocks, PromptHasher
 from meshserve.router.state import Fleet, WorkerTable, WorkerView
 from meshserve.router.watcher import Watcher
 from meshserve.services import server as bootstrap
@@ -62,8 +62,9 @@ PREDICTED_CACHED = prometheus_client.Counter(
 )
 PREFIX_READY = prometheus_client.Gauge(
     "meshserve_router_prefix_view_ready",
-    "1 once the router hashes prompts with the workers' tokenizer; 0 before (loading it, or no "
-    "worker yet) or when it cannot load it (prefix policies then use the prompt's text hash)",
+    "1 once the router hashes prompts with the workers' tokenizers (every one a worker reported "
+    "loaded, or found unloadable: that model's prefix policies use the prompt's text hash); 0 "
+    "before (loading one, or no worker yet) or when it can load none",
 )
 INDEX_BLOCKS = prometheus_client.Gauge(
     "meshserve_router_kv_index_blocks", "Distinct KV blocks in the router's index, by view", ["view"]
@@ -135,13 +136,17 @@ class Router:
         now = self._clock()
         known: dict[str, Any] = {"now": self.table.now()}  # the time the workers' reports are on
         fleet = self.table.fleet()
+        block_size = 0  # of the prompt's blocks, once hashed
         if view and not _choices(fleet, ctx.exclude):
             # One worker to choose from: the prompt's blocks would change nothing. Not worked out
             # (no tokenizing, not even the text hash), no cached tokens predicted.
             known.update(block_hashes=(), cached_blocks={})
-        elif view and self.prefix.ready:
-            if hashes is None:  # an adapter's blocks on its own chain (vLLM hashes the adapter into them)
-                hashes = self.prefix.chain(ctx.prompt if not messages else "", messages, ctx.adapter)
+        elif view and (hasher := self.prefix.hasher(ctx.model)) is not None:
+            # Hashed as the engines of the request's base model hash it; an adapter's blocks on
+            # its own chain (vLLM hashes the adapter into them).
+            if hashes is None:
+                hashes = hasher.chain(ctx.prompt if not messages else "", messages, ctx.adapter)
+            block_size = hasher.block_size
             known.update(block_hashes=hashes, cached_blocks=self._cached(view, hashes, now, fleet.rows))
         ctx = replace(ctx, **known)
         try:
@@ -162,7 +167,7 @@ class Router:
         _picks_counter(choice.worker.worker_id, reason).inc()
         predicted = 0
         if ctx.cached_blocks:
-            predicted = ctx.cached_blocks.get(address, 0) * self.prefix.block_size
+            predicted = ctx.cached_blocks.get(address, 0) * block_size
             PREDICTED_CACHED.inc(predicted)
         PICK_SECONDS.observe(time.perf_counter() - started)
         return Pick(choice, reason, predicted)
@@ -255,7 +260,7 @@ class RouterServicer(pb_grpc.RouterServicer):
             async for batch in request_iterator:
                 now = []
                 for request in batch.picks:
-                    if self._large(request):
+                    if self._off_loop(request) is not None:
                         task = asyncio.create_task(answer_later(request))
                         later.add(task)
                         task.add_done_callback(later.discard)
@@ -269,19 +274,23 @@ class RouterServicer(pb_grpc.RouterServicer):
             for task in later:
                 task.cancel()
 
-    def _large(self, request: pb.PickRequest) -> bool:
-        """Whether ``request``'s prompt is hashed off the loop before its pick."""
-        return (bool(self._router.policy.prefix_view) and self._router.prefix.ready
-                and self._router.prefix.large(len(request.prompt) + sum(len(m.content) for m in request.messages)))
+    def _off_loop(self, request: pb.PickRequest) -> PromptHasher | None:
+        """The hasher of ``request``'s model when its prompt is hashed off the loop before its pick."""
+        prefix = self._router.prefix
+        if not self._router.policy.prefix_view or not prefix.large(
+                len(request.prompt) + sum(len(m.content) for m in request.messages)):
+            return None
+        return prefix.hasher(request.model)
 
     async def hashes(self, request: pb.PickRequest) -> tuple[int, ...] | None:
         """The blocks of ``request``'s prompt hashed off the loop when it is large (None: the pick
         hashes a small one itself, or needs none)."""
-        if not self._large(request):
+        hasher = self._off_loop(request)
+        if hasher is None:
             return None
         messages = [{"role": m.role, "content": m.content} for m in request.messages]
-        return await self._router.prefix.chain_off_loop(request.prompt if not messages else "", messages or None,
-                                                        request.adapter)
+        prompt = request.prompt if not messages else ""
+        return await hasher.chain_off_loop(prompt, messages or None, request.adapter)
 
     async def answer_off_loop(self, request: pb.PickRequest, embedded: bool = False) -> pb.PickResponse:
         """``answer``, with a large prompt hashed off the event loop first."""

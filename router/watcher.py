@@ -152,8 +152,9 @@ class Watcher:
             stub = pb_grpc.WorkerStub(channel)
             info = await stub.Info(pb.InfoRequest(), timeout=self._stale_after_s)
             if self._prefix is not None:  # meanwhile the worker's reports flow
-                configuring = asyncio.create_task(self._prefix.configure(info.tokenizer, info.block_size),
-                                                  name=f"tokenizer of {address}")
+                configuring = asyncio.create_task(
+                    self._prefix.configure(info.tokenizer, info.block_size, info.model),
+                    name=f"tokenizer of {address}")
                 self._configuring.add(configuring)
                 configuring.add_done_callback(self._configuring.discard)
             kv_events = self._kv is not None and info.kv_events

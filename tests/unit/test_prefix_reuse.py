@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 
 from meshserve.loadgen.workloads import prefix_repetition_requests
 from meshserve.router.prefix import TOKENIZED, PromptBlocks, TokenReuse
-from meshserve.services.prompts import Encoder, HfEncoder, SimEncoder, block_hashes
+from meshserve.services.prompts import SIM_TOKENIZER, Encoder, HfEncoder, SimEncoder, block_hashes
 
 BLOCK = 16
 
@@ -64,6 +64,8 @@ def test_a_repeated_text_and_an_evicted_one(encoder: Encoder) -> None:
 async def test_the_chain_of_a_chat_is_its_templates_tokens(tiny_model: Path) -> None:
     blocks = PromptBlocks()
     await blocks.configure(str(tiny_model), BLOCK)
+    hasher = blocks.hasher("")
+    assert hasher is not None
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     system = {"role": "system", "content": " ".join(["be brief and exact"] * 60)}
     history: list[dict[str, str]] = [system]
@@ -71,8 +73,32 @@ async def test_the_chain_of_a_chat_is_its_templates_tokens(tiny_model: Path) -> 
         history.append({"role": "user", "content": f"question {turn}: " + "why " * (turn + 3)})
         text = tokenizer.apply_chat_template(history, add_generation_prompt=True, tokenize=False)
         ids = tokenizer.encode(text, add_special_tokens=False)
-        assert blocks.chain("", history) == tuple(block_hashes(ids, BLOCK, limit=(len(ids) - 1) // BLOCK))
+        assert hasher.chain("", history) == tuple(block_hashes(ids, BLOCK, limit=(len(ids) - 1) // BLOCK))
         history.append({"role": "assistant", "content": "because " * (turn + 5)})
+
+
+async def test_each_model_s_prompts_are_hashed_with_its_own_tokenizer(tiny_model: Path) -> None:
+    """A mesh serving two base models whose tokenizers differ: each model's prompts are hashed with
+    the tokenizer its workers reported, whichever worker connected first."""
+    blocks = PromptBlocks()
+    await blocks.configure(SIM_TOKENIZER, BLOCK, "sim-model")
+    await blocks.configure(str(tiny_model), BLOCK, "tiny")
+    await blocks.configure(SIM_TOKENIZER, BLOCK, "sim-model")  # another worker of the first model
+    assert blocks.ready
+    prompt = " ".join(f"word{i} and some more" for i in range(40))
+    hf = AutoTokenizer.from_pretrained(tiny_model)
+    expected = {}
+    for model, ids in [("sim-model", SimEncoder().encode(prompt, False)[0]), ("tiny", hf.encode(prompt))]:
+        expected[model] = tuple(block_hashes(ids, BLOCK, limit=(len(ids) - 1) // BLOCK))
+    hashed = {}
+    for model in expected:
+        hasher = blocks.hasher(model)
+        assert hasher is not None
+        hashed[model] = hasher.chain(prompt, None)
+    assert hashed == expected and expected["sim-model"] != expected["tiny"]
+    # A request naming no model, in a mesh whose workers hash differently, is not hashed.
+    assert blocks.hasher("") is None and blocks.hasher("other") is None
+    blocks.close()
 
 
 def test_the_remembered_tokens_stay_within_their_budget(encoder: Encoder) -> None:
