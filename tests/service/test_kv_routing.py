@@ -30,18 +30,18 @@ async def pick(router: pb_grpc.RouterStub, prompt: str) -> pb.PickResponse:
 
 
 
-async def indexed() -> bool:
-    """Whether the router's index holds PREFIX's 12 blocks."""
-    return (index_blocks() or 0) >= 12
+async def indexed(blocks: int = 12) -> bool:
+    """Whether the router's index holds ``blocks`` blocks (PREFIX's 12, by default)."""
+    return (index_blocks() or 0) >= blocks
 
 
-async def compute_prefix(router: pb_grpc.RouterStub, address: str, what: str) -> None:
+async def compute_prefix(router: pb_grpc.RouterStub, address: str, what: str, blocks: int = 12) -> None:
     """PREFIX computed on the worker at ``address`` (directly, not through the router), then
-    awaited in the router's index, reported by that worker's events, and the router's view of
-    that worker idle again (the engine caches a prompt's blocks when it schedules them, so the
-    events can come before the report that the request finished)."""
+    awaited in the router's index (``blocks`` in all), reported by that worker's events, and the
+    router's view of that worker idle again (the engine caches a prompt's blocks when it
+    schedules them, so the events can come before the report that the request finished)."""
     await generate(address, PREFIX + " first question")
-    await until(indexed, what)
+    await until(lambda: indexed(blocks), what)
 
     async def idle() -> bool:
         listed = await router.ListWorkers(pb.ListWorkersRequest(), timeout=5)
@@ -221,6 +221,32 @@ async def test_picks_go_by_load_while_the_workers_tokenizer_loads(
         loaded.set()
         await router.shutdown()
         await channel.close()
+
+
+async def test_each_models_repeated_prompt_goes_to_the_worker_holding_its_blocks() -> None:
+    """A mesh serving two base models whose engines hash prompts differently (blocks of 16 tokens
+    and of 32), two workers each: the router hashes each model's prompts as that model's engines
+    do, so a repeated prompt of either goes to the worker holding its blocks."""
+    started = []
+    for i, (model, block_size) in enumerate([("small", 16), ("small", 16), ("large", 32), ("large", 32)]):
+        running, _ = await start_worker(WorkerConfig(
+            host="127.0.0.1", port=0, metrics_port=-1, engine="sim", worker_id=f"kv{i}", grace_seconds=1.0,
+            sim_itl_base_ms=1.0, served_model_name=model, block_size=block_size))
+        started.append((running, f"127.0.0.1:{running.port}"))
+    addresses = [a for _, a in started]
+    router, stub, channel = await router_on(addresses)
+    try:
+        await compute_prefix(stub, addresses[1], "the router to index kv1's blocks of 16")
+        await compute_prefix(stub, addresses[3], "the router to index kv3's blocks of 32", blocks=12 + 6)
+        for model, holder, cached in [("small", "kv1", 12 * 16), ("large", "kv3", 6 * 32)]:
+            choice = await stub.Pick(pb.PickRequest(request_id=model, prompt=PREFIX + " second question",
+                                                    model=model), timeout=5)
+            assert (choice.worker_id, choice.predicted_cached_tokens) == (holder, cached), model
+    finally:
+        await router.shutdown()
+        await channel.close()  # type: ignore[attr-defined]
+        for running, _ in started:
+            await running.shutdown()
 
 
 async def test_a_busy_worker_merges_its_load_and_kv_changes_into_one_report_per_interval() -> None:
