@@ -189,12 +189,13 @@ class AdapterPlacementFilter(Filter):
     have requests: on a worker whose slots run other adapters it waits until one of them is
     idle, which new requests on them put off for ever. So the request goes
 
-    1. to the workers that hold its adapter (``WorkerView.holds``), less one draining it;
-    2. else to those with a free slot (empty, or holding an adapter none of its requests
-       runs); and when every holder is past the load bound (``1 + epsilon`` times the
-       average) while empty slots outnumber the fleet's adapters that no worker holds, to those
-       with an empty slot too: a hot adapter takes a second worker's slot, not one that an
-       idle adapter holds or an adapter held nowhere will need;
+    1. to the workers that hold its adapter (``WorkerView.held_adapters``), less one draining it;
+    2. else to the least loaded of those with a free slot (empty, or holding an adapter none of
+       its requests runs): an adapter stays where it is placed, whatever its first prompt. When
+       every holder is past the load bound (``1 + epsilon`` times the average) while empty
+       slots outnumber the fleet's adapters that no worker holds, to those with an empty slot
+       too: a hot adapter takes a second worker's slot, not one that an idle adapter holds or
+       an adapter held nowhere will need;
     3. else to those where it waits for a slot, and there a worker drains one.
 
     A worker with requests waiting for a slot while its slots all run drains as many of its
@@ -216,8 +217,10 @@ class AdapterPlacementFilter(Filter):
         draining = {r for r in held if ctx.adapter in _drained(fleet.views[r], holders)}
         spare = {r for r in held if ctx.adapter not in held[r] and _has_free_slot(fleet.views[r])}
         keep = {r for r in held if ctx.adapter in held[r]} - draining
-        if not keep:
-            keep = spare
+        if not keep and spare:
+            # Where an adapter goes it stays: to the least loaded worker that can take it.
+            lightest = min(fleet.outstanding[r] for r in spare)
+            keep = {r for r in spare if fleet.outstanding[r] == lightest}
         elif self._replica_allowed(keep, held, holders, fleet):
             # A slot no adapter holds: not an idle one, whose adapter's next request would wait.
             keep |= {r for r in spare if len(held[r]) < fleet.views[r].lora.max_loras}

@@ -132,6 +132,18 @@ async def until(condition: Callable[[], Awaitable[bool]], what: str, timeout: fl
         await asyncio.sleep(0.02)
 
 
+async def until_router_hears(channel: grpc.aio.Channel, workers: int, timeout: float = 5.0) -> None:
+    """Awaits the router behind ``channel`` (a gateway's, embedded, or its own) listing ``workers``
+    healthy workers."""
+    router = pb_grpc.RouterStub(channel)
+
+    async def all_heard() -> bool:
+        listed = (await router.ListWorkers(pb.ListWorkersRequest(), timeout=timeout)).workers
+        return len(listed) == workers and all(w.healthy for w in listed)
+
+    await until(all_heard, f"the router to hear from {workers} workers", timeout)
+
+
 async def generate(target: str, **fields: object) -> list[pb.GenerateResponse]:
     async with insecure_channel(target) as channel:
         return [c async for c in pb_grpc.InferenceStub(channel).Generate(pb.GenerateRequest(**fields))]

@@ -17,7 +17,7 @@ from meshserve.services.gen import meshserve_pb2 as pb
 from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
 from meshserve.services.server import Running, insecure_channel
 from meshserve.worker.server import WorkerServicer, start_worker
-from tests.integration.helpers import until
+from tests.integration.helpers import until_router_hears
 
 TIMEOUT = 10.0
 ADAPTERS = {"support": "/adapters/support", "legal": "/adapters/legal"}
@@ -42,13 +42,7 @@ async def channel(servicers: dict[str, WorkerServicer]) -> AsyncIterator[grpc.ai
         port=0, metrics_port=-1, grace_seconds=1, router=EMBEDDED_ROUTER, cache="", routing="round-robin",
         workers=[f"127.0.0.1:{running.port}" for running, _ in workers]))
     async with insecure_channel(f"127.0.0.1:{gateway.port}") as ch:
-        router = pb_grpc.RouterStub(ch)
-
-        async def both_serve() -> bool:
-            listed = (await router.ListWorkers(pb.ListWorkersRequest(), timeout=TIMEOUT)).workers
-            return len(listed) == 2 and all(w.healthy for w in listed)
-
-        await until(both_serve, "the gateway's router to hear from both workers")
+        await until_router_hears(ch, 2)
         yield ch
     await gateway.shutdown()
     for running, _ in workers:

@@ -18,7 +18,8 @@ from meshserve.services.config import EMBEDDED_ROUTER, GatewayConfig, WorkerConf
 from meshserve.services.gen import meshserve_pb2 as pb
 from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
 from meshserve.services.server import insecure_channel
-from tests.integration.helpers import until
+from meshserve.worker.server import start_worker
+from tests.integration.helpers import until_router_hears
 
 TIMEOUT = 30.0
 ADAPTERS = ("x", "y", "z")
@@ -31,8 +32,6 @@ PROMPT = "Where is my parcel? It was sent last week and the tracking page has no
 
 @pytest.fixture
 async def channel() -> AsyncIterator[grpc.aio.Channel]:
-    from meshserve.worker.server import start_worker
-
     workers = [await start_worker(WorkerConfig(
         host="127.0.0.1", port=0, metrics_port=-1, engine="sim", worker_id=f"w{i}", grace_seconds=1.0,
         sim_itl_base_ms=1.0, enable_lora=True, max_loras=1, lora_modules=[f"{a}=/adapters/{a}" for a in ADAPTERS]))
@@ -42,13 +41,7 @@ async def channel() -> AsyncIterator[grpc.aio.Channel]:
         workers=[f"127.0.0.1:{running.port}" for running, _ in workers]))
     try:
         async with insecure_channel(f"127.0.0.1:{gateway.port}") as ch:
-            router = pb_grpc.RouterStub(ch)
-
-            async def both_serve() -> bool:
-                listed = (await router.ListWorkers(pb.ListWorkersRequest(), timeout=TIMEOUT)).workers
-                return len(listed) == 2 and all(w.healthy for w in listed)
-
-            await until(both_serve, "the gateway's router to hear from both workers")
+            await until_router_hears(ch, 2)
             yield ch
     finally:
         await gateway.shutdown()

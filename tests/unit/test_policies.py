@@ -202,7 +202,7 @@ def demand(view: WorkerView, **picks: float) -> WorkerView:
         ("x", [slots(w("a", 12), "x", "y"), slots(w("b", 2), "y")], ["a"]),  # z has no slot but b's
         ("x", [slots(w("a", 12), "x", "y"), slots(w("b", 2), "y", "z", running=("y",))], ["a"]),  # z idle there
         # Held nowhere: the free slots; none free: every worker (it waits for one).
-        ("z", [slots(w("a"), "x", "y"), slots(w("b"), "y"), slots(w("c"))], ["b", "c"]),
+        ("z", [slots(w("a"), "x", "y"), slots(w("b", 2), "y"), slots(w("c", 2)), slots(w("d", 3))], ["b", "c"]),
         ("z", [slots(w("a"), "x", "y"), slots(w("b"), "x", "y")], ["a", "b"]),
         # z waits for a's slots: a drains x, which b holds too; y, held by a alone, goes on.
         ("x", [slots(w("a"), "x", "y", waiting=("z",)), slots(w("b", 9), "x", "z")], ["b"]),
