@@ -5,8 +5,8 @@ The base model is the one the request's ``base_model_name`` names, or when it na
 one whose workers have LoRA enabled (with several, the caller must choose). A load goes to every
 serving worker of it with LoRA enabled, all or none: when one refuses (no adapter in the folder, a
 rank above its --max-lora-rank) or cannot be reached, those that loaded it unload it again and the
-caller gets the refusal, with vLLM's reason. An unload goes to every worker of it that holds the
-adapter. Each returns once this gateway's fleet view (pushed by the router from the workers' own
+caller gets the refusal, with vLLM's reason. An unload goes to every worker that holds the adapter
+(of the base model named, if one is). Each returns once this gateway's fleet view (pushed by the router from the workers' own
 load streams) shows the change, so the next request here is routed by it and /v1/models lists it.
 One change at a time per gateway.
 """
@@ -69,14 +69,15 @@ class AdapterChanges:
             return [w.worker_id for w in targets]
 
     async def unload(self, name: str, base_model: str = "") -> list[str]:
-        """Unloads ``name`` from every worker of ``base_model`` (``_lora_model``) that holds it;
-        their ids."""
+        """Unloads ``name`` from every worker that holds it, of ``base_model`` when it names one
+        (``_lora_model``; a load gives an adapter's name to one base model's workers only, so
+        without it the holders are those); their ids."""
         if not name:
             raise GatewayError(grpc.StatusCode.INVALID_ARGUMENT,
                                "'lora_name' needs to be provided to unload a LoRA adapter.")
         async with self._one_at_a_time:
             await self._fleet.first_view()
-            base_model, base = self._lora_model(base_model)
+            base_model, base = self._lora_model(base_model) if base_model else ("any", Target())
             holders = [w for w in self._fleet.workers if w.healthy and holds(w, base._replace(adapter=name))]
             if not holders:
                 raise GatewayError(grpc.StatusCode.NOT_FOUND, f"The lora adapter '{name}' cannot be found.")
