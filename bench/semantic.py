@@ -1,16 +1,18 @@
 """Semantic cache: which questions it answers, and what a semantic lookup costs.
 
     .venv/bin/python bench/semantic.py eval [--pairs tune|test|dev|holdout|FILE]
-        [--thresholds SAME/ADDED/SWAPPED] [--runtime onnx|onnx-int8|torch] [--sweep T,T,...] [--json OUT]
+        [--thresholds SAME/ADDED/SWAPPED | --judge] [--runtime onnx|onnx-int8|torch] [--sweep T,T,...]
+        [--json OUT]
     .venv/bin/python bench/semantic.py cost OUT.json [--lookups 400] [--entries 2000] [--tree DIR]
 
 eval  the matching rule of the cache service (``meshserve.cache_service.matcher``, at the default
-      settings unless told) on labelled pairs (tests/data/semantic_eval_tune.jsonl by default):
-      hits by kind, the similarity distribution of each kind (p10 / p50 / p90), and what refused
-      the pairs it did not answer. --thresholds are the cosine a hit needs for each way the two
-      prompts' content words may differ (the same words, words added, words swapped), as
-      0.70/0.90/0.95; --sweep reports the two totals at each such triple. Choose with the tuning
-      half; the test half (--pairs test) is for the figures reported.
+      settings unless told; --judge: the learned judge) on labelled pairs (tests/data/semantic_eval_tune.jsonl
+      by default): hits by kind, the similarity distribution of each kind (p10 / p50 / p90), what
+      refused the pairs it did not answer, and the rule's time per pair (p50 / p99, the embedding
+      not included). --thresholds judge by cosine thresholds and every guard instead: the cosine a
+      hit needs for each way the two prompts' content words may differ (the same words, words
+      added, words swapped), as 0.70/0.90/0.95; --sweep reports the two totals at each such
+      triple. Choose with the tuning half; the test half (--pairs test) is for the figures reported.
 cost  the cost of one semantic lookup in the cache service's own code (``SemanticStore.lookup``)
       on a real valkey-server: ENTRIES stored prompts in one scope, then LOOKUPS paraphrases and
       near misses looked up one at a time; wall time p50 / p99 and the process's CPU per lookup
@@ -29,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,6 +47,7 @@ def pairs_file(name: str) -> Path:
 def run_eval(args: argparse.Namespace) -> int:
     from meshserve.cache_service import evaluation
     from meshserve.cache_service.embedder import Embedder
+    from meshserve.cache_service.judge import shipped
     from meshserve.cache_service.matcher import Matcher, default_matcher
 
     def matcher(triple: str) -> Matcher:
@@ -52,10 +56,15 @@ def run_eval(args: argparse.Namespace) -> int:
     pairs = evaluation.load(pairs_file(args.pairs))
     similarity = evaluation.similarities(pairs, Embedder(runtime=args.runtime))
     rule = matcher(args.thresholds) if args.thresholds else default_matcher()
+    if args.judge:
+        rule = replace(rule, judge=shipped())
     rep = evaluation.report(evaluation.judge(pairs, similarity, rule))
-    thresholds = f"{rule.same}/{rule.added}/{rule.swapped}"
-    print(f"{args.pairs} ({len(pairs)} pairs), {args.runtime}, thresholds {thresholds}:\n")
+    thresholds = "judge" if rule.judge else f"{rule.same}/{rule.added}/{rule.swapped}"
+    named = "the judge" if rule.judge else f"thresholds {thresholds}"
+    print(f"{args.pairs} ({len(pairs)} pairs), {args.runtime}, {named}:\n")
     print(evaluation.markdown(rep))
+    cost = _rule_cost(pairs, similarity, rule)
+    print(f"\nthe rule's time per pair: p50 {cost['p50_us']:.0f} us, p99 {cost['p99_us']:.0f} us")
     if args.sweep:
         print("\n| thresholds | paraphrase hits | false hits |\n| --- | ---: | ---: |")
         for triple in args.sweep.split(","):
@@ -65,8 +74,22 @@ def run_eval(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps({"pairs": args.pairs, "thresholds": thresholds, "runtime": args.runtime,
                                                "false_hit_rate": rep.false_hit_rate,
                                                "paraphrase_hit_rate": rep.paraphrase_hit_rate,
+                                               "rule_cost": cost,
                                                "kinds": [k.__dict__ for k in rep.kinds]}, indent=1))
     return 0
+
+
+def _rule_cost(pairs: list, similarity: list, rule: object) -> dict:
+    """Wall time of ``rule.refusal`` per pair, each pair's texts already seen (as a lookup's query is
+    by its first candidate, and stored texts by earlier lookups)."""
+    times = []
+    for p, s in zip(pairs, similarity, strict=True):
+        rule.refusal(p.b, p.a, s)  # type: ignore[attr-defined]
+        started = time.perf_counter()
+        rule.refusal(p.b, p.a, s)  # type: ignore[attr-defined]
+        times.append(time.perf_counter() - started)
+    times.sort()
+    return {"p50_us": 1e6 * statistics.median(times), "p99_us": 1e6 * times[int(0.99 * (len(times) - 1))]}
 
 
 def _free_port() -> int:
@@ -146,6 +169,8 @@ def main() -> int:
     ev = sub.add_parser("eval", help="hits by kind on labelled pairs")
     ev.add_argument("--pairs", default="tune", help="tune, test, dev, holdout or a JSONL file (default: tune)")
     ev.add_argument("--thresholds", default="", help="SAME/ADDED/SWAPPED cosine thresholds (default: the service's)")
+    ev.add_argument("--judge", action="store_true",
+                    help="decide by the learned judge (cache_service/data/judge.json)")
     ev.add_argument("--runtime", default="onnx", help="the embedder's runtime (default: onnx)")
     ev.add_argument("--sweep", default="", help="SAME/ADDED/SWAPPED triples to report the totals at, comma-separated")
     ev.add_argument("--json", default="", help="also write the report as JSON here")

@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from opentelemetry import trace
 
-from meshserve.cache_service.matcher import Matcher
+from meshserve.cache_service.matcher import matcher_for
 from meshserve.cache_service.semantic import SemanticStore
 from meshserve.cache_service.store import ExactStore
 from meshserve.services import validation
@@ -169,7 +169,7 @@ def _build(cfg: CacheConfig) -> tuple[CacheServicer, Lifecycle]:
         # The index follower blocks on a stream read: its own connection, a longer timeout.
         follower = connect(cfg.redis_url, socket_timeout_s=5.0)
         embedder = Embedder(threads=cfg.embed_threads, runtime=cfg.embed_runtime)
-        matcher = Matcher(cfg.semantic_threshold, cfg.semantic_threshold_added, cfg.semantic_threshold_swapped)
+        matcher = matcher_for(cfg)
         matcher.warm_up()  # as the embedder ran its model: before the service says it is ready
         semantic = SemanticStore(client, follower, embedder, cfg.ttl_seconds, cfg.key_prefix,
                                  matcher, cfg.semantic_max_entries, cfg.semantic_budget_s)

@@ -653,9 +653,9 @@ WORKER_FLAGS = ("engine", "model", "served_model_name", "tensor_parallel_size", 
 ROUTER_MODES = ("service", EMBEDDED_ROUTER)  # MeshSpec.router_mode
 ROUTER_FLAGS = ("routing", "load_bound", "kv_load_weight", "kv_home_weight", "kv_full_usage", "kv_adapter_weight",
                 "kv_pending_s")
-CACHE_FLAGS = ("ttl_seconds", "key_prefix", "max_entry_bytes", "semantic", "semantic_threshold",
-               "semantic_threshold_added", "semantic_threshold_swapped", "semantic_max_entries", "embed_threads",
-               "embed_runtime", "semantic_budget_s")
+CACHE_FLAGS = ("ttl_seconds", "key_prefix", "max_entry_bytes", "semantic", "semantic_judge",
+               "semantic_threshold", "semantic_threshold_added", "semantic_threshold_swapped",
+               "semantic_max_entries", "embed_threads", "embed_runtime", "semantic_budget_s")
 GATEWAY_FLAGS = ("coalesce", "cache_mode", "cache_timeout_s", "stall_timeout_s", "migrations",
                  "migration_timeout_s", "pick_timeout_s", "flow_control", "flow_headroom", "flow_max_queued",
                  "flow_max_wait_s", "allow_runtime_lora_updating", "lora_registry", *REQUEST_LIMIT_FIELDS)

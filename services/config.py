@@ -339,6 +339,11 @@ class CacheConfig(ServerConfig):
     key_prefix: str = _f(CACHE_KEY_PREFIX, "prefix of every cache key")
     max_entry_bytes: int = _f(1 << 20, "largest entry stored; larger completions are not cached (counted)")
     semantic: bool = _f(True, "also answer the same question asked in other words (embeddings + guards)")
+    semantic_judge: bool = _f(
+        False, "decide semantic hits by the learned judge (cache_service/data/judge.json: the certain guards, "
+        "then a logistic regression over the cosine and how the prompts' words differ) instead of the three "
+        "cosine thresholds below and every guard"
+    )
     semantic_threshold: float = _f(
         0.70, "cosine similarity a semantic hit needs when the two prompts have the same content words (another "
         "order, other function words, typos), besides the guards (see docs/operations.md)"
