@@ -573,6 +573,9 @@ class Mesh:
             self.supervisor = None
         with self._lock:
             self.procs.clear()
+        # Its certificates end with it: the tools (health, usage, top) take the default run dir's
+        # operator certificate when there is one, and would speak TLS to whatever serves next.
+        shutil.rmtree(self.run_dir / mesh_tls.RUN_DIR_PART, ignore_errors=True)
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None

@@ -158,8 +158,8 @@ async def three_choices(run: Run, key: str) -> None:
 
 
 def usage(mesh: Mesh) -> dict[str, object]:
-    """`meshserve usage --json`, asking the first gateway."""
-    out = subprocess.run([sys.executable, "-m", "meshserve.commands.cli", "usage", "--json",
+    """`meshserve usage --json`, asking the first gateway (plaintext, as the mesh serves)."""
+    out = subprocess.run([sys.executable, "-m", "meshserve.commands.cli", "usage", "--json", "--mesh-tls-dir", "",
                           "--target", mesh.gateway_addresses[0]], capture_output=True, text=True, timeout=60,
                          check=True, cwd=Path(__file__).parents[2])
     return json.loads(out.stdout)

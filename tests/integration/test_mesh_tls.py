@@ -22,7 +22,7 @@ from meshserve.services import config
 from meshserve.services.config import HTTP_EDGE_PATHS, CacheConfig, EnvoyConfig, GatewayConfig
 from meshserve.services.gen import meshserve_pb2 as pb
 from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
-from meshserve.services.mesh_tls import MeshTls
+from meshserve.services.mesh_tls import MeshTls, operator_dir
 from meshserve.services.server import insecure_channel, mesh_channel
 from tests.conftest import free_port
 from tests.integration.helpers import mesh_spec, until
@@ -205,3 +205,14 @@ def test_the_local_tools_present_the_operators_certificate(mesh: Mesh) -> None:
     assert usage.returncode == 0, usage.stderr
     top = _meshserve("top", "--once", "--run-dir", str(mesh.run_dir), "--interval", "0.1")
     assert "ListWorkers" not in top.stdout + top.stderr and "worker-0" in top.stdout, top.stdout + top.stderr
+
+
+def test_a_stopped_mesh_leaves_no_certificate_for_the_tools(tmp_path: Path) -> None:
+    """The local tools take the run dir's operator certificate when there is one: once the mesh is
+    stopped, there is none, and they speak plaintext to whatever serves next."""
+    spec = mesh_spec(tmp_path, "sim", grace_seconds=1, mesh_tls=True, tracing=False,
+                     cache=CacheConfig(semantic=False))
+    with Mesh(spec) as m:
+        assert operator_dir(m.run_dir).is_dir()
+    assert not operator_dir(m.run_dir).exists()
+

@@ -159,7 +159,9 @@ async def test_meshserve_health_exits_0_while_serving_and_1_once_draining() -> N
     address = f"127.0.0.1:{running.port}"
 
     def health(*extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "meshserve.commands.cli", "health", address, *extra],
+        # Plaintext, whatever mesh the default run dir holds certificates of.
+        return subprocess.run([sys.executable, "-m", "meshserve.commands.cli", "health", address,
+                               "--mesh-tls-dir", "", *extra],
                               capture_output=True, text=True, timeout=60)
 
     try:
