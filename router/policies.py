@@ -177,9 +177,14 @@ class BoundedLoadFilter(Filter):
         self.epsilon = epsilon
 
     def keep(self, ctx: PickContext, fleet: Fleet, mask: np.ndarray) -> np.ndarray:
-        total = int(np.add.reduce(fleet.outstanding[mask]))
-        capacity = math.ceil((1 + self.epsilon) * (total + 1) / np.count_nonzero(mask))
-        return mask & (fleet.outstanding <= capacity - 1)
+        return mask & (fleet.outstanding < _load_capacity(fleet, mask, self.epsilon))
+
+
+def _load_capacity(fleet: Fleet, rows: np.ndarray, epsilon: float) -> int:
+    """The bounded-load capacity of the workers ``rows`` (a mask or row numbers) as one more
+    request arrives: a worker holding this many outstanding requests or more is past the bound."""
+    outstanding = fleet.outstanding[rows]
+    return math.ceil((1 + epsilon) * (int(np.add.reduce(outstanding)) + 1) / len(outstanding))
 
 
 class AdapterPlacementFilter(Filter):
@@ -234,13 +239,12 @@ class AdapterPlacementFilter(Filter):
                          fleet: Fleet) -> bool:
         """Whether every holder is past the load bound while empty slots outnumber the adapters
         that no worker holds."""
-        rows = list(held)
-        capacity = (1 + self.epsilon) * (int(np.add.reduce(fleet.outstanding[rows])) + 1) / len(rows)
+        capacity = _load_capacity(fleet, np.array(list(held)), self.epsilon)
         if any(fleet.outstanding[r] < capacity for r in keep):
             return False
-        views = [fleet.views[r] for r in rows]
-        empty = sum(max(v.lora.max_loras - len(held[r]), 0) for r, v in zip(rows, views, strict=True) if v.lora)
-        unheld = {name for v in views if v.lora for name, _ in v.lora.adapters} - set(holders)
+        slots = {r: fleet.views[r].lora for r in held}  # LoRA is on in every row of ``held``
+        empty = sum(max(lora.max_loras - len(held[r]), 0) for r, lora in slots.items() if lora)
+        unheld = {name for lora in slots.values() if lora for name, _ in lora.adapters} - set(holders)
         return empty > len(unheld)
 
 
@@ -251,7 +255,7 @@ def _drained(view: WorkerView, holders: Counter[str]) -> set[str]:
     load = view.load
     if view.lora is None or load is None or not load.waiting_adapters:
         return set()
-    running = sorted(set(load.running_adapters) - set(load.waiting_adapters))
+    running = list(set(load.running_adapters) - set(load.waiting_adapters))
     if len(running) < view.lora.max_loras:
         return set()
     running.sort(key=lambda a: (holders[a] <= 1, view.adapter_demand.get(a, 0.0), a))
@@ -359,12 +363,12 @@ class KvAwareScorer(Scorer):
 
 class AdapterSlotScorer(Scorer):
     """For a request on a LoRA adapter, where it can start soonest: 1 for a worker whose adapter
-    slots hold the adapter (``WorkerView.holds``: its last report, or a pick on it the worker has
-    not reported yet, so a burst of one adapter's requests meets on the worker the first went
-    to), ``free`` for one with a slot it can load the adapter into at once (free, or holding an
-    adapter none of its requests runs), 0 for one whose slots all run other adapters (the
-    request waits until one of them is idle). A request on the base model scores 0 everywhere:
-    no worker is better for it."""
+    slots hold the adapter (``WorkerView.held_adapters``: its last report, or a pick on it the
+    worker has not reported yet, so a burst of one adapter's requests meets on the worker the
+    first went to), ``free`` for one with a slot it can load the adapter into at once (free, or
+    holding an adapter none of its requests runs), 0 for one whose slots all run other adapters
+    (the request waits until one of them is idle). A request on the base model scores 0
+    everywhere: no worker is better for it."""
 
     name = "adapter"
 
