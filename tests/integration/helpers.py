@@ -13,6 +13,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
+import httpx
+import openai
 import prometheus_client
 import pytest
 import yaml
@@ -130,6 +132,24 @@ async def until(condition: Callable[[], Awaitable[bool]], what: str, timeout: fl
         if loop.time() > deadline:
             pytest.fail(f"timed out waiting for {what}")
         await asyncio.sleep(0.02)
+
+
+async def unknown_model_messages(envoy_address: str, model: str) -> list[str]:
+    """Asks Envoy's OpenAI edge for ``model``, which the mesh does not serve, as a chat (whole and
+    streamed) and by GET /v1/models/<model>: each must be a 404 in OpenAI's shape naming the
+    'model' parameter; their messages, for the caller to check."""
+    client = openai.AsyncOpenAI(base_url=f"http://{envoy_address}/v1", api_key="unused", max_retries=0)
+    messages = []
+    for stream in (False, True):
+        with pytest.raises(openai.NotFoundError) as missing:
+            await client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}],
+                                                 max_tokens=2, stream=stream)
+        assert missing.value.status_code == 404 and missing.value.body["param"] == "model"
+        messages.append(missing.value.message)
+    async with httpx.AsyncClient(base_url=f"http://{envoy_address}", timeout=30) as http:
+        retrieved = await http.get(f"/v1/models/{model}")
+    assert retrieved.status_code == 404
+    return [*messages, retrieved.json()["error"]["message"]]
 
 
 async def until_router_hears(channel: grpc.aio.Channel, workers: int, timeout: float = 5.0) -> None:

@@ -15,7 +15,7 @@ from meshserve.services.config import WorkerConfig
 from meshserve.services.gen import meshserve_pb2 as pb
 from meshserve.services.gen import meshserve_pb2_grpc as pb_grpc
 from meshserve.services.server import Running, insecure_channel
-from meshserve.worker.server import start_worker
+from meshserve.worker.server import WorkerServicer, start_worker
 
 TIMEOUT = 30.0
 
@@ -28,15 +28,14 @@ def adapter(folder: Path, rank: int = 8) -> str:
 
 
 @pytest.fixture
-async def stub() -> AsyncIterator[pb_grpc.WorkerStub]:
+async def worker() -> AsyncIterator[tuple[Running, WorkerServicer]]:
+    """A fresh worker per test (each changes its adapters); ``stub`` (conftest) calls it."""
     cfg = WorkerConfig(host="127.0.0.1", port=0, metrics_port=-1, engine="sim", model="base", grace_seconds=5.0,
                        sim_itl_base_ms=1.0, enable_lora=True, max_loras=2, max_lora_rank=8,
                        lora_modules=["support=/adapters/support"])
-    running: Running
-    running, _ = await start_worker(cfg)
+    running, servicer = await start_worker(cfg)
     try:
-        async with insecure_channel(f"127.0.0.1:{running.port}") as channel:
-            yield pb_grpc.WorkerStub(channel)
+        yield running, servicer
     finally:
         await running.shutdown()
 
