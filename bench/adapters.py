@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from meshserve.loadgen.mesh import by_name, cli, meshserve_up, tree_env
+from meshserve.loadgen.mesh import by_name, cli, meshserve_up, policy_runs, tree_env
 
 REPO = Path(__file__).resolve().parent.parent
 PORT, ADMIN_PORT = 8480, 9982
@@ -83,11 +83,7 @@ def main() -> int:
     parser.add_argument("--variant", action="append", default=[], metavar="LABEL=POLICY [FLAGS]")
     parser.add_argument("--up", default="", metavar="FLAGS", help="more `meshserve up` flags for every run")
     args = parser.parse_args()
-    runs = {p: ["--routing", p] for p in args.policies.split(",") if p}
-    for v in args.variant:
-        label, _, rest = v.partition("=")
-        policy, *flags = shlex.split(rest)
-        runs[label] = ["--routing", policy, *flags]
+    runs = policy_runs(args.policies, args.variant)
     policies = list(runs)
     tree = args.tree.resolve()
     rows: dict[str, list[dict]] = {}

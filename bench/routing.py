@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import statistics
 import subprocess
 import sys
@@ -54,7 +53,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from meshserve.loadgen.mesh import by_name, cli, meshserve_up, samples, tree_env
+from meshserve.loadgen.mesh import by_name, cli, meshserve_up, policy_runs, samples, tree_env
 from meshserve.loadgen.results import TIMINGS, save_result
 from meshserve.services.config import ROUTING_POLICIES
 
@@ -241,11 +240,7 @@ def main() -> int:
     parser.add_argument("--tree", type=Path, default=REPO, help="source tree to run (default: this one)")
     args = parser.parse_args()
     scenarios = [SCENARIOS[s] for s in args.scenarios.split(",")]
-    runs = {p: ["--routing", p] for p in args.policies.split(",") if p}
-    for v in args.variant:
-        label, _, rest = v.partition("=")
-        policy, *flags = shlex.split(rest)
-        runs[label] = ["--routing", policy, *flags]
+    runs = policy_runs(args.policies, args.variant)
     policies = list(runs)
     tree = args.tree.resolve()
     rows: dict[tuple[str, str], list[dict]] = {}

@@ -4,6 +4,7 @@ printed, and its services' Prometheus samples."""
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 import urllib.request
@@ -24,6 +25,18 @@ def cli_module(tree: Path | None) -> str:
 def cli(tree: Path | None = None) -> list[str]:
     """The command that runs ``meshserve`` from ``tree`` (with ``tree_env(tree)``)."""
     return [sys.executable, "-m", cli_module(tree)]
+
+
+def policy_runs(policies: str, variants: list[str]) -> dict[str, list[str]]:
+    """The `meshserve up` flags of each run a routing benchmark compares, by label: each of the
+    comma-separated ``policies`` (``--routing`` it), and each ``--variant "LABEL=POLICY [FLAGS]"``
+    (a policy with more flags, under its own label)."""
+    runs = {p: ["--routing", p] for p in policies.split(",") if p}
+    for variant in variants:
+        label, _, rest = variant.partition("=")
+        policy, *flags = shlex.split(rest)
+        runs[label] = ["--routing", policy, *flags]
+    return runs
 
 
 def samples(url: str) -> dict[str, float]:

@@ -18,6 +18,7 @@ import pytest
 
 from meshserve.commands import bench
 from meshserve.loadgen import runner
+from meshserve.loadgen.mesh import policy_runs
 from meshserve.loadgen.results import PER_REQUEST_FIELDS, RequestResult, format_summary, summarize
 from meshserve.loadgen.runner import measure
 from meshserve.loadgen.workloads import (
@@ -645,3 +646,10 @@ def test_a_mesh_stack_with_edge_tls_is_reached_over_https_trusting_its_ca(tmp_pa
     assert tls.client_env() == {"SSL_CERT_FILE": str(tmp_path / "mesh-run" / "tls" / "ca.pem")}
     for plain in (Stack("mesh", "m", tmp_path, tmp_path, ["--no-mesh-tls"]), Stack("vllm", "m", tmp_path)):
         assert plain.base_url(8100) == "http://127.0.0.1:8100" and plain.client_env() == {}
+
+
+def test_a_routing_benchmark_runs_each_policy_and_each_variant_under_its_label() -> None:
+    assert policy_runs("kv-aware,round-robin,", ["bound2=kv-aware --load-bound 2"]) == {
+        "kv-aware": ["--routing", "kv-aware"], "round-robin": ["--routing", "round-robin"],
+        "bound2": ["--routing", "kv-aware", "--load-bound", "2"]}
+
